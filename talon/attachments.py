@@ -1,0 +1,159 @@
+"""Content-addressed blob store: every attachment is kept once, under its sha256.
+
+Writes are atomic (temporary file in the same directory, fsync, rename), so a crash never
+leaves a half-written blob under a real name. Session logs hold ``AttachmentRef``s into this
+store; bytes are read back only when a model request is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+from talon.content import AttachmentRef
+from talon.errors import AttachmentError, DownloadTooLarge
+
+_CHUNK = 1 << 16
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AttachmentStore:
+    """Blobs under ``root/ab/abcdef...``; the name is the sha256 of the content."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._tmp = self.root / "tmp"
+        self._tmp.mkdir(parents=True, exist_ok=True)
+
+    def path_for(self, sha256: str) -> Path:
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise AttachmentError(f"not an attachment id: {sha256!r}")
+        return self.root / sha256[:2] / sha256
+
+    def exists(self, sha256: str) -> bool:
+        return self.path_for(sha256).is_file()
+
+    def new_temp(self) -> tuple[BinaryIO, Path]:
+        """An open temporary file inside the store, for streaming a download into."""
+        fd, name = tempfile.mkstemp(dir=self._tmp, prefix="in-")
+        return os.fdopen(fd, "wb"), Path(name)
+
+    def commit_temp(
+        self,
+        temp: Path,
+        *,
+        mime: str,
+        name: str | None = None,
+        width: int | None = None,
+        height: int | None = None,
+        sha256: str | None = None,
+    ) -> AttachmentRef:
+        """Move a finished temp file to its content address (deduplicated)."""
+        if sha256 is None:
+            digest = hashlib.sha256()
+            with open(temp, "rb") as fh:
+                for chunk in iter(lambda: fh.read(_CHUNK), b""):
+                    digest.update(chunk)
+            sha256 = digest.hexdigest()
+        size = temp.stat().st_size
+        final = self.path_for(sha256)
+        if final.exists():
+            temp.unlink(missing_ok=True)
+        else:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with open(temp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(temp, final)
+            _fsync_dir(final.parent)
+        return AttachmentRef(id=sha256, mime=mime, bytes=size, name=name, width=width, height=height)
+
+    def put_bytes(
+        self,
+        data: bytes,
+        *,
+        mime: str,
+        name: str | None = None,
+        width: int | None = None,
+        height: int | None = None,
+    ) -> AttachmentRef:
+        fh, temp = self.new_temp()
+        try:
+            with fh:
+                fh.write(data)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        return self.commit_temp(
+            temp, mime=mime, name=name, width=width, height=height,
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+
+    def put_chunks(
+        self, chunks: Iterable[bytes], *, mime: str, name: str | None = None, limit: int | None = None
+    ) -> AttachmentRef:
+        """Stream chunks in, hashing as they come; over ``limit`` bytes the partial file is removed."""
+        fh, temp = self.new_temp()
+        digest = hashlib.sha256()
+        total = 0
+        try:
+            with fh:
+                for chunk in chunks:
+                    total += len(chunk)
+                    if limit is not None and total > limit:
+                        raise DownloadTooLarge(name or "file", None, limit)
+                    digest.update(chunk)
+                    fh.write(chunk)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        return self.commit_temp(temp, mime=mime, name=name, sha256=digest.hexdigest())
+
+    async def put_stream(
+        self, chunks: AsyncIterator[bytes], *, mime: str, name: str | None = None, limit: int | None = None
+    ) -> AttachmentRef:
+        """Async twin of ``put_chunks`` for network downloads: memory stays one chunk deep."""
+        fh, temp = self.new_temp()
+        digest = hashlib.sha256()
+        total = 0
+        try:
+            with fh:
+                async for chunk in chunks:
+                    total += len(chunk)
+                    if limit is not None and total > limit:
+                        raise DownloadTooLarge(name or "file", None, limit)
+                    digest.update(chunk)
+                    fh.write(chunk)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        return self.commit_temp(temp, mime=mime, name=name, sha256=digest.hexdigest())
+
+    def read_bytes(self, ref: AttachmentRef | str) -> bytes:
+        sha = ref.id if isinstance(ref, AttachmentRef) else ref
+        try:
+            return self.path_for(sha).read_bytes()
+        except FileNotFoundError as exc:
+            raise AttachmentError(f"attachment {sha[:12]} is missing from the store") from exc
+
+    def file_path(self, ref: AttachmentRef | str) -> Path:
+        sha = ref.id if isinstance(ref, AttachmentRef) else ref
+        path = self.path_for(sha)
+        if not path.is_file():
+            raise AttachmentError(f"attachment {sha[:12]} is missing from the store")
+        return path

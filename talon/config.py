@@ -1,0 +1,219 @@
+"""Settings, read from the environment and a ``.env`` file (pydantic-settings).
+
+Platform names (``TELEGRAM_*``, ``OPENAI_*``, ``TWILIO_*``...) are fixed; everything of Talon's
+own is prefixed ``TALON_``. Every limit lives in one ``Limits`` value object that is passed down
+to the stages that need it; nothing reads limits from module globals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from talon.errors import ConfigError
+
+MB = 1_000_000
+
+
+def _env(name: str) -> AliasChoices:
+    return AliasChoices(name, name.lower())
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every bound Talon applies, with its default. Built from ``Settings.limits()``."""
+
+    image_max_bytes: int = 5 * MB
+    image_max_side: int = 2000
+    image_max_pixels: int = 40_000_000
+    document_max_chars: int = 100_000
+    download_max_bytes: int = 20 * MB
+    audio_max_bytes: int = 25 * MB
+    audio_max_seconds: float = 15 * 60
+    video_fps: float = 0.5
+    video_max_frames: int = 16
+    video_frame_max_side: int = 1280
+    video_max_frame_bytes: int = 4 * MB
+    video_decode_seconds: float = 60.0
+    telegram_text_max: int = 4096
+    telegram_caption_max: int = 1024
+    telegram_photo_max_bytes: int = 10 * MB
+    telegram_upload_max_bytes: int = 50 * MB
+    whatsapp_body_max: int = 1600
+    whatsapp_media_max_bytes: int = 16 * MB
+    whatsapp_image_max_bytes: int = 5 * MB
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", populate_by_name=True
+    )
+
+    # --- model -------------------------------------------------------------------------------
+    model: str = Field("", validation_alias=_env("TALON_MODEL"))
+    openai_api_key: str = Field("", validation_alias=_env("OPENAI_API_KEY"))
+    openai_base_url: str = Field("", validation_alias=_env("OPENAI_BASE_URL"))
+    anthropic_api_key: str = Field("", validation_alias=_env("ANTHROPIC_API_KEY"))
+    anthropic_base_url: str = Field("", validation_alias=_env("ANTHROPIC_BASE_URL"))
+    model_timeout_s: float = Field(120.0, validation_alias=_env("TALON_MODEL_TIMEOUT"))
+    model_max_retries: int = Field(2, validation_alias=_env("TALON_MODEL_MAX_RETRIES"))
+    model_vision: Literal["auto", "true", "false"] = Field(
+        "auto", validation_alias=_env("TALON_MODEL_VISION")
+    )
+    model_context_window: int | None = Field(None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
+    model_max_output: int | None = Field(None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
+    summary_model: str = Field("", validation_alias=_env("TALON_SUMMARY_MODEL"))
+    max_steps: int = Field(12, validation_alias=_env("TALON_MAX_STEPS"))
+    system_prompt: str = Field("", validation_alias=_env("TALON_SYSTEM_PROMPT"))
+    shell_tool: bool = Field(False, validation_alias=_env("TALON_SHELL_TOOL"))
+
+    # --- storage -----------------------------------------------------------------------------
+    media_root: Path = Field(Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
+    data_dir: Path = Field(Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
+
+    # --- telegram ----------------------------------------------------------------------------
+    telegram_bot_token: str = Field("", validation_alias=_env("TELEGRAM_BOT_TOKEN"))
+    telegram_api_base_url: str = Field(
+        "https://api.telegram.org", validation_alias=_env("TELEGRAM_API_BASE_URL")
+    )
+    telegram_allowed_users: str = Field("", validation_alias=_env("TALON_TELEGRAM_ALLOWED_USERS"))
+    telegram_poll_timeout_s: int = Field(30, validation_alias=_env("TALON_TELEGRAM_POLL_TIMEOUT"))
+
+    # --- speech ------------------------------------------------------------------------------
+    transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
+        "auto", validation_alias=_env("TALON_TRANSCRIBER")
+    )
+    whisper_model: str = Field("base", validation_alias=_env("TALON_WHISPER_MODEL"))
+    transcribe_concurrency: int = Field(1, validation_alias=_env("TALON_TRANSCRIBE_CONCURRENCY"))
+
+    # --- whatsapp / http server --------------------------------------------------------------
+    twilio_account_sid: str = Field("", validation_alias=_env("TWILIO_ACCOUNT_SID"))
+    twilio_auth_token: str = Field("", validation_alias=_env("TWILIO_AUTH_TOKEN"))
+    twilio_whatsapp_from: str = Field("", validation_alias=_env("TWILIO_WHATSAPP_FROM"))
+    twilio_api_base_url: str = Field(
+        "https://api.twilio.com", validation_alias=_env("TWILIO_API_BASE_URL")
+    )
+    twilio_media_hosts: str = Field("", validation_alias=_env("TALON_TWILIO_MEDIA_HOSTS"))
+    whatsapp_allowed_numbers: str = Field("", validation_alias=_env("TALON_WHATSAPP_ALLOWED_NUMBERS"))
+    whatsapp_webhook_path: str = Field(
+        "/twilio/whatsapp", validation_alias=_env("TALON_WHATSAPP_WEBHOOK_PATH")
+    )
+    whatsapp_insecure_no_signature: bool = Field(
+        False, validation_alias=_env("TALON_WHATSAPP_INSECURE_NO_SIGNATURE")
+    )
+    public_base_url: str = Field("", validation_alias=_env("TALON_PUBLIC_BASE_URL"))
+    http_host: str = Field("127.0.0.1", validation_alias=_env("TALON_HTTP_HOST"))
+    http_port: int = Field(8080, validation_alias=_env("TALON_HTTP_PORT"))
+    media_url_ttl_s: int = Field(600, validation_alias=_env("TALON_MEDIA_URL_TTL"))
+
+    # --- limits (see Limits for what each does) ----------------------------------------------
+    image_max_bytes: int = Field(Limits.image_max_bytes, validation_alias=_env("TALON_IMAGE_MAX_BYTES"))
+    image_max_side: int = Field(Limits.image_max_side, validation_alias=_env("TALON_IMAGE_MAX_SIDE"))
+    image_max_pixels: int = Field(Limits.image_max_pixels, validation_alias=_env("TALON_IMAGE_MAX_PIXELS"))
+    document_max_chars: int = Field(
+        Limits.document_max_chars, validation_alias=_env("TALON_DOCUMENT_MAX_CHARS")
+    )
+    download_max_bytes: int = Field(
+        Limits.download_max_bytes, validation_alias=_env("TALON_DOWNLOAD_MAX_BYTES")
+    )
+    audio_max_bytes: int = Field(Limits.audio_max_bytes, validation_alias=_env("TALON_AUDIO_MAX_BYTES"))
+    audio_max_seconds: float = Field(
+        Limits.audio_max_seconds, validation_alias=_env("TALON_AUDIO_MAX_SECONDS")
+    )
+    video_max_frames: int = Field(Limits.video_max_frames, validation_alias=_env("TALON_VIDEO_MAX_FRAMES"))
+
+    # --- logging -----------------------------------------------------------------------------
+    log_level: str = Field("INFO", validation_alias=_env("TALON_LOG_LEVEL"))
+
+    def limits(self) -> Limits:
+        return Limits(
+            image_max_bytes=self.image_max_bytes,
+            image_max_side=self.image_max_side,
+            image_max_pixels=self.image_max_pixels,
+            document_max_chars=self.document_max_chars,
+            download_max_bytes=self.download_max_bytes,
+            audio_max_bytes=self.audio_max_bytes,
+            audio_max_seconds=self.audio_max_seconds,
+            video_max_frames=self.video_max_frames,
+        )
+
+    # --- derived -----------------------------------------------------------------------------
+    @property
+    def provider_name(self) -> str:
+        return split_model(self.model)[0]
+
+    @property
+    def model_name(self) -> str:
+        return split_model(self.model)[1]
+
+    @property
+    def telegram_allowlist(self) -> set[str]:
+        return {_norm_tg(x) for x in _csv(self.telegram_allowed_users)}
+
+    @property
+    def whatsapp_allowlist(self) -> set[str]:
+        return {normalize_whatsapp_number(x) for x in _csv(self.whatsapp_allowed_numbers)}
+
+    def telegram_configured(self) -> bool:
+        return bool(self.telegram_bot_token)
+
+    def whatsapp_configured(self) -> bool:
+        return bool(self.twilio_account_sid and self.twilio_whatsapp_from)
+
+    def check_model(self) -> None:
+        """Raise ConfigError naming what is missing for the configured model."""
+        if not self.model:
+            raise ConfigError(
+                "no model configured: set TALON_MODEL (for example openai:gpt-4.1-mini)",
+                ["TALON_MODEL"],
+            )
+        provider, name = split_model(self.model)
+        if provider not in ("openai", "anthropic"):
+            raise ConfigError(
+                f"TALON_MODEL={self.model!r}: unknown provider {provider!r} (use openai: or anthropic:)",
+                ["TALON_MODEL"],
+            )
+        if not name:
+            raise ConfigError(f"TALON_MODEL={self.model!r} names no model", ["TALON_MODEL"])
+        if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
+            raise ConfigError(
+                "the openai provider needs OPENAI_API_KEY (or OPENAI_BASE_URL for a local "
+                "OpenAI-compatible server)",
+                ["OPENAI_API_KEY", "OPENAI_BASE_URL"],
+            )
+        if provider == "anthropic" and not self.anthropic_api_key:
+            raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
+
+    def ensure_dirs(self) -> None:
+        self.media_root.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+
+def split_model(spec: str) -> tuple[str, str]:
+    """``openai:gpt-4.1-mini`` -> (openai, gpt-4.1-mini); no prefix means OpenAI-compatible."""
+    if ":" in spec:
+        provider, _, name = spec.partition(":")
+        return provider.strip().lower(), name.strip()
+    return "openai", spec.strip()
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
+
+
+def _norm_tg(entry: str) -> str:
+    entry = entry.strip()
+    return entry.lower() if entry.startswith("@") else entry
+
+
+def normalize_whatsapp_number(value: str) -> str:
+    """``whatsapp:+1 415-555`` and ``+1415555`` both become ``+1415555``."""
+    value = value.strip()
+    if value.lower().startswith("whatsapp:"):
+        value = value[len("whatsapp:"):]
+    digits = "".join(c for c in value if c.isdigit())
+    return "+" + digits if digits else ""
