@@ -123,7 +123,7 @@ class Message(BaseModel):
         return [b for b in self.content if isinstance(b, ImageBlock)]
 
     def to_json(self) -> str:
-        return self.model_dump_json(exclude_defaults=True)
+        return self.model_dump_json(exclude_none=True)
 
     @classmethod
     def from_json(cls, line: str) -> "Message":

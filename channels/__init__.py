@@ -1,0 +1,1 @@
+"""Platform adapters: each knows its platform and nothing about models."""

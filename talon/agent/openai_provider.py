@@ -1,0 +1,234 @@
+"""OpenAI-compatible Chat Completions adapter (OpenAI, Ollama, vLLM, llama.cpp, OpenRouter...).
+
+``to_openai_messages`` is a pure mapper from neutral messages to the wire format; images are
+hydrated from the attachment store only here, at request time. Chat Completions refuses images
+inside ``tool`` messages, so a tool result's images travel in a synthetic user message placed
+right after the run of tool results.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import openai
+
+from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage
+from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock, ToolCall
+from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
+
+log = logging.getLogger(__name__)
+
+Hydrate = Callable[[ImageBlock], str]
+"""Turns an image block into a data: URL (reads the attachment store)."""
+
+
+def image_placeholder(block: ImageBlock, reason: str) -> str:
+    ref = block.ref
+    where = ref.path or ref.name or ref.id[:12]
+    return f"[image {where} not attached: {reason}]"
+
+
+def _block_text(block: Any) -> str | None:
+    if isinstance(block, TextBlock):
+        return block.text
+    if isinstance(block, AudioBlock):
+        if block.transcript:
+            return None  # the transcript already travels in the text the agent sees
+        return f"[audio {block.ref.name or block.ref.id[:12]} not attached: this model takes no audio]"
+    if isinstance(block, FileBlock):
+        return f"[file {block.ref.path or block.ref.name or block.ref.id[:12]} ({block.ref.mime})]"
+    return None
+
+
+def _user_parts(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for block in blocks:
+        if isinstance(block, ImageBlock):
+            if vision:
+                parts.append({"type": "image_url", "image_url": {"url": hydrate(block)}})
+            else:
+                parts.append({"type": "text", "text": image_placeholder(block, "this model takes no images")})
+            continue
+        text = _block_text(block)
+        if text:
+            parts.append({"type": "text", "text": text})
+    return parts
+
+
+def _plain(blocks: list[Any], vision_note: str) -> str:
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, ImageBlock):
+            out.append(image_placeholder(block, vision_note))
+        else:
+            text = _block_text(block)
+            if text:
+                out.append(text)
+    return "\n".join(out)
+
+
+def to_openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in tools
+    ]
+
+
+def to_openai_messages(
+    system: str, messages: list[Message], hydrate: Hydrate, *, vision: bool = True
+) -> list[dict[str, Any]]:
+    wire: list[dict[str, Any]] = []
+    if system:
+        wire.append({"role": "system", "content": system})
+    pending_images: list[dict[str, Any]] = []
+
+    def flush_tool_images() -> None:
+        if pending_images:
+            wire.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Images returned by the tool calls above:"}]
+                    + pending_images.copy(),
+                }
+            )
+            pending_images.clear()
+
+    for msg in messages:
+        if msg.role != "tool":
+            flush_tool_images()
+        if msg.role == "user":
+            parts = _user_parts(msg.content, hydrate, vision)
+            if all(p["type"] == "text" for p in parts):
+                wire.append({"role": "user", "content": "\n".join(p["text"] for p in parts)})
+            else:
+                wire.append({"role": "user", "content": parts})
+        elif msg.role == "assistant":
+            entry: dict[str, Any] = {"role": "assistant", "content": msg.text or None}
+            if msg.tool_calls:
+                entry["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in msg.tool_calls
+                ]
+            elif entry["content"] is None:
+                entry["content"] = ""
+            wire.append(entry)
+        elif msg.role == "tool":
+            text = _plain(
+                [b for b in msg.content if not isinstance(b, ImageBlock)], "not attached"
+            )
+            images = msg.images()
+            if images:
+                if vision:
+                    names = ", ".join(b.ref.name or b.ref.id[:12] for b in images)
+                    text = (text + "\n" if text else "") + f"[{len(images)} image(s) follow in the next message: {names}]"
+                    pending_images.extend(
+                        {"type": "image_url", "image_url": {"url": hydrate(b)}} for b in images
+                    )
+                else:
+                    text = (text + "\n" if text else "") + "\n".join(
+                        image_placeholder(b, "this model takes no images") for b in images
+                    )
+            wire.append({"role": "tool", "tool_call_id": msg.tool_call_id or "", "content": text or "(no output)"})
+    flush_tool_images()
+    return wire
+
+
+def from_openai_message(choice_message: Any) -> Message:
+    calls = [
+        ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+        for c in (choice_message.tool_calls or [])
+        if getattr(c, "function", None) is not None
+    ]
+    text = choice_message.content or ""
+    return Message(role="assistant", content=[TextBlock(text=text)] if text else [], tool_calls=calls)
+
+
+def is_context_overflow(exc: openai.APIStatusError) -> bool:
+    body = exc.body if isinstance(exc.body, dict) else {}
+    code = str(body.get("code") or getattr(exc, "code", "") or "")
+    message = str(exc.message or "").lower()
+    return (
+        code == "context_length_exceeded"
+        or "maximum context length" in message
+        or "context length" in message
+        or "context window" in message
+        or "too many tokens" in message
+    )
+
+
+class OpenAIProvider(Provider):
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str,
+        base_url: str | None,
+        hydrate: Hydrate,
+        vision: bool = True,
+        timeout_s: float = 120.0,
+        max_retries: int = 2,
+    ) -> None:
+        self.model = model
+        self.vision = vision
+        self._hydrate = hydrate
+        # Local servers (Ollama, llama.cpp) take any key; the SDK insists on one being set.
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key or "not-needed",
+            base_url=base_url or None,
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": to_openai_messages(
+                request.system, request.messages, self._hydrate, vision=self.vision
+            ),
+        }
+        if request.tools:
+            kwargs["tools"] = to_openai_tools(request.tools)
+        if request.max_output_tokens:
+            kwargs["max_tokens"] = request.max_output_tokens
+        try:
+            resp = await self._client.chat.completions.create(**kwargs)
+        except openai.BadRequestError as exc:
+            if is_context_overflow(exc):
+                raise ContextOverflow(f"the model's context window was exceeded: {exc.message}") from exc
+            raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            raise ProviderUnavailable(f"could not reach the model server: {exc}") from exc
+        except openai.RateLimitError as exc:
+            raise ProviderUnavailable(f"the model server is rate limiting us (429): {exc.message}") from exc
+        except openai.APIStatusError as exc:
+            if exc.status_code >= 500:
+                raise ProviderUnavailable(
+                    f"the model server failed ({exc.status_code}): {exc.message}"
+                ) from exc
+            raise ProviderError(f"the model server said {exc.status_code}: {exc.message}") from exc
+        if not resp.choices:
+            raise ProviderError("the model returned no choices")
+        choice = resp.choices[0]
+        usage = (
+            Usage(input_tokens=resp.usage.prompt_tokens or 0, output_tokens=resp.usage.completion_tokens or 0)
+            if resp.usage
+            else None
+        )
+        return ModelResponse(
+            message=from_openai_message(choice.message), usage=usage, finish_reason=choice.finish_reason
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def data_url(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"

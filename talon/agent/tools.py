@@ -1,0 +1,72 @@
+"""The tool layer: named tools with a JSON-schema, run by the agent loop.
+
+Tools enforce their own boundaries (the workspace root); the prompt is never the guard.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from talon.agent.provider import ToolSpec
+from talon.content import ContentBlock, TextBlock, ToolCall
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ToolResult:
+    content: list[ContentBlock]
+    is_error: bool = False
+
+    @classmethod
+    def text(cls, text: str, *, is_error: bool = False) -> "ToolResult":
+        return cls(content=[TextBlock(text=text)], is_error=is_error)
+
+
+class Tool(abc.ABC):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    @abc.abstractmethod
+    async def run(self, args: dict[str, Any]) -> ToolResult: ...
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+class ToolError(Exception):
+    """A tool failure the agent should read and can act on (bad path, missing file...)."""
+
+
+@dataclass
+class ToolRegistry:
+    tools: dict[str, Tool] = field(default_factory=dict)
+
+    def add(self, tool: Tool) -> None:
+        self.tools[tool.name] = tool
+
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec() for t in self.tools.values()]
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return ToolResult.text(f"Error: no tool named {call.name!r} (available: {known})", is_error=True)
+        try:
+            args = call.parsed_arguments()
+        except ValueError as exc:
+            return ToolResult.text(f"Error: {exc}", is_error=True)
+        try:
+            return await tool.run(args)
+        except ToolError as exc:
+            return ToolResult.text(f"Error: {exc}", is_error=True)
+        except TypeError as exc:
+            return ToolResult.text(f"Error: bad arguments for {call.name}: {exc}", is_error=True)
+        except Exception as exc:  # a tool bug must not kill the turn; the agent is told
+            log.exception("tool %s failed", call.name)
+            return ToolResult.text(f"Error: {call.name} failed: {type(exc).__name__}: {exc}", is_error=True)

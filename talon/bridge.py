@@ -1,0 +1,204 @@
+"""The bridge: gate -> normalize -> agent -> extract -> deliver, one turn at a time per chat.
+
+Ordering and durability live here. ``submit`` writes the message to the durable inbox first,
+then queues it on its chat's worker; each chat has at most one worker, so its messages are
+handled strictly in order, while different chats run concurrently. A message is marked done
+only after its reply was delivered; anything pending at start-up is replayed in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from talon.agent.loop import Agent
+from talon.agent.session import ChatKey
+from talon.attachments import AttachmentStore
+from talon.config import Limits
+from talon.content import ContentBlock, InboundFile, Message, TextBlock
+from talon.envelope import InboundMessage, OutboundReply
+from talon.errors import ProviderError, ProviderUnavailable
+from talon.inbox import Inbox, InboxItem
+
+if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
+    from channels.base import Channel
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+
+Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
+"""Turns a message's text and downloaded files into the content the agent sees."""
+
+
+async def text_only(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
+    return [TextBlock(text=text)]
+
+
+def quoted_text(message: InboundMessage) -> str:
+    """The message text, with the message it replies to quoted for context."""
+    text = message.text
+    if message.reply_to_text:
+        quote = "\n".join("> " + line for line in message.reply_to_text.splitlines()[:20])
+        text = f"(In reply to:\n{quote}\n)\n{text}" if text else f"(In reply to:\n{quote}\n)"
+    return text
+
+
+@dataclass
+class Bridge:
+    agent: Agent
+    inbox: Inbox
+    store: AttachmentStore
+    limits: Limits
+    media_root: Path
+    normalize: Normalizer = text_only
+    prepare_reply: Callable[[str], OutboundReply] = field(default=lambda text: OutboundReply(text=text))
+    channels: dict[str, "Channel"] = field(default_factory=dict)
+    model_label: str = ""
+
+    def __post_init__(self) -> None:
+        self._queues: dict[ChatKey, asyncio.Queue[InboxItem]] = {}
+        self._workers: dict[ChatKey, asyncio.Task[None]] = {}
+        self.turns_started = 0
+
+    def add_channel(self, channel: "Channel") -> None:
+        self.channels[channel.name] = channel
+
+    # --- intake ---------------------------------------------------------------------------
+    def submit(self, message: InboundMessage) -> bool:
+        """Persist and queue a message. False when it is a duplicate (already seen)."""
+        item = self.inbox.add(message)
+        if item is None:
+            log.info("duplicate message %s ignored", message.key)
+            return False
+        self._enqueue(item)
+        return True
+
+    def recover(self) -> int:
+        """Queue every message left pending by an earlier run, in arrival order."""
+        items = self.inbox.pending()
+        for item in items:
+            if item.message.channel not in self.channels:
+                log.warning("pending message %s waits for channel %s, which is not running",
+                            item.message.key, item.message.channel)
+                continue
+            self._enqueue(item)
+        if items:
+            log.info("recovered %d pending message(s) from the inbox", len(items))
+        return len(items)
+
+    def _enqueue(self, item: InboxItem) -> None:
+        chat = ChatKey(item.message.channel, item.message.chat_id)
+        queue = self._queues.setdefault(chat, asyncio.Queue())
+        queue.put_nowait(item)
+        worker = self._workers.get(chat)
+        if worker is None or worker.done():
+            self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
+
+    async def _work(self, chat: ChatKey) -> None:
+        queue = self._queues[chat]
+        while True:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                # No await between the empty check and the removal: a new message cannot
+                # slip in and find a worker that is about to leave.
+                self._workers.pop(chat, None)
+                self._queues.pop(chat, None)
+                return
+            try:
+                await self._process(item)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("chat %s: message %s failed unexpectedly", chat, item.message.message_id)
+
+    async def idle(self) -> None:
+        """Wait until every queued message has been handled (tests and shutdown)."""
+        while self._workers:
+            await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
+
+    async def stop(self) -> None:
+        for task in list(self._workers.values()):
+            task.cancel()
+        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        self._workers.clear()
+
+    # --- one message ----------------------------------------------------------------------
+    async def _process(self, item: InboxItem) -> None:
+        message = item.message
+        channel = self.channels[message.channel]
+        chat = ChatKey(message.channel, message.chat_id)
+        ids = f"channel={message.channel} chat={message.chat_id} message={message.message_id}"
+        attempts = self.inbox.begin_attempt(message.key)
+        if attempts > MAX_ATTEMPTS:
+            log.error("%s: giving up after %d attempts", ids, attempts - 1)
+            await self._deliver(channel, message, OutboundReply(
+                text="Sorry, I could not process your message (it failed several times). "
+                     "Please send it again or rephrase it."))
+            return
+
+        command = self._command(chat, message)
+        if command is not None:
+            await self._deliver(channel, message, OutboundReply(text=command))
+            return
+
+        started = time.monotonic()
+        self.turns_started += 1
+        async with channel.typing(message.chat_id):
+            try:
+                files = [await channel.download(remote, self.store, self.limits) for remote in message.files]
+                content = await self.normalize(message, quoted_text(message), files)
+                user = Message(role="user", content=content,
+                               meta={"message_id": message.message_id, "sender": message.sender_id})
+                result = await self.agent.run_turn(chat, user, turn_id=message.key)
+                reply = self.prepare_reply(result.text)
+            except ProviderError as exc:
+                log.error("%s: model failed: %s", ids, exc)
+                reply = OutboundReply(text=apology(exc))
+            except Exception as exc:
+                log.exception("%s: turn failed", ids)
+                reply = OutboundReply(
+                    text=f"Sorry, something went wrong while handling that message ({type(exc).__name__}). "
+                         "Please try again.")
+        await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
+        log.info("%s: answered in %.1fs", ids, time.monotonic() - started)
+
+    async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
+                       skip_parts: int = 0) -> None:
+        key = message.key
+
+        async def progress(parts: int) -> None:
+            self.inbox.set_delivered_parts(key, parts)
+
+        skip = max(skip_parts, self.inbox.delivered_parts(key))
+        await channel.deliver(message.chat_id, reply, skip_parts=skip, on_part=progress)
+        self.inbox.mark_done(key)
+
+    # --- chat commands ----------------------------------------------------------------------
+    def _command(self, chat: ChatKey, message: InboundMessage) -> str | None:
+        if message.files:
+            return None
+        word = message.text.strip().split(maxsplit=1)[0].lower() if message.text.strip() else ""
+        word = word.split("@", 1)[0]  # /status@talon_bot in groups
+        if word == "/start" or word == "/help":
+            return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
+                    "/new starts a fresh conversation; /status shows the model and context use.")
+        if word == "/new":
+            thread = self.agent.sessions.new_thread(chat)
+            return f"Started a new conversation ({thread}). The previous one is kept on disk."
+        if word == "/status":
+            return self.agent.status_text(chat, self.model_label)
+        return None
+
+
+def apology(exc: ProviderError) -> str:
+    if isinstance(exc, ProviderUnavailable):
+        return ("Sorry, I couldn't reach the language model just now, so I can't answer this "
+                "message. Please try again in a moment.")
+    return "Sorry, the language model could not answer this message. Please try again or rephrase it."

@@ -1,0 +1,111 @@
+"""Durable inbox: every incoming message is on disk before its turn starts.
+
+SQLite (WAL, synchronous=FULL) gives three things at once: durability across a SIGKILL, dedup by
+the platform's message key (Telegram redelivery, Twilio webhook retries), and a global order
+(``seq``) so a restart replays each chat's pending messages in the order they arrived. Finished
+rows are kept for a while so a late retry of an old message is still recognised.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from talon.envelope import InboundMessage
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS inbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT UNIQUE NOT NULL,
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    delivered_parts INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    finished REAL
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(status, seq);
+"""
+
+
+@dataclass
+class InboxItem:
+    seq: int
+    message: InboundMessage
+    attempts: int
+    delivered_parts: int
+
+
+class Inbox:
+    def __init__(self, path: Path, *, keep_done_s: float = 7 * 24 * 3600) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._db.execute(
+                "DELETE FROM inbox WHERE status='done' AND finished < ?", (time.time() - keep_done_s,)
+            )
+
+    def add(self, message: InboundMessage) -> InboxItem | None:
+        """Store a new message; None when this message was seen before (a duplicate)."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO inbox(key, channel, chat_id, payload, created) VALUES (?,?,?,?,?)",
+                (message.key, message.channel, message.chat_id, message.model_dump_json(), time.time()),
+            )
+            if cur.rowcount == 0:
+                return None
+            return InboxItem(seq=int(cur.lastrowid or 0), message=message, attempts=0, delivered_parts=0)
+
+    def seen(self, key: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM inbox WHERE key=?", (key,)).fetchone()
+        return row is not None
+
+    def pending(self) -> list[InboxItem]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, payload, attempts, delivered_parts FROM inbox WHERE status='pending' ORDER BY seq"
+            ).fetchall()
+        return [
+            InboxItem(seq=r[0], message=InboundMessage.model_validate_json(r[1]), attempts=r[2], delivered_parts=r[3])
+            for r in rows
+        ]
+
+    def begin_attempt(self, key: str) -> int:
+        with self._lock:
+            self._db.execute("UPDATE inbox SET attempts = attempts + 1 WHERE key=?", (key,))
+            row = self._db.execute("SELECT attempts FROM inbox WHERE key=?", (key,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def delivered_parts(self, key: str) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT delivered_parts FROM inbox WHERE key=?", (key,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_delivered_parts(self, key: str, parts: int) -> None:
+        with self._lock:
+            self._db.execute("UPDATE inbox SET delivered_parts=? WHERE key=?", (parts, key))
+
+    def mark_done(self, key: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE inbox SET status='done', finished=? WHERE key=?", (time.time(), key)
+            )
+
+    def status(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT status FROM inbox WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,72 @@
+"""Shared fixtures: loopback fakes of the Telegram Bot API and an OpenAI-compatible server,
+and Talon settings pointed at them. Nothing here touches the internet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from talon.config import Settings
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+
+TOKEN = "123456:TEST-token"
+ALICE = 111
+BOB = 222
+MALLORY = 999
+
+
+@pytest_asyncio.fixture
+async def tg():
+    async with FakeTelegram(token=TOKEN) as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def llm():
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+def make_settings(tmp_path: Path, tg_base: str, llm_base: str, **extra: object) -> Settings:
+    values: dict[str, object] = dict(
+        TELEGRAM_BOT_TOKEN=TOKEN,
+        TELEGRAM_API_BASE_URL=tg_base,
+        OPENAI_BASE_URL=llm_base,
+        OPENAI_API_KEY="test-key",
+        TALON_MODEL="openai:fake-model",
+        TALON_MEDIA_ROOT=str(tmp_path / "media_root"),
+        TALON_DATA_DIR=str(tmp_path / "data"),
+        TALON_TELEGRAM_ALLOWED_USERS=f"{ALICE},@bob",
+        TALON_TELEGRAM_POLL_TIMEOUT=1,
+        TALON_MODEL_MAX_RETRIES=0,
+        TALON_MODEL_TIMEOUT=20,
+    )
+    values.update(extra)
+    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings(tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI) -> Settings:
+    return make_settings(tmp_path, tg.base_url, llm.base_url)
+
+
+def settings_env(tmp_path: Path, tg_base: str, llm_base: str, **extra: str) -> dict[str, str]:
+    """The same configuration as environment variables, for `talon run` in a subprocess."""
+    env = {
+        "TELEGRAM_BOT_TOKEN": TOKEN,
+        "TELEGRAM_API_BASE_URL": tg_base,
+        "OPENAI_BASE_URL": llm_base,
+        "OPENAI_API_KEY": "test-key",
+        "TALON_MODEL": "openai:fake-model",
+        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"),
+        "TALON_DATA_DIR": str(tmp_path / "data"),
+        "TALON_TELEGRAM_ALLOWED_USERS": f"{ALICE},@bob",
+        "TALON_TELEGRAM_POLL_TIMEOUT": "1",
+        "TALON_MODEL_MAX_RETRIES": "0",
+        "TALON_LOG_LEVEL": "INFO",
+    }
+    env.update(extra)
+    return env
