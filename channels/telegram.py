@@ -127,7 +127,9 @@ class TelegramChannel(Channel):
         try:
             await self.app.initialize()
         except InvalidToken as exc:
-            raise ConfigError(f"Telegram refused TELEGRAM_BOT_TOKEN: {exc}", ["TELEGRAM_BOT_TOKEN"]) from exc
+            # PTB's message repeats the token; ours must not.
+            raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN (401 Unauthorized): check the token "
+                              "from @BotFather", ["TELEGRAM_BOT_TOKEN"]) from None
         await self.app.start()
         await self._start_polling()
         log.info("telegram: polling as @%s", self.bot.username)

@@ -107,8 +107,8 @@ def configured_channels(settings: Settings) -> list["Channel"]:
 
 
 async def serve(runtime: Runtime, stop: asyncio.Event) -> None:
-    await runtime.start()
     try:
+        await runtime.start()
         await stop.wait()
     finally:
         await runtime.stop()

@@ -1,0 +1,122 @@
+"""`talon run` as a real process against loopback fakes: allowlist, SIGKILL recovery, config errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ALICE, MALLORY, settings_env
+from tests.fakes.openai_server import FakeOpenAI, last_user_text
+from tests.fakes.telegram import FakeTelegram
+from tests.conftest import TOKEN
+
+
+@pytest.fixture
+def fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
+    with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
+        yield tg, llm
+
+
+def start_talon(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
+    env.update(env_extra)
+    log_path = tmp_path / log_name
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "talon.cli", "run"],
+        cwd=tmp_path, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+    )
+    return proc, log_path
+
+
+def stop_talon(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    return proc.returncode
+
+
+def to_chat(chat_id: int):
+    return lambda c: str(c.params.get("chat_id")) == str(chat_id)
+
+
+def test_talon_run_answers_allowed_and_ignores_others(tmp_path: Path, fakes) -> None:
+    tg, llm = fakes
+    proc, log_path = start_talon(tmp_path, settings_env(tmp_path, tg.base_url, llm.base_url), "run.log")
+    try:
+        tg.push_update(tg.text_message(MALLORY, "I am not allowed", user_id=MALLORY))
+        tg.push_update(tg.text_message(ALICE, "hello from alice", user_id=ALICE))
+        [reply] = tg.wait_for_sync("sendMessage", to_chat(ALICE), timeout=30)
+    finally:
+        code = stop_talon(proc)
+    log = log_path.read_text()
+    assert reply.params["text"] == "echo: hello from alice", log
+    assert not tg.sent("sendMessage", chat_id=MALLORY)
+    assert all("not allowed" not in last_user_text(r) for r in llm.requests)
+    assert f"add {MALLORY} to TALON_TELEGRAM_ALLOWED_USERS" in log
+    assert TOKEN not in log  # the bot token never reaches the log
+    assert code == 0, log
+
+
+def test_sigkill_between_arrival_and_reply_answers_after_restart(tmp_path: Path, fakes) -> None:
+    tg, llm = fakes
+    env = settings_env(tmp_path, tg.base_url, llm.base_url)
+    llm.hang = True
+    proc, log1 = start_talon(tmp_path, env, "first.log")
+    try:
+        tg.push_update(tg.text_message(ALICE, "please survive a crash", user_id=ALICE))
+        llm.wait_for_requests_sync(1, timeout=30)  # the turn started: the message is in the inbox
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert not tg.sent("sendMessage", chat_id=ALICE)
+    llm.hang = False
+    llm.release()
+
+    proc, log2 = start_talon(tmp_path, env, "second.log")
+    try:
+        [reply] = tg.wait_for_sync("sendMessage", to_chat(ALICE), timeout=30)
+        # and it keeps working for new messages
+        tg.push_update(tg.text_message(ALICE, "and after that?", user_id=ALICE))
+        tg.wait_for_sync("sendMessage", to_chat(ALICE), count=2, timeout=30)
+    finally:
+        stop_talon(proc)
+    assert reply.params["text"] == "echo: please survive a crash", log2.read_text()
+    texts = [c.params["text"] for c in tg.sent("sendMessage", chat_id=ALICE)]
+    assert texts == ["echo: please survive a crash", "echo: and after that?"]  # answered once
+
+
+def test_talon_run_without_settings_names_what_is_missing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
+    result = subprocess.run([sys.executable, "-m", "talon.cli", "run"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "TALON_MODEL" in result.stderr and "TELEGRAM_BOT_TOKEN" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    env["TALON_MODEL"] = "openai:gpt-4.1-mini"
+    env["OPENAI_API_KEY"] = "sk-test"
+    result = subprocess.run([sys.executable, "-m", "talon.cli", "run"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "no channel configured" in result.stderr and "TALON_MODEL" not in result.stderr.split("missing settings")[1]
+
+
+def test_bad_token_is_reported_without_traceback(tmp_path: Path, fakes) -> None:
+    tg, llm = fakes
+    env = settings_env(tmp_path, tg.base_url, llm.base_url, TELEGRAM_BOT_TOKEN="999:wrong")
+    proc, log_path = start_talon(tmp_path, env, "bad.log")
+    code = proc.wait(timeout=30)
+    log = log_path.read_text()
+    assert code == 2, log
+    assert "TELEGRAM_BOT_TOKEN" in log and "Traceback" not in log
