@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
         "auto", validation_alias=_env("TALON_TRANSCRIBER")
     )
-    whisper_model: str = Field("base", validation_alias=_env("TALON_WHISPER_MODEL"))
+    whisper_model: str = Field("bundled", validation_alias=_env("TALON_WHISPER_MODEL"))
     transcribe_concurrency: int = Field(1, validation_alias=_env("TALON_TRANSCRIBE_CONCURRENCY"))
 
     # --- whatsapp / http server --------------------------------------------------------------

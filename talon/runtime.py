@@ -7,16 +7,23 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from talon.agent.anthropic_provider import AnthropicProvider
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.openai_provider import OpenAIProvider, data_url
+from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider
-from talon.agent.session import SessionStore
+from talon.agent.session import SessionStore, safe_path_part
+from talon.agent.workspace import Workspace
+from talon.agent.workspace_tools import workspace_tools
 from talon.attachments import AttachmentStore
-from talon.bridge import Bridge
+from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
-from talon.content import ImageBlock
+from talon.content import ContentBlock, ImageBlock, InboundFile
 from talon.errors import ConfigError
+from talon.envelope import InboundMessage
 from talon.inbox import Inbox
+from talon.media import InboundContext, normalize_inbound
+from talon.speech import Transcriber
 
 if TYPE_CHECKING:
     from channels.base import Channel
@@ -24,24 +31,49 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_provider(settings: Settings, store: AttachmentStore) -> Provider:
+def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None) -> Provider:
+    """The provider for ``TALON_MODEL``, or for another model spec (the summary model).
+
+    Its image support comes from the model profile (``TALON_MODEL_VISION`` overrides it).
+    """
     settings.check_model()
 
     def hydrate(block: ImageBlock) -> str:
         return data_url(block.ref.mime, store.read_bytes(block.ref))
 
-    vision = settings.model_vision != "false"
-    if settings.provider_name == "openai":
+    if model is None:
+        provider_name, model_name = settings.provider_name, settings.model_name
+        profile = settings_profile(settings)
+        vision_setting = settings.model_vision
+    else:
+        provider_name, model_name = split_summary_model(model, settings.provider_name)
+        profile = settings_profile(settings, model)
+        vision_setting = "auto"
+    if provider_name == "openai":
         return OpenAIProvider(
-            settings.model_name,
+            model_name,
             api_key=settings.openai_api_key,
             base_url=settings.openai_base_url or None,
             hydrate=hydrate,
-            vision=vision,
+            vision=profile.vision,
+            vision_fallback=vision_setting == "auto" and not profile.known,
+            reasoning=profile.reasoning,
             timeout_s=settings.model_timeout_s,
             max_retries=settings.model_max_retries,
         )
-    raise ConfigError(f"provider {settings.provider_name!r} is not available", ["TALON_MODEL"])
+    if provider_name == "anthropic":
+        if not settings.anthropic_api_key:
+            raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
+        return AnthropicProvider(
+            model_name,
+            api_key=settings.anthropic_api_key,
+            base_url=settings.anthropic_base_url or None,
+            hydrate=hydrate,
+            vision=profile.vision,
+            timeout_s=settings.model_timeout_s,
+            max_retries=settings.model_max_retries,
+        )
+    raise ConfigError(f"provider {provider_name!r} is not available", ["TALON_MODEL"])
 
 
 @dataclass
@@ -53,6 +85,7 @@ class Runtime:
     agent: Agent
     bridge: Bridge
     channels: list["Channel"] = field(default_factory=list)
+    transcriber: Transcriber | None = None
 
     async def start(self) -> None:
         for channel in self.channels:
@@ -70,6 +103,8 @@ class Runtime:
                 log.exception("stopping channel %s failed", channel.name)
         await self.bridge.stop()
         await self.agent.provider.aclose()
+        if self.transcriber is not None:
+            self.transcriber.close()
         self.inbox.close()
 
 
@@ -78,22 +113,64 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None) -
     store = AttachmentStore(settings.data_dir / "attachments")
     sessions = SessionStore(settings.data_dir)
     provider = build_provider(settings, store)
+    workspace = Workspace(settings.media_root)
+    summary_provider = (
+        build_provider(settings, store, settings.summary_model)
+        if settings.summary_model and settings.summary_model != settings.model else None
+    )
     agent = Agent(
         provider,
         sessions,
+        tools=workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool),
         system_prompt=settings.system_prompt or DEFAULT_SYSTEM_PROMPT,
         max_steps=settings.max_steps,
+        profile=settings_profile(settings),
+        summary_provider=summary_provider,
+        summary_window=settings_profile(settings, settings.summary_model).context_window
+        if summary_provider is not None else None,
+        workspace=workspace,
     )
     inbox = Inbox(settings.data_dir / "inbox.sqlite3")
+    transcriber = Transcriber.from_settings(settings)
     bridge = Bridge(
         agent=agent,
         inbox=inbox,
         store=store,
         limits=settings.limits(),
         media_root=settings.media_root,
+        normalize=inbound_normalizer(settings, store, transcriber),
         model_label=settings.model,
     )
-    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []))
+    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber)
+
+
+def inbound_vision(settings: Settings) -> bool:
+    """Whether inbound images go to the model as images or as a notice with their path.
+
+    An unknown model under ``TALON_MODEL_VISION=auto`` is sent images: the provider adapter falls
+    back to a text placeholder if the server refuses them.
+    """
+    profile = settings_profile(settings)
+    return profile.vision or (settings.model_vision == "auto" and not profile.known)
+
+
+def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: Transcriber) -> Normalizer:
+    limits = settings.limits()
+    vision = inbound_vision(settings)
+
+    async def normalize(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
+        ctx = InboundContext(
+            store=store,
+            media_root=settings.media_root,
+            limits=limits,
+            transcriber=transcriber,
+            vision=vision,
+            # Per chat, so the agent's file tools find what this person sent.
+            save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.chat_id)}",
+        )
+        return await normalize_inbound(text, files, ctx)
+
+    return normalize
 
 
 def configured_channels(settings: Settings) -> list["Channel"]:

@@ -1,24 +1,602 @@
 """The context pipeline: transforms of what the model will see, applied per request.
 
-Each step takes the messages about to be sent and returns new ones; the session log itself is
-never edited by a step. Steps are small and individually testable.
+The session log stays complete; every step here works on a copy of the conversation as it will
+be sent, in order of cost:
+
+1. ``repair_tool_pairs``       every tool call has exactly one result (a crash can leave a gap);
+2. ``truncate_tool_arguments`` long arguments of old write/edit calls are cut to a head + marker;
+3. ``evict_tool_results``      a tool result over the limit is saved to a file and replaced by a
+                               numbered head/tail preview naming that file;
+4. ``tombstone_images``        images older than the last few turns become a note naming the
+                               file, its size and hash, and how to look again;
+5. ``summarize_step``          at the trigger (85% of the window by default) older turns are
+                               summarized by the model, appended to the thread's markdown archive,
+                               and a checkpoint record is added to the log so later requests
+                               start from the summary; the recent tail (10%) is kept verbatim and
+                               a tool call is never separated from its result;
+6. ``fit_to_budget``           last line of defence: if the request is still too long, images go,
+                               then the largest texts are clipped, then the oldest turns are left
+                               out of this request. A request over the window is never sent.
+
+``clip_trailing_tool_results`` is the recovery used when a provider refuses a request as too long
+anyway (our estimate was low): the newest tool results shrink to previews and the call is retried.
+
+Private bookkeeping travels in ``Message.meta`` under keys starting with ``_`` (log position,
+summary marker); the agent strips ``meta`` before a request is built, so none of it reaches a
+model. Steps never edit a message in place: messages are shared with the session cache.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from talon.content import Message
+from talon.agent.profiles import ModelProfile
+from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, is_checkpoint
+from talon.agent.summary import append_archive, describe_image
+from talon.agent.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
+from talon.content import AttachmentRef, ContentBlock, ImageBlock, Message, TextBlock, ToolCall
 
-ContextStep = Callable[[list[Message]], Awaitable[list[Message]]]
+log = logging.getLogger(__name__)
+
+IDX = "_idx"  # position of the message in the session log
+SUMMARY = "_summary"  # marks the synthetic summary message at the head of a view
+
+WRITE_TOOLS = frozenset({"write_file", "edit_file"})
+
+
+# --- policy and budget ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ContextPolicy:
+    """The knobs of context management, with the defaults the design names."""
+
+    trigger_ratio: float = 0.85
+    keep_tail_ratio: float = 0.10
+    tool_args_max_chars: int = 2000
+    long_argument_tools: frozenset[str] = WRITE_TOOLS
+    tool_result_ratio: float = 0.06
+    tool_result_min_tokens: int = 1000
+    tool_result_max_tokens: int = 10_000
+    image_keep_turns: int = 3
+    max_images: int = 20
+    summary_ratio: float = 0.05
+    summary_min_tokens: int = 300
+    summary_max_tokens: int = 2000
+    # Kept free besides the reply reservation: estimates are estimates.
+    safety_ratio: float = 0.02
+
+
+@dataclass(frozen=True)
+class ContextBudget:
+    window: int
+    max_output: int
+    limit: int  # most input tokens a request may carry
+    trigger: int  # summarize from this many input tokens
+    keep_tail: int
+    tool_result_tokens: int
+    summary_tokens: int
+
+    @classmethod
+    def for_profile(cls, profile: ModelProfile, policy: ContextPolicy | None = None) -> "ContextBudget":
+        policy = policy or ContextPolicy()
+        window = profile.context_window
+        max_output = min(profile.max_output, window // 2)
+        limit = window - max_output - max(64, int(window * policy.safety_ratio))
+        trigger = min(int(window * policy.trigger_ratio), limit)
+        tool_tokens = int(window * policy.tool_result_ratio)
+        tool_tokens = max(policy.tool_result_min_tokens, min(policy.tool_result_max_tokens, tool_tokens))
+        summary = int(window * policy.summary_ratio)
+        summary = max(policy.summary_min_tokens, min(policy.summary_max_tokens, summary))
+        return cls(
+            window=window,
+            max_output=max_output,
+            limit=limit,
+            trigger=trigger,
+            keep_tail=int(window * policy.keep_tail_ratio),
+            tool_result_tokens=min(tool_tokens, max(200, limit // 4)),
+            summary_tokens=min(summary, max(100, limit // 6)),
+        )
+
+
+# --- large tool results ---------------------------------------------------------------------
+class ResultFiles:
+    """Where evicted tool output is kept, one file per distinct output (named by its hash)."""
+
+    def __init__(self, directory: Path, *, write: bool = True) -> None:
+        self.directory = Path(directory)
+        self.write = write
+
+    def save(self, text: str) -> Path:
+        data = text.encode("utf-8")
+        path = self.directory / f"{hashlib.sha256(data).hexdigest()[:16]}.txt"
+        if self.write and not path.exists():
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        return path
+
+
+# --- the per-request context ----------------------------------------------------------------
+Summarize = Callable[[str | None, list[Message]], Awaitable[str]]
+
+
+@dataclass
+class RequestContext:
+    """What the steps need for one request: budget, fixed overhead, and the side channels."""
+
+    budget: ContextBudget
+    policy: ContextPolicy = field(default_factory=ContextPolicy)
+    overhead: int = 0  # system prompt + tool definitions
+    scale: float = 1.0  # provider-reported tokens per estimated token (>= 1)
+    results: ResultFiles | None = None
+    archive: Path | None = None
+    archive_title: str = "conversation"
+    summarize: Summarize | None = None
+    persist: Callable[[Message], None] | None = None
+    force_summary: bool = False
+
+    def estimate(self, messages: Sequence[Message]) -> int:
+        return math.ceil((self.overhead + estimate_messages(messages)) * self.scale)
+
+    def message_budget(self, tokens: int) -> int:
+        """Message tokens (unscaled) that fit when the whole request may have ``tokens``."""
+        return max(0, int(tokens / self.scale) - self.overhead)
+
+
+ContextStep = Callable[[list[Message], RequestContext], Awaitable[list[Message]]]
 
 
 @dataclass
 class ContextPipeline:
     steps: Sequence[ContextStep] = field(default_factory=list)
 
-    async def apply(self, messages: list[Message]) -> list[Message]:
+    async def apply(self, messages: list[Message], ctx: RequestContext | None = None) -> list[Message]:
+        if ctx is None:
+            ctx = RequestContext(budget=ContextBudget.for_profile(ModelProfile(10**9, 4096, True)))
         for step in self.steps:
-            messages = await step(messages)
+            messages = await step(messages, ctx)
         return messages
+
+
+# --- the view: log -> conversation ----------------------------------------------------------
+def conversation_view(history: Sequence[Message]) -> list[Message]:
+    """What the model would see of a log: the last summary, then everything it does not cover.
+
+    Each message carries its log position in ``meta['_idx']``; checkpoint records themselves are
+    not conversation.
+    """
+    start = 0
+    view: list[Message] = []
+    for i in range(len(history) - 1, -1, -1):
+        if is_checkpoint(history[i]):
+            checkpoint = history[i]
+            start = int(checkpoint.meta.get("covers", 0))
+            view.append(checkpoint.model_copy(update={"meta": {SUMMARY: True, IDX: i}}))
+            break
+    for i in range(start, len(history)):
+        message = history[i]
+        if not is_checkpoint(message):
+            view.append(message.model_copy(update={"meta": {**message.meta, IDX: i}}))
+    return view
+
+
+def checkpoint_record(summary: str, *, covers: int, archive: Path | None) -> Message:
+    """The log record that makes later requests start from ``summary`` (of log messages < covers)."""
+    where = f" The full text is in the archive {archive}; read_file or grep it when details matter." if archive else ""
+    text = (
+        f"[Summary of the earlier conversation (its first {covers} messages), written to save "
+        f"space.{where}]\n\n{summary.strip()}"
+    )
+    meta = {CHECKPOINT_KEY: SUMMARY_CHECKPOINT, "covers": covers}
+    if archive is not None:
+        meta["archive"] = str(archive)
+    return Message(role="user", content=[TextBlock(text=text)], meta=meta)
+
+
+def _is_turn_start(message: Message) -> bool:
+    return message.role == "user" and not message.meta.get(SUMMARY)
+
+
+def _with_content(message: Message, content: list[ContentBlock]) -> Message:
+    return message.model_copy(update={"content": content})
+
+
+# --- 1. tool pairs --------------------------------------------------------------------------
+INTERRUPTED = "[no result: this tool call was interrupted before it finished]"
+
+
+def repair_tool_pairs(messages: Sequence[Message]) -> list[Message]:
+    """Give every tool call one result and drop results that answer no call."""
+    out: list[Message] = []
+    open_calls: dict[str, ToolCall] = {}
+
+    def close_open() -> None:
+        for call in open_calls.values():
+            out.append(Message(role="tool", content=[TextBlock(text=INTERRUPTED)], tool_call_id=call.id,
+                               tool_name=call.name, meta={"error": True}))
+        open_calls.clear()
+
+    for message in messages:
+        if message.role == "tool":
+            if message.tool_call_id in open_calls:
+                del open_calls[message.tool_call_id]
+                out.append(message)
+            continue
+        close_open()
+        out.append(message)
+        if message.role == "assistant":
+            open_calls = {c.id: c for c in message.tool_calls}
+    close_open()
+    return out
+
+
+# --- 2. old long arguments ------------------------------------------------------------------
+def _cut_arguments(arguments: str, max_chars: int) -> str:
+    marker = "[... {n:,} more characters cut from this earlier call]"
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        head = arguments[: max_chars // 2]
+        return json.dumps({"_truncated_arguments": head + marker.format(n=len(arguments) - len(head))})
+    field_max = max(100, max_chars // 4)
+    cut: dict[str, object] = {}
+    for key, value in parsed.items():
+        if isinstance(value, str) and len(value) > field_max:
+            cut[key] = value[:field_max] + marker.format(n=len(value) - field_max)
+        else:
+            cut[key] = value
+    text = json.dumps(cut, ensure_ascii=False)
+    if len(text) > max_chars * 2:  # many fields, or long non-string values
+        return json.dumps({"_truncated_arguments": text[: max_chars // 2] + marker.format(n=len(text) - max_chars // 2)})
+    return text
+
+
+def truncate_tool_arguments(
+    messages: Sequence[Message], *, max_chars: int = 2000, tools: frozenset[str] = WRITE_TOOLS
+) -> list[Message]:
+    """Cut long arguments of write/edit calls made before the current turn."""
+    starts = [i for i, m in enumerate(messages) if _is_turn_start(m)]
+    current = starts[-1] if starts else len(messages)
+    out = list(messages)
+    for i in range(current):
+        message = out[i]
+        if message.role != "assistant" or not message.tool_calls:
+            continue
+        if not any(c.name in tools and len(c.arguments) > max_chars for c in message.tool_calls):
+            continue
+        calls = [
+            c.model_copy(update={"arguments": _cut_arguments(c.arguments, max_chars)})
+            if c.name in tools and len(c.arguments) > max_chars else c
+            for c in message.tool_calls
+        ]
+        out[i] = message.model_copy(update={"tool_calls": calls})
+    return out
+
+
+# --- 3. large tool results ------------------------------------------------------------------
+PREVIEW_HEAD_LINES = 20
+PREVIEW_TAIL_LINES = 10
+PREVIEW_LINE_CHARS = 200
+
+
+def preview(text: str, path: Path, *, max_chars: int) -> str:
+    """First and last lines, numbered, and where the whole text is."""
+    lines = text.splitlines()
+    n = len(lines)
+
+    def fmt(i: int) -> str:
+        line = lines[i]
+        if len(line) > PREVIEW_LINE_CHARS:
+            line = line[:PREVIEW_LINE_CHARS] + " [...]"
+        return f"{i + 1:>6}\t{line}"
+
+    head_n = min(n, PREVIEW_HEAD_LINES)
+    tail_start = max(head_n, n - PREVIEW_TAIL_LINES)
+    intro = (
+        f"[This output was too long to keep in the conversation: {n:,} lines, {len(text):,} "
+        f"characters. The whole output is saved in {path} (read_file it with offset/limit, or "
+        f"grep it). First and last lines:]"
+    )
+    head = [fmt(i) for i in range(head_n)]
+    tail = [fmt(i) for i in range(tail_start, n)]
+    gap = [f"   ... lines {head_n + 1}-{tail_start} not shown ..."] if tail_start > head_n else []
+    body = "\n".join(head + gap + tail)
+    room = max(200, max_chars - len(intro) - 1)
+    if len(body) > room:
+        body = body[: room // 2] + "\n   ...\n" + body[-room // 2:]
+    return f"{intro}\n{body}"
+
+
+def evict_tool_results(messages: Sequence[Message], *, max_tokens: int, results: ResultFiles) -> list[Message]:
+    """Replace the text of each tool result over ``max_tokens`` with a preview of a saved file."""
+    out = list(messages)
+    for i, message in enumerate(out):
+        if message.role != "tool":
+            continue
+        text = message.text
+        if len(text) <= max_tokens * CHARS_PER_TOKEN:
+            continue
+        path = results.save(text)
+        note = TextBlock(text=preview(text, path, max_chars=max_tokens * CHARS_PER_TOKEN // 2))
+        out[i] = _with_content(message, [note] + [b for b in message.content if not isinstance(b, TextBlock)])
+    return out
+
+
+def clip_trailing_tool_results(
+    messages: Sequence[Message], *, max_tokens: int, results: ResultFiles
+) -> tuple[list[Message], bool]:
+    """Shrink the tool results after the last assistant message (overflow recovery).
+
+    Their text goes down to a preview of ``max_tokens`` and their images become tombstones.
+    Returns the messages and whether anything changed.
+    """
+    out = list(messages)
+    changed = False
+    i = len(out) - 1
+    while i >= 0 and out[i].role == "tool":
+        message = out[i]
+        text = message.text
+        images = message.images()
+        if len(text) > max_tokens * CHARS_PER_TOKEN:
+            text = preview(text, results.save(text), max_chars=max_tokens * CHARS_PER_TOKEN)
+        if text != message.text or images:
+            content: list[ContentBlock] = [TextBlock(text=text)] if text else []
+            content += [TextBlock(text=tombstone(b.ref)) for b in images]
+            out[i] = _with_content(message, content)
+            changed = True
+        i -= 1
+    return out, changed
+
+
+# --- 4. old images --------------------------------------------------------------------------
+def _size(n: int) -> str:
+    return f"{n / 1024:.0f} KB" if n < 1024 * 1024 else f"{n / (1024 * 1024):.1f} MB"
+
+
+def tombstone(ref: AttachmentRef) -> str:
+    name = ref.path or ref.name or "image"
+    dims = f"{ref.width}x{ref.height}, " if ref.width and ref.height else ""
+    again = (
+        f'to look at it again, call read_file with path "{ref.path}"' if ref.path
+        else "it is not saved in the workspace, so ask the user to send it again if you need to see it"
+    )
+    return (
+        f"[image {name} ({dims}{_size(ref.bytes)}, sha256 {ref.id[:12]}) was shown earlier and is no "
+        f"longer attached; {again}]"
+    )
+
+
+def tombstone_images(messages: Sequence[Message], *, keep_turns: int = 3, max_images: int = 20) -> list[Message]:
+    """Keep the images of the last ``keep_turns`` turns (at most ``max_images``, newest first)."""
+    starts = [i for i, m in enumerate(messages) if _is_turn_start(m)]
+    if keep_turns <= 0:
+        cutoff = len(messages)
+    elif len(starts) >= keep_turns:
+        cutoff = starts[-keep_turns]
+    else:
+        cutoff = 0
+    out = list(messages)
+    kept = 0
+    for i in range(len(out) - 1, -1, -1):
+        message = out[i]
+        if not any(isinstance(b, ImageBlock) for b in message.content):
+            continue
+        blocks: list[ContentBlock] = []
+        changed = False
+        for block in reversed(message.content):
+            if isinstance(block, ImageBlock):
+                if i >= cutoff and kept < max_images:
+                    kept += 1
+                    blocks.append(block)
+                else:
+                    blocks.append(TextBlock(text=tombstone(block.ref)))
+                    changed = True
+            else:
+                blocks.append(block)
+        if changed:
+            out[i] = _with_content(message, list(reversed(blocks)))
+    return out
+
+
+# --- 5. summaries ---------------------------------------------------------------------------
+def choose_cut(messages: Sequence[Message], keep_tokens: int) -> int | None:
+    """Where the kept tail starts: the earliest turn boundary whose tail fits ``keep_tokens``.
+
+    A boundary is a message that is not a tool result, so a call and its results stay together.
+    When even the last group is larger, the tail is just that group. None: nothing to summarize.
+    """
+    first = 1 if messages and messages[0].meta.get(SUMMARY) else 0
+    suffix = 0
+    best: int | None = None
+    last_boundary: int | None = None
+    for i in range(len(messages) - 1, first, -1):
+        suffix += estimate_message(messages[i])
+        message = messages[i]
+        if message.role == "tool" or message.meta.get(SUMMARY) or IDX not in message.meta:
+            continue
+        if last_boundary is None:
+            last_boundary = i
+        if suffix <= keep_tokens:
+            best = i
+    cut = best if best is not None else last_boundary
+    if cut is None or cut <= first:
+        return None
+    return cut
+
+
+async def summarize_step(messages: list[Message], ctx: RequestContext) -> list[Message]:
+    """At the trigger, fold old turns into a summary and record it in the log."""
+    if ctx.summarize is None or ctx.persist is None or not messages:
+        return messages
+    if not ctx.force_summary and ctx.estimate(messages) < ctx.budget.trigger:
+        return messages
+    keep = ctx.budget.keep_tail // 2 if ctx.force_summary else ctx.budget.keep_tail
+    cut = choose_cut(messages, keep)
+    if cut is None:
+        return messages
+    previous = messages[0] if messages[0].meta.get(SUMMARY) else None
+    fresh = messages[1 if previous is not None else 0: cut]
+    if not fresh:
+        return messages
+    first = int(fresh[0].meta.get(IDX, 0))
+    covers = int(messages[cut].meta[IDX])
+    previous_text = previous.text if previous is not None else None
+    summary = await ctx.summarize(_strip_header(previous_text), list(fresh))
+    if ctx.archive is not None:
+        append_archive(ctx.archive, fresh, first=first, last=covers - 1, title=ctx.archive_title)
+    record = checkpoint_record(summary, covers=covers, archive=ctx.archive)
+    ctx.persist(record)
+    log.info("summarized log messages %d-%d (%d in this request) into a checkpoint", first, covers - 1, len(fresh))
+    head = record.model_copy(update={"meta": {SUMMARY: True}})
+    return [head] + list(messages[cut:])
+
+
+_HEADER = re.compile(r"^\[Summary of the earlier conversation[^\]]*\]\s*", re.DOTALL)
+
+
+def _strip_header(text: str | None) -> str | None:
+    return _HEADER.sub("", text, count=1) if text else text
+
+
+# --- 6. the last line of defence ------------------------------------------------------------
+MIN_CLIP_CHARS = 1500
+
+
+def _clip_text(text: str, keep: int) -> str:
+    half = max(keep // 2, 1)
+    return f"{text[:half]}\n[... {len(text) - 2 * half:,} characters cut to fit the context window ...]\n{text[-half:]}"
+
+
+def fit_to_budget(messages: Sequence[Message], *, max_tokens: int) -> list[Message]:
+    """Make the messages fit ``max_tokens`` (estimated) whatever it takes, least loss first."""
+    out = list(messages)
+    total = estimate_messages(out)
+    if total <= max_tokens:
+        return out
+    # Images, oldest first.
+    for i, message in enumerate(out):
+        if total <= max_tokens:
+            return out
+        if message.images():
+            before = estimate_message(message)
+            out[i] = _with_content(message, [
+                TextBlock(text=tombstone(b.ref)) if isinstance(b, ImageBlock) else b for b in message.content
+            ])
+            total += estimate_message(out[i]) - before
+    # The largest texts and call arguments, to their head and tail.
+    while total > max_tokens:
+        best: tuple[int, int, int] | None = None  # (size, message index, block index or -1-call)
+        for i, message in enumerate(out):
+            for j, block in enumerate(message.content):
+                if isinstance(block, TextBlock) and len(block.text) > MIN_CLIP_CHARS and (best is None or len(block.text) > best[0]):
+                    best = (len(block.text), i, j)
+            for j, call in enumerate(message.tool_calls):
+                if len(call.arguments) > MIN_CLIP_CHARS and (best is None or len(call.arguments) > best[0]):
+                    best = (len(call.arguments), i, -1 - j)
+        if best is None:
+            break
+        size, i, j = best
+        excess = (total - max_tokens) * CHARS_PER_TOKEN + 200
+        keep = max(MIN_CLIP_CHARS - 200, size - excess)
+        message = out[i]
+        before = estimate_message(message)
+        if j >= 0:
+            content = list(message.content)
+            content[j] = TextBlock(text=_clip_text(message.content[j].text, keep))  # type: ignore[union-attr]
+            out[i] = _with_content(message, content)
+        else:
+            calls = list(message.tool_calls)
+            calls[-1 - j] = calls[-1 - j].model_copy(update={"arguments": _cut_arguments(calls[-1 - j].arguments, keep)})
+            out[i] = message.model_copy(update={"tool_calls": calls})
+        after = estimate_message(out[i])
+        if after >= before:
+            break
+        total += after - before
+    # Whole groups, oldest first (never the summary at the head, never the newest group).
+    dropped = 0
+    head = 1 if out and out[0].meta.get(SUMMARY) else 0
+    while total > max_tokens:
+        end = head + 1
+        while end < len(out) and out[end].role == "tool":
+            end += 1
+        if end >= len(out):
+            break
+        total -= estimate_messages(out[head:end])
+        dropped += end - head
+        del out[head:end]
+    if dropped:
+        note = Message.user(
+            f"[{dropped} earlier message(s) are left out of this request to fit the model's context "
+            "window; the session log keeps them.]"
+        )
+        out.insert(head, note)
+    return out
+
+
+# --- the steps, as the pipeline runs them ---------------------------------------------------
+async def repair_step(messages: list[Message], ctx: RequestContext) -> list[Message]:
+    return repair_tool_pairs(messages)
+
+
+async def truncate_step(messages: list[Message], ctx: RequestContext) -> list[Message]:
+    return truncate_tool_arguments(messages, max_chars=ctx.policy.tool_args_max_chars,
+                                   tools=ctx.policy.long_argument_tools)
+
+
+async def evict_step(messages: list[Message], ctx: RequestContext) -> list[Message]:
+    if ctx.results is None:
+        return messages
+    return evict_tool_results(messages, max_tokens=ctx.budget.tool_result_tokens, results=ctx.results)
+
+
+async def tombstone_step(messages: list[Message], ctx: RequestContext) -> list[Message]:
+    return tombstone_images(messages, keep_turns=ctx.policy.image_keep_turns, max_images=ctx.policy.max_images)
+
+
+async def fit_step(messages: list[Message], ctx: RequestContext) -> list[Message]:
+    return fit_to_budget(messages, max_tokens=ctx.message_budget(ctx.budget.limit))
+
+
+def default_steps() -> list[ContextStep]:
+    return [repair_step, truncate_step, evict_step, tombstone_step, summarize_step, fit_step]
+
+
+def default_pipeline() -> ContextPipeline:
+    return ContextPipeline(default_steps())
+
+
+def shrink_budget(budget: ContextBudget, profile: ModelProfile, factor: float,
+                  policy: ContextPolicy | None = None) -> ContextBudget:
+    """The budget of a window ``factor`` times as large (after the provider refused a request)."""
+    smaller = replace(profile, context_window=max(1024, int(profile.context_window * factor)))
+    return ContextBudget.for_profile(smaller, policy)
+
+
+_LIMITS = (
+    re.compile(r"maximum context length is (\d+)", re.IGNORECASE),
+    re.compile(r">\s*(\d+)\s*maximum", re.IGNORECASE),
+    re.compile(r"context (?:window|length|size)[^0-9]{0,30}(\d{3,})", re.IGNORECASE),
+)
+
+
+def overflow_limit(message: str) -> int | None:
+    """The window a provider states in its "too long" error, when it states one."""
+    for pattern in _LIMITS:
+        match = pattern.search(message)
+        if match:
+            value = int(match.group(1))
+            if value >= 512:
+                return value
+    return None

@@ -4,19 +4,52 @@ Every message is appended to the session as soon as it exists, tagged with the t
 that is run again after a crash therefore resumes instead of starting over: the user message is
 not added twice, tool calls already answered are not run again, and a reply that was already
 produced is returned as is (so the user is never answered twice for one message).
+
+Each model call sends what the context pipeline makes of the log (see ``talon.agent.context``),
+under the budget the model profile sets. If the provider still refuses the request as too long,
+the newest tool results are clipped and the call is retried once; if it is refused again the
+older turns are summarized under a smaller budget and the call is retried one last time; a third
+refusal fails the turn with ``ContextOverflow``. There is no loop to get stuck in.
+
+Token accounting: the provider's reported usage is authoritative. It is stored with each reply
+(``meta['usage']``) and shown by /status; between calls the estimate (``talon.agent.tokens``) is
+used, scaled by how far the provider's count of the last text-only request was above it (between
+1 and 1.5), so a denser tokenizer than four characters per token does not overrun the window.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from talon.agent.context import ContextPipeline
-from talon.agent.provider import ModelRequest, Provider, Usage
-from talon.agent.session import ChatKey, SessionStore
-from talon.agent.tokens import estimate_messages, estimate_text as estimate_tokens
-from talon.agent.tools import ToolRegistry
-from talon.content import Message
+from talon.agent.context import (
+    ContextBudget,
+    ContextPipeline,
+    ContextPolicy,
+    RequestContext,
+    ResultFiles,
+    clip_trailing_tool_results,
+    conversation_view,
+    default_pipeline,
+    evict_tool_results,
+    overflow_limit,
+    repair_tool_pairs,
+    shrink_budget,
+    tombstone_images,
+    truncate_tool_arguments,
+)
+from talon.agent.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
+from talon.agent.profiles import ModelProfile, lookup_profile
+from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage
+from talon.agent.session import ChatKey, SessionStore, is_checkpoint
+from talon.agent.summary import Summarizer, mechanical_summary
+from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
+from talon.agent.tools import ToolContext, ToolRegistry
+from talon.agent.workspace import Workspace
+from talon.content import ImageBlock, Message
+from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +60,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "instructions to you."
 )
 
+# Calibration of the estimate against the provider's count (see the module docstring).
+_SCALE_MAX = 1.5
+_SCALE_MIN_TOKENS = 1000
+# The budget used for the last retry after the provider refused a request as too long.
+_OVERFLOW_SHRINK = 0.75
+
 
 @dataclass
 class TurnResult:
@@ -35,6 +74,23 @@ class TurnResult:
     usage: Usage | None = None
     replayed: bool = False
     messages: list[Message] = field(default_factory=list)
+
+
+def _wire(messages: list[Message]) -> list[Message]:
+    """Messages as a provider gets them: private bookkeeping removed.
+
+    Only the error flag of a tool result survives, because it is part of the wire format
+    (Anthropic's ``is_error``), not bookkeeping.
+    """
+    return [m.model_copy(update={"meta": {"error": True} if m.meta.get("error") else {}}) for m in messages]
+
+
+def _has_images(messages: list[Message]) -> bool:
+    return any(isinstance(b, ImageBlock) for m in messages for b in m.content)
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1024:.1f} KB" if n < 1024 * 1024 else f"{n / (1024 * 1024):.1f} MB"
 
 
 class Agent:
@@ -48,34 +104,194 @@ class Agent:
         max_steps: int = 12,
         pipeline: ContextPipeline | None = None,
         max_output_tokens: int | None = None,
+        profile: ModelProfile | None = None,
+        policy: ContextPolicy | None = None,
+        summary_provider: Provider | None = None,
+        summary_window: int | None = None,
+        workspace: Workspace | Path | None = None,
     ) -> None:
         self.provider = provider
         self.sessions = sessions
         self.tools = tools or ToolRegistry()
         self.system_prompt = system_prompt
         self.max_steps = max_steps
-        self.pipeline = pipeline or ContextPipeline()
-        self.max_output_tokens = max_output_tokens
+        self.policy = policy or ContextPolicy()
+        self.pipeline = pipeline or default_pipeline()
+        profile = profile or lookup_profile(getattr(provider, "name", ""), getattr(provider, "model", ""))
+        if max_output_tokens:
+            profile = replace(profile, max_output=max_output_tokens)
+        self.profile = profile
+        self.summary_provider = summary_provider
+        self.summarizer = Summarizer(
+            summary_provider or provider,
+            window=summary_window or profile.context_window,
+            fallback=provider if summary_provider is not None else None,
+        )
+        self.workspace = Workspace(workspace) if isinstance(workspace, Path) else workspace
+        self.memory = Memory(self.workspace) if self.workspace is not None else None
         self.last_usage: dict[ChatKey, Usage] = {}
+        self.token_scale = 1.0
+
+    # --- prompt and budget --------------------------------------------------------------------
+    @property
+    def budget(self) -> ContextBudget:
+        return ContextBudget.for_profile(self.profile, self.policy)
+
+    def system(self) -> SystemPrompt:
+        guide = workspace_guide(sorted(self.tools.tools)) if self.workspace is not None else ""
+        memory = self.memory.block() if self.memory is not None else ""
+        return build_system_prompt(self.system_prompt, guide, memory)
 
     def build_system_prompt(self) -> str:
-        return self.system_prompt
+        return self.system().text
 
-    def status_text(self, chat: ChatKey, model_label: str) -> str:
-        history = self.sessions.load(chat)
-        usage = self.last_usage.get(chat)
-        if usage is not None:
-            context = f"{usage.input_tokens + usage.output_tokens:,} tokens (reported by the provider)"
-        else:
-            estimate = estimate_tokens(self.build_system_prompt()) + estimate_messages(history)
-            context = f"~{estimate:,} tokens (approximate)"
-        size_kb = self.sessions.size_bytes(chat) / 1024
-        return (
-            f"Model: {model_label or self.provider.model}\n"
-            f"Context: {context}\n"
-            f"Session: {self.sessions.current_thread(chat)}, {len(history)} messages, {size_kb:.1f} KB"
+    def tool_context(self, chat: ChatKey) -> ToolContext:
+        chars = int(self.budget.tool_result_tokens * CHARS_PER_TOKEN * 0.9)
+        return ToolContext(read_only_roots=(self.sessions.context_dir(chat),), max_output_chars=chars)
+
+    def _request_context(
+        self,
+        chat: ChatKey,
+        history: list[Message],
+        system: SystemPrompt,
+        tools: list[ToolSpec],
+        budget: ContextBudget,
+        *,
+        force_summary: bool = False,
+        write: bool = True,
+    ) -> RequestContext:
+        thread = self.sessions.current_thread(chat)
+        archive = self.sessions.archive_path(chat, thread)
+
+        def persist(message: Message) -> None:
+            self.sessions.append(chat, message)
+            history.append(message)
+
+        async def summarize(previous: str | None, messages: list[Message]) -> str:
+            try:
+                return await self.summarizer.summarize(previous, messages, max_tokens=budget.summary_tokens)
+            except ProviderUnavailable:
+                raise  # the turn fails and is retried later; a poor summary would be permanent
+            except ProviderError as exc:
+                log.warning("chat %s: no model summary (%s); keeping a mechanical one", chat, exc)
+                return mechanical_summary(messages, previous, archive)
+
+        return RequestContext(
+            budget=budget,
+            policy=self.policy,
+            overhead=estimate_overhead(system.text, tools),
+            scale=self.token_scale,
+            results=ResultFiles(self.sessions.results_dir(chat), write=write),
+            archive=archive,
+            archive_title=f"{chat}, thread {thread}",
+            summarize=summarize if write else None,
+            persist=persist if write else None,
+            force_summary=force_summary,
         )
 
+    # --- /status ------------------------------------------------------------------------------
+    def status_text(self, chat: ChatKey, model_label: str) -> str:
+        history = self.sessions.load(chat)
+        thread = self.sessions.current_thread(chat)
+        budget = self.budget
+        conversation = [m for m in history if not is_checkpoint(m)]
+        last = conversation[-1] if conversation else None
+        usage = last.meta.get("usage") if last is not None and last.role == "assistant" else None
+        if isinstance(usage, dict) and "input" in usage:
+            used = int(usage.get("input", 0)) + int(usage.get("output", 0))
+            context = f"{used:,} of {budget.window:,} tokens ({used * 100 / budget.window:.0f}%), reported by the provider"
+        else:
+            used = self.estimate_context(chat, history)
+            context = f"~{used:,} of {budget.window:,} tokens ({used * 100 / budget.window:.0f}%), approximate"
+        vision = getattr(self.provider, "vision", self.profile.vision)
+        summaries = sum(1 for m in history if is_checkpoint(m))
+        archive = self.sessions.archive_path(chat, thread)
+        extra = ""
+        if summaries:
+            size = archive.stat().st_size if archive.exists() else 0
+            extra = f"; {summaries} summar{'y' if summaries == 1 else 'ies'} so far, archive {_kb(size)}"
+        return (
+            f"Model: {model_label or self.provider.model} (context window {budget.window:,} tokens, "
+            f"replies up to {budget.max_output:,}, images {'yes' if vision else 'no'})\n"
+            f"Context: {context}; older turns are summarized from {budget.trigger:,}\n"
+            f"Session: {thread}, {len(conversation)} messages, {_kb(self.sessions.size_bytes(chat))}{extra}"
+        )
+
+    def estimate_context(self, chat: ChatKey, history: list[Message] | None = None) -> int:
+        """Estimated input tokens of the next request (no summary, no file writes)."""
+        history = self.sessions.load(chat) if history is None else history
+        system = self.system()
+        tools = self.tools.specs()
+        view = repair_tool_pairs(conversation_view(history))
+        view = truncate_tool_arguments(view, max_chars=self.policy.tool_args_max_chars,
+                                       tools=self.policy.long_argument_tools)
+        view = evict_tool_results(view, max_tokens=self.budget.tool_result_tokens,
+                                  results=ResultFiles(self.sessions.results_dir(chat), write=False))
+        view = tombstone_images(view, keep_turns=self.policy.image_keep_turns, max_images=self.policy.max_images)
+        return math.ceil((estimate_overhead(system.text, tools) + estimate_messages(view)) * self.token_scale)
+
+    # --- model calls --------------------------------------------------------------------------
+    async def _complete(self, chat: ChatKey, history: list[Message]) -> tuple[ModelRequest, ModelResponse]:
+        system = self.system()
+        tools = self.tools.specs()
+        budget = self.budget
+        ctx = self._request_context(chat, history, system, tools, budget)
+        messages = await self.pipeline.apply(conversation_view(history), ctx)
+        refusals = 0
+        while True:
+            request = ModelRequest(
+                system=system.text,
+                messages=_wire(messages),
+                tools=tools,
+                max_output_tokens=budget.max_output,
+                system_cache_points=list(system.cache_points),
+            )
+            try:
+                response = await self.provider.complete(request)
+            except ContextOverflow as exc:
+                refusals += 1
+                self._learn_window(exc)
+                clip_tokens = max(200, budget.tool_result_tokens // 4)
+                results = ctx.results or ResultFiles(self.sessions.results_dir(chat))
+                if refusals == 1:
+                    messages, changed = clip_trailing_tool_results(messages, max_tokens=clip_tokens, results=results)
+                    if changed:
+                        log.warning("chat %s: the model refused the request as too long; retrying with "
+                                    "the newest tool output clipped", chat)
+                        continue
+                    refusals = 2
+                if refusals == 2:
+                    log.warning("chat %s: the model refused the request as too long; summarizing and "
+                                "retrying under a smaller budget", chat)
+                    budget = shrink_budget(budget, self.profile, _OVERFLOW_SHRINK, self.policy)
+                    ctx = self._request_context(chat, history, system, tools, budget, force_summary=True)
+                    messages = await self.pipeline.apply(conversation_view(history), ctx)
+                    messages, _ = clip_trailing_tool_results(messages, max_tokens=clip_tokens, results=results)
+                    continue
+                raise ContextOverflow(
+                    f"{exc} (still too long after clipping tool output and summarizing older turns)"
+                ) from exc
+            self._calibrate(request, response)
+            return request, response
+
+    def _learn_window(self, exc: ContextOverflow) -> None:
+        limit = overflow_limit(str(exc))
+        if limit is not None and limit < self.profile.context_window:
+            log.warning("the provider states a context window of %d tokens (profile said %d); using it",
+                        limit, self.profile.context_window)
+            self.profile = replace(self.profile, context_window=limit,
+                                   max_output=min(self.profile.max_output, max(256, limit // 4)))
+
+    def _calibrate(self, request: ModelRequest, response: ModelResponse) -> None:
+        """Learn how the provider's count compares with the estimate (text-only requests)."""
+        if response.usage is None or _has_images(request.messages):
+            return
+        estimate = estimate_request(request)
+        if estimate < _SCALE_MIN_TOKENS or response.usage.input_tokens <= 0:
+            return
+        self.token_scale = min(_SCALE_MAX, max(1.0, response.usage.input_tokens / estimate))
+
+    # --- turns --------------------------------------------------------------------------------
     async def run_turn(self, chat: ChatKey, user: Message, turn_id: str) -> TurnResult:
         history = self.sessions.load(chat)
         start = next(
@@ -108,21 +324,14 @@ class Agent:
                 self.sessions.append(chat, final)
                 produced.append(final)
                 return TurnResult(text=final.text, steps=steps, usage=usage, messages=produced)
-            request = ModelRequest(
-                system=self.build_system_prompt(),
-                messages=await self.pipeline.apply(list(history)),
-                tools=self.tools.specs(),
-                max_output_tokens=self.max_output_tokens,
-            )
-            response = await self.provider.complete(request)
+            _, response = await self._complete(chat, history)
             steps += 1
             usage = response.usage or usage
+            meta: dict[str, object] = {"turn_id": turn_id}
             if response.usage:
                 self.last_usage[chat] = response.usage
+                meta["usage"] = {"input": response.usage.input_tokens, "output": response.usage.output_tokens}
             reply = response.message
-            meta = {"turn_id": turn_id}
-            if usage:
-                meta["usage"] = {"input": usage.input_tokens, "output": usage.output_tokens}
             if not reply.tool_calls:
                 meta["final"] = True
             reply = reply.model_copy(update={"meta": meta})
@@ -142,10 +351,11 @@ class Agent:
         if last_assistant is None or not history[last_assistant].tool_calls:
             return
         answered = {m.tool_call_id for m in history[last_assistant + 1:] if m.role == "tool"}
+        ctx = self.tool_context(chat)
         for call in history[last_assistant].tool_calls:
             if call.id in answered:
                 continue
-            result = await self.tools.call(call)
+            result = await self.tools.call(call, ctx)
             message = Message(
                 role="tool",
                 content=result.content,
@@ -156,3 +366,8 @@ class Agent:
             self.sessions.append(chat, message)
             history.append(message)
             produced.append(message)
+
+    async def aclose(self) -> None:
+        await self.provider.aclose()
+        if self.summary_provider is not None and self.summary_provider is not self.provider:
+            await self.summary_provider.aclose()

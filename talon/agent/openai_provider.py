@@ -4,6 +4,10 @@
 hydrated from the attachment store only here, at request time. Chat Completions refuses images
 inside ``tool`` messages, so a tool result's images travel in a synthetic user message placed
 right after the run of tool results.
+
+Vision comes from the model profile. For a model the profile table does not know, vision is tried
+(``vision_fallback``): if the server refuses the images, the provider switches to text placeholders
+for the rest of the process and sends the request again, once.
 """
 
 from __future__ import annotations
@@ -149,6 +153,18 @@ def from_openai_message(choice_message: Any) -> Message:
     return Message(role="assistant", content=[TextBlock(text=text)] if text else [], tool_calls=calls)
 
 
+def refuses_images(exc: openai.APIStatusError) -> bool:
+    """A 400 that says the model cannot take image input (as local servers word it)."""
+    message = str(exc.message or "").lower()
+    return any(word in message for word in ("image", "vision", "multimodal", "multi-modal")) and any(
+        word in message for word in ("not support", "unsupported", "does not support", "cannot", "can't", "not enabled")
+    )
+
+
+def _has_images(messages: list[Message]) -> bool:
+    return any(isinstance(b, ImageBlock) for m in messages for b in m.content)
+
+
 def is_context_overflow(exc: openai.APIStatusError) -> bool:
     body = exc.body if isinstance(exc.body, dict) else {}
     code = str(body.get("code") or getattr(exc, "code", "") or "")
@@ -173,11 +189,16 @@ class OpenAIProvider(Provider):
         base_url: str | None,
         hydrate: Hydrate,
         vision: bool = True,
+        vision_fallback: bool = False,
+        reasoning: bool = False,
         timeout_s: float = 120.0,
         max_retries: int = 2,
     ) -> None:
         self.model = model
         self.vision = vision
+        self.vision_fallback = vision_fallback
+        # Reasoning models take max_completion_tokens and refuse max_tokens.
+        self.reasoning = reasoning
         self._hydrate = hydrate
         # Local servers (Ollama, llama.cpp) take any key; the SDK insists on one being set.
         self._client = openai.AsyncOpenAI(
@@ -197,12 +218,21 @@ class OpenAIProvider(Provider):
         if request.tools:
             kwargs["tools"] = to_openai_tools(request.tools)
         if request.max_output_tokens:
-            kwargs["max_tokens"] = request.max_output_tokens
+            kwargs["max_completion_tokens" if self.reasoning else "max_tokens"] = request.max_output_tokens
         try:
             resp = await self._client.chat.completions.create(**kwargs)
         except openai.BadRequestError as exc:
             if is_context_overflow(exc):
                 raise ContextOverflow(f"the model's context window was exceeded: {exc.message}") from exc
+            if not self.reasoning and "max_completion_tokens" in str(exc.message or ""):
+                log.warning("model %s wants max_completion_tokens; using it from now on", self.model)
+                self.reasoning = True
+                return await self.complete(request)
+            if self.vision and self.vision_fallback and refuses_images(exc) and _has_images(request.messages):
+                log.warning("model %s refused images (%s); sending text placeholders from now on",
+                            self.model, exc.message)
+                self.vision = False
+                return await self.complete(request)
             raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
             raise ProviderUnavailable(f"could not reach the model server: {exc}") from exc

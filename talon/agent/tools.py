@@ -1,6 +1,10 @@
 """The tool layer: named tools with a JSON-schema, run by the agent loop.
 
 Tools enforce their own boundaries (the workspace root); the prompt is never the guard.
+
+A tool call gets a ``ToolContext``: what is specific to the chat being served (the read-only
+directory holding its archive and saved large outputs) and how much text one result may carry.
+Tools that need it override ``invoke``; simple tools implement ``run`` alone.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from talon.agent.provider import ToolSpec
@@ -26,6 +31,17 @@ class ToolResult:
         return cls(content=[TextBlock(text=text)], is_error=is_error)
 
 
+@dataclass(frozen=True)
+class ToolContext:
+    """Per-call facts a tool may need; the defaults suit a call outside any chat."""
+
+    # Directories (absolute) this call may read but never write: the chat's context directory.
+    read_only_roots: tuple[Path, ...] = ()
+    # Most characters of text one result should carry; longer output is cut with a note saying
+    # how to see the rest (context management would otherwise evict it to a file anyway).
+    max_output_chars: int = 40_000
+
+
 class Tool(abc.ABC):
     name: str
     description: str
@@ -33,6 +49,10 @@ class Tool(abc.ABC):
 
     @abc.abstractmethod
     async def run(self, args: dict[str, Any]) -> ToolResult: ...
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """Run with the call's context; tools that need none just implement ``run``."""
+        return await self.run(args)
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
@@ -52,7 +72,7 @@ class ToolRegistry:
     def specs(self) -> list[ToolSpec]:
         return [t.spec() for t in self.tools.values()]
 
-    async def call(self, call: ToolCall) -> ToolResult:
+    async def call(self, call: ToolCall, ctx: ToolContext | None = None) -> ToolResult:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
@@ -62,7 +82,7 @@ class ToolRegistry:
         except ValueError as exc:
             return ToolResult.text(f"Error: {exc}", is_error=True)
         try:
-            return await tool.run(args)
+            return await tool.invoke(args, ctx or ToolContext())
         except ToolError as exc:
             return ToolResult.text(f"Error: {exc}", is_error=True)
         except TypeError as exc:

@@ -1,0 +1,224 @@
+"""Anthropic Messages API adapter (``anthropic:`` models), on the official async SDK.
+
+``to_anthropic_messages`` is a pure mapper from neutral messages to the wire format:
+
+- tool results become ``tool_result`` blocks inside a user message, and images a tool returned
+  go natively inside the ``tool_result`` content (no synthetic turn needed, unlike OpenAI);
+- consecutive messages of one role are merged (tool results first, as the API requires), and a
+  conversation that starts with the assistant gets a short user turn in front;
+- images are hydrated from the attachment store only here, at request time; a model without
+  vision, or an image type the API does not take, gets a text placeholder saying why.
+
+Prompt caching: the system prompt is sent as text blocks split at ``ModelRequest
+.system_cache_points`` with a ``cache_control`` breakpoint at each (after the stable prompt and
+after the memory block), plus one on the newest message so the conversation prefix is reused
+from one step to the next. That is at most 4 breakpoints, the API's limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+import anthropic
+
+from talon.agent.openai_provider import Hydrate, image_placeholder
+from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage
+from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock, ToolCall
+from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
+
+log = logging.getLogger(__name__)
+
+ANTHROPIC_IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}
+CACHE = {"type": "ephemeral"}
+MAX_SYSTEM_BREAKPOINTS = 3
+_ID = re.compile(r"[^A-Za-z0-9_-]")
+_DATA_URL = re.compile(r"^data:(?P<mime>[^;,]+);base64,(?P<data>.*)$", re.DOTALL)
+
+
+def _tool_id(raw: str | None) -> str:
+    return _ID.sub("_", raw or "") or "call"
+
+
+def to_anthropic_system(system: str, cache_points: list[int]) -> list[dict[str, Any]]:
+    """The system prompt as text blocks, each stable prefix ending in a cache breakpoint."""
+    cuts = sorted({p for p in cache_points if 0 < p <= len(system)})[:MAX_SYSTEM_BREAKPOINTS]
+    blocks: list[dict[str, Any]] = []
+    start = 0
+    for cut in cuts:
+        piece = system[start:cut]
+        if piece.strip():
+            blocks.append({"type": "text", "text": piece, "cache_control": dict(CACHE)})
+        start = cut
+    rest = system[start:]
+    if rest.strip():
+        blocks.append({"type": "text", "text": rest})
+    return blocks
+
+
+def to_anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
+
+
+def _image(block: ImageBlock, hydrate: Hydrate, vision: bool) -> dict[str, Any]:
+    if not vision:
+        return {"type": "text", "text": image_placeholder(block, "this model takes no images")}
+    if block.ref.mime not in ANTHROPIC_IMAGE_TYPES:
+        return {"type": "text", "text": image_placeholder(block, f"{block.ref.mime} is not an image type this model takes")}
+    match = _DATA_URL.match(hydrate(block))
+    if match is None:
+        return {"type": "text", "text": image_placeholder(block, "its bytes could not be read")}
+    return {"type": "image", "source": {"type": "base64", "media_type": match["mime"], "data": match["data"]}}
+
+
+def _content(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            if block.text:
+                out.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            out.append(_image(block, hydrate, vision))
+        elif isinstance(block, AudioBlock):
+            if not block.transcript:  # a transcript already travels in the message text
+                name = block.ref.name or block.ref.id[:12]
+                out.append({"type": "text", "text": f"[audio {name} not attached: this model takes no audio]"})
+        elif isinstance(block, FileBlock):
+            ref = block.ref
+            out.append({"type": "text", "text": f"[file {ref.path or ref.name or ref.id[:12]} ({ref.mime})]"})
+    return out
+
+
+def _tool_input(call: ToolCall) -> dict[str, Any]:
+    try:
+        value = json.loads(call.arguments or "{}")
+    except ValueError:
+        return {"_unparsed_arguments": call.arguments}
+    return value if isinstance(value, dict) else {"_arguments": value}
+
+
+def to_anthropic_messages(messages: list[Message], hydrate: Hydrate, *, vision: bool = True) -> list[dict[str, Any]]:
+    wire: list[dict[str, Any]] = []
+
+    def push(role: str, content: list[dict[str, Any]]) -> None:
+        if wire and wire[-1]["role"] == role:
+            wire[-1]["content"].extend(content)
+        else:
+            wire.append({"role": role, "content": content})
+
+    for msg in messages:
+        if msg.role == "user":
+            push("user", _content(msg.content, hydrate, vision) or [{"type": "text", "text": "(empty message)"}])
+        elif msg.role == "assistant":
+            content = _content([b for b in msg.content if isinstance(b, TextBlock)], hydrate, vision)
+            content += [
+                {"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": _tool_input(c)}
+                for c in msg.tool_calls
+            ]
+            push("assistant", content or [{"type": "text", "text": "(no reply)"}])
+        else:
+            result: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": _tool_id(msg.tool_call_id),
+                "content": _content(msg.content, hydrate, vision) or [{"type": "text", "text": "(no output)"}],
+            }
+            if msg.meta.get("error"):
+                result["is_error"] = True
+            push("user", [result])
+    if wire and wire[0]["role"] != "user":
+        wire.insert(0, {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]})
+    if wire and wire[-1]["content"]:
+        wire[-1]["content"][-1]["cache_control"] = dict(CACHE)
+    return wire
+
+
+def from_anthropic_message(resp: Any) -> Message:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in resp.content or []:
+        kind = getattr(block, "type", None)
+        if kind == "text" and block.text:
+            texts.append(block.text)
+        elif kind == "tool_use":
+            calls.append(ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input or {})))
+    text = "".join(texts)
+    return Message(role="assistant", content=[TextBlock(text=text)] if text else [], tool_calls=calls)
+
+
+def is_prompt_too_long(exc: anthropic.APIStatusError) -> bool:
+    message = str(getattr(exc, "message", "") or exc).lower()
+    return (
+        "prompt is too long" in message
+        or "too many tokens" in message
+        or "context window" in message
+        or "context length" in message
+        or ("input length" in message and "exceed" in message)
+    )
+
+
+class AnthropicProvider(Provider):
+    name = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str,
+        base_url: str | None,
+        hydrate: Hydrate,
+        vision: bool = True,
+        timeout_s: float = 120.0,
+        max_retries: int = 2,
+    ) -> None:
+        self.model = model
+        self.vision = vision
+        self._hydrate = hydrate
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key or "not-set",
+            base_url=base_url or None,
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
+
+    def build(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of ``messages.create`` for a request (pure; used by tests)."""
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_output_tokens or 4096,
+            "messages": to_anthropic_messages(request.messages, self._hydrate, vision=self.vision),
+        }
+        system = to_anthropic_system(request.system, request.system_cache_points)
+        if system:
+            kwargs["system"] = system
+        if request.tools:
+            kwargs["tools"] = to_anthropic_tools(request.tools)
+        return kwargs
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        try:
+            resp = await self._client.messages.create(**self.build(request))
+        except anthropic.BadRequestError as exc:
+            if is_prompt_too_long(exc):
+                raise ContextOverflow(f"the model's context window was exceeded: {exc.message}") from exc
+            raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
+        except anthropic.APIStatusError as exc:
+            if exc.status_code == 413:
+                raise ContextOverflow(f"the request is too large for the API (413): {exc.message}") from exc
+            if exc.status_code in (408, 429) or exc.status_code >= 500:
+                raise ProviderUnavailable(f"the model server is unavailable ({exc.status_code}): {exc.message}") from exc
+            raise ProviderError(f"the model server said {exc.status_code}: {exc.message}") from exc
+        except (anthropic.APIConnectionError, anthropic.APITimeoutError) as exc:
+            raise ProviderUnavailable(f"could not reach the model server: {exc}") from exc
+        usage = None
+        if resp.usage is not None:
+            u = resp.usage
+            usage = Usage(
+                input_tokens=(u.input_tokens or 0) + (u.cache_creation_input_tokens or 0) + (u.cache_read_input_tokens or 0),
+                output_tokens=u.output_tokens or 0,
+            )
+        return ModelResponse(message=from_anthropic_message(resp), usage=usage, finish_reason=resp.stop_reason)
+
+    async def aclose(self) -> None:
+        await self._client.close()

@@ -1,0 +1,245 @@
+"""What ``read_file`` shows for each kind of file, always bounded.
+
+- text: numbered lines from ``offset`` (1-based line) for ``limit`` lines, cut to a character cap,
+  with a footer saying how to read on;
+- PDF: extracted text from ``offset`` (1-based page) for ``limit`` pages, same cap;
+- image: one image block (verified, downscaled and re-encoded by the media layer when needed);
+- video: a few JPEG frames spread over the window ``offset`` .. ``offset + limit`` seconds.
+
+Synchronous and CPU-bound; the tools run these in a worker thread.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from talon.agent.tools import ToolError
+
+log = logging.getLogger(__name__)
+
+SNIFF_BYTES = 8192
+MAX_LINE_CHARS = 2000
+DEFAULT_LINES = 2000
+DEFAULT_PDF_PAGES = 20
+# Lines are counted past the shown window so the footer can say how many there are; beyond this
+# many bytes the count stops (a multi-GB log is not walked to the end for a footer).
+COUNT_BYTES_LIMIT = 64_000_000
+
+VIDEO_FRAMES_PER_CALL = 8
+VIDEO_DEFAULT_WINDOW_S = 60.0
+VIDEO_FRAME_SIDE = 768
+VIDEO_FRAME_QUALITY = 75
+VIDEO_TIME_BUDGET_S = 20.0
+VIDEO_MAX_DECODED_PER_FRAME = 600
+
+_VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".3gp", ".ts", ".flv", ".wmv"}
+_AUDIO_SUFFIXES = {".mp3", ".ogg", ".oga", ".opus", ".wav", ".flac", ".m4a", ".aac", ".wma"}
+_IMAGE_BRANDS = (b"heic", b"heix", b"mif1", b"msf1", b"avif", b"avis")
+
+FileKind = str  # "text" | "pdf" | "image" | "video" | "audio" | "binary"
+
+
+def sniff_kind(path: Path, head: bytes) -> FileKind:
+    """Decide by content first (magic bytes), by suffix only where content is ambiguous."""
+    suffix = path.suffix.lower()
+    if head.startswith(b"%PDF-"):
+        return "pdf"
+    if (
+        head.startswith((b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*"))
+        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+        or (head[4:8] == b"ftyp" and head[8:12] in _IMAGE_BRANDS)
+    ):
+        return "image"
+    if head[4:8] == b"ftyp" or head.startswith(b"\x1a\x45\xdf\xa3") or (head[:4] == b"RIFF" and head[8:11] == b"AVI"):
+        return "audio" if suffix in _AUDIO_SUFFIXES else "video"
+    if suffix in _VIDEO_SUFFIXES and b"\x00" in head:
+        return "video"
+    if head.startswith((b"OggS", b"ID3", b"fLaC")) or (head[:4] == b"RIFF" and head[8:12] == b"WAVE"):
+        return "audio"
+    if b"\x00" in head and not head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "binary"
+    return "text"
+
+
+def _cut_line(line: str) -> str:
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    return line[:MAX_LINE_CHARS] + f" [... line cut, {len(line) - MAX_LINE_CHARS:,} more characters]"
+
+
+def _encoding(head: bytes) -> str:
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "utf-16"
+    return "utf-8-sig"
+
+
+def read_text(path: Path, *, shown: str, offset: int, limit: int, max_chars: int) -> str:
+    """Numbered lines ``offset`` .. ``offset + limit - 1`` of a text file, within ``max_chars``."""
+    with open(path, "rb") as raw:
+        head = raw.read(SNIFF_BYTES)
+    out: list[str] = []
+    used = 0
+    last = offset - 1
+    total = 0
+    counted_all = True
+    cut_by_chars = False
+    with open(path, encoding=_encoding(head), errors="replace", newline=None) as fh:
+        for number, line in enumerate(fh, 1):
+            total = number
+            if number < offset:
+                continue
+            if number >= offset + limit or cut_by_chars:
+                if fh.buffer.tell() > COUNT_BYTES_LIMIT:
+                    counted_all = False
+                    break
+                continue
+            text = f"{number:>6}\t{_cut_line(line.rstrip(chr(10)).rstrip(chr(13)))}"
+            if used + len(text) + 1 > max_chars and out:
+                cut_by_chars = True
+                continue
+            out.append(text)
+            used += len(text) + 1
+            last = number
+    if total == 0:
+        return f"{shown} is empty."
+    if offset > total:
+        raise ToolError(f"offset {offset} is past the end of {shown} ({total:,} lines)")
+    of_total = f"{total:,}" if counted_all else f"more than {total:,}"
+    header = f"{shown}: lines {offset}-{last} of {of_total}"
+    body = "\n".join(out)
+    if last < total or not counted_all:
+        why = " (character limit of one read)" if cut_by_chars else ""
+        return f"{header}\n{body}\n[... more lines{why}; continue with offset={last + 1}]"
+    return f"{header}\n{body}"
+
+
+def read_pdf(path: Path, *, shown: str, offset: int, limit: int, max_chars: int) -> str:
+    """Text of pages ``offset`` .. ``offset + limit - 1`` (1-based), within ``max_chars``."""
+    from pypdf import PdfReader
+    from pypdf.errors import PyPdfError
+
+    with open(path, "rb") as fh:
+        try:
+            reader = PdfReader(fh)
+            if reader.is_encrypted:
+                try:
+                    reader.decrypt("")
+                except Exception as exc:
+                    raise ToolError(f"{shown} is an encrypted PDF and cannot be read without its password") from exc
+            pages = len(reader.pages)
+        except PyPdfError as exc:
+            raise ToolError(f"{shown} is not a readable PDF: {exc}") from exc
+        if pages == 0:
+            return f"{shown}: a PDF with no pages."
+        if offset > pages:
+            raise ToolError(f"offset {offset} is past the last page of {shown} ({pages} pages)")
+        parts: list[str] = []
+        used = 0
+        last = offset - 1
+        for number in range(offset, min(pages, offset + limit - 1) + 1):
+            try:
+                text = (reader.pages[number - 1].extract_text() or "").strip()
+            except Exception as exc:  # one damaged page must not hide the others
+                text = f"[page could not be read: {type(exc).__name__}]"
+            block = f"--- page {number} ---\n{text or '[no text on this page (scanned image?)]'}"
+            if used + len(block) > max_chars:
+                if not parts:
+                    parts.append(block[:max_chars] + "\n[... page cut at the character limit of one read]")
+                    last = number
+                break
+            parts.append(block)
+            used += len(block) + 1
+            last = number
+    header = f"{shown}: PDF, pages {offset}-{last} of {pages}"
+    footer = f"\n[... more pages; continue with offset={last + 1}]" if last < pages else ""
+    return f"{header}\n" + "\n".join(parts) + footer
+
+
+@dataclass(frozen=True)
+class Frame:
+    jpeg: bytes
+    width: int
+    height: int
+    timestamp_s: float
+
+
+@dataclass(frozen=True)
+class VideoWindow:
+    frames: list[Frame]
+    duration_s: float | None
+    width: int | None
+    height: int | None
+    start_s: float
+    end_s: float
+    notes: list[str]
+
+
+def sample_video_window(
+    path: Path, *, start_s: float, length_s: float | None, max_frames: int = VIDEO_FRAMES_PER_CALL
+) -> VideoWindow:
+    """Up to ``max_frames`` frames spread evenly over [start_s, start_s + length_s)."""
+    import av
+
+    notes: list[str] = []
+    deadline = time.monotonic() + VIDEO_TIME_BUDGET_S
+    try:
+        container = av.open(str(path), timeout=10.0)
+    except Exception as exc:
+        raise ToolError(f"the video could not be opened: {type(exc).__name__}: {exc}") from exc
+    with container:
+        if not container.streams.video:
+            raise ToolError("the file has no video track")
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        duration = None
+        if container.duration:
+            duration = container.duration / 1_000_000
+        elif stream.duration and stream.time_base:
+            duration = float(stream.duration * stream.time_base)
+        if duration is not None and start_s >= duration:
+            raise ToolError(f"offset {start_s:g}s is past the end of the video ({duration:.1f}s)")
+        end = start_s + (length_s if length_s else VIDEO_DEFAULT_WINDOW_S)
+        if duration is not None:
+            end = min(end, duration)
+        span = max(end - start_s, 0.001)
+        count = max(1, min(max_frames, math.ceil(span)))
+        targets = [start_s + span * (i + 0.5) / count for i in range(count)]
+        frames: list[Frame] = []
+        time_base = stream.time_base
+        for target in targets:
+            if time.monotonic() > deadline:
+                notes.append(f"stopped after {len(frames)} frames: decoding took too long")
+                break
+            try:
+                if time_base:
+                    container.seek(int(target / time_base), stream=stream, backward=True, any_frame=False)
+                picked = None
+                for decoded, frame in enumerate(container.decode(stream)):
+                    if frame.time is None or frame.time >= target - 1e-3 or decoded >= VIDEO_MAX_DECODED_PER_FRAME:
+                        picked = frame
+                        break
+                    picked = frame
+                if picked is None:
+                    continue
+                image = picked.to_image()
+                image.thumbnail((VIDEO_FRAME_SIDE, VIDEO_FRAME_SIDE))
+                buf = io.BytesIO()
+                image.convert("RGB").save(buf, "JPEG", quality=VIDEO_FRAME_QUALITY)
+                stamp = float(picked.time) if picked.time is not None else target
+                frames.append(Frame(buf.getvalue(), image.width, image.height, stamp))
+            except (av.error.FFmpegError, ValueError, OSError) as exc:
+                notes.append(f"frame at {target:.1f}s could not be decoded ({type(exc).__name__})")
+        return VideoWindow(
+            frames=frames,
+            duration_s=duration,
+            width=stream.codec_context.width or None,
+            height=stream.codec_context.height or None,
+            start_s=start_s,
+            end_s=end,
+            notes=notes,
+        )

@@ -1,0 +1,606 @@
+"""The agent's file tools: ls, read_file, write_file, edit_file, glob, grep, and an optional shell.
+
+Every path goes through ``Workspace.resolve`` (see ``talon.agent.workspace`` for the rules); the
+tools never trust the prompt to keep the agent inside. Output is bounded by the call's
+``ToolContext.max_output_chars``; anything cut says how to see the rest. Blocking file work runs in
+a worker thread so one slow disk or large PDF does not stall other chats.
+
+The shell is off unless ``TALON_SHELL_TOOL`` is set. It starts in the workspace with a minimal
+environment (no API keys or tokens from Talon's own environment), a timeout that kills the whole
+process group, and capped output. It is not a sandbox: a command can still reach whatever the
+user running Talon can; that is why it is opt-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from talon.agent import file_readers
+from talon.agent.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
+from talon.agent.workspace import Workspace
+from talon.attachments import AttachmentStore
+from talon.config import Limits
+from talon.content import ContentBlock, ImageBlock, TextBlock
+
+T = TypeVar("T")
+
+MAX_WRITE_BYTES = 10_000_000
+MAX_EDIT_BYTES = 10_000_000
+MAX_LIST_ENTRIES = 500
+MAX_GLOB_RESULTS = 300
+GLOB_SCAN_LIMIT = 50_000
+GREP_MAX_MATCHES = 200
+GREP_MAX_FILE_BYTES = 10_000_000
+GREP_TIME_BUDGET_S = 20.0
+GREP_LINE_CHARS = 300
+SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv"}
+SHELL_DEFAULT_TIMEOUT_S = 60.0
+SHELL_MAX_TIMEOUT_S = 600.0
+
+
+async def _off_loop(fn: Callable[[], T]) -> T:
+    return await asyncio.to_thread(fn)
+
+
+def _str_arg(args: dict[str, Any], name: str, *, required: bool = True, default: str = "") -> str:
+    value = args.get(name, None)
+    if value is None:
+        if required:
+            raise ToolError(f"missing required argument {name!r}")
+        return default
+    if not isinstance(value, str):
+        raise ToolError(f"argument {name!r} must be a string")
+    return value
+
+
+def _int_arg(args: dict[str, Any], name: str, default: int | None, *, minimum: int = 0) -> int | None:
+    value = args.get(name, None)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ToolError(f"argument {name!r} must be a whole number")
+    if value < minimum:
+        raise ToolError(f"argument {name!r} must be at least {minimum}")
+    return int(value)
+
+
+def _num_arg(args: dict[str, Any], name: str, default: float | None, *, minimum: float = 0.0) -> float | None:
+    value = args.get(name, None)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ToolError(f"argument {name!r} must be a number")
+    if value < minimum:
+        raise ToolError(f"argument {name!r} must be at least {minimum:g}")
+    return float(value)
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KB"
+    return f"{n / (1024 * 1024):.1f} MB"
+
+
+def _clip(text: str, limit: int, hint: str) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... output cut at {limit:,} characters; {hint}]"
+
+
+def _atomic_write(target: Path, data: bytes) -> None:
+    """Write through a temp file in the same directory and rename over the target.
+
+    The rename replaces a symlink at the target rather than writing through it, so a link planted
+    after the containment check cannot redirect the write.
+    """
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".talon-write-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if target.exists():
+            shutil.copymode(target, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class WorkspaceTool(Tool):
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+
+    async def run(self, args: dict[str, Any]) -> ToolResult:
+        return await self.invoke(args, ToolContext())
+
+    def resolve(self, args: dict[str, Any], ctx: ToolContext, name: str = "path", **kw: Any) -> Any:
+        return self.workspace.resolve(args.get(name), read_only_roots=ctx.read_only_roots, **kw)
+
+
+class ListTool(WorkspaceTool):
+    name = "ls"
+    description = (
+        "List a directory of the workspace: names (directories end with /), sizes and dates. "
+        "path is relative to the workspace; default is the workspace itself."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "directory, relative to the workspace"}},
+    }
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        if args.get("path") in (None, ""):
+            args = {**args, "path": "."}
+        where = self.resolve(args, ctx, want="dir")
+
+        def listing() -> str:
+            entries = sorted(os.scandir(where.real), key=lambda e: e.name)
+            lines = []
+            for entry in entries[:MAX_LIST_ENTRIES]:
+                try:
+                    if entry.is_symlink():
+                        lines.append(f"{entry.name} (symbolic link)")
+                    elif entry.is_dir():
+                        lines.append(f"{entry.name}/")
+                    else:
+                        st = entry.stat()
+                        stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime(st.st_mtime))
+                        lines.append(f"{entry.name}  {_size(st.st_size)}  {stamp}")
+                except OSError:
+                    lines.append(f"{entry.name} (unreadable)")
+            more = f"\n[... {len(entries) - MAX_LIST_ENTRIES} more entries not shown]" if len(entries) > MAX_LIST_ENTRIES else ""
+            if not entries:
+                return f"{where.shown}/ is empty."
+            return f"{where.shown}/ ({len(entries)} entries)\n" + "\n".join(lines) + more
+
+        return ToolResult.text(_clip(await _off_loop(listing), ctx.max_output_chars, "list a subdirectory"))
+
+
+class ReadFileTool(WorkspaceTool):
+    name = "read_file"
+    description = (
+        "Read a file. Text: numbered lines; offset = first line (1-based), limit = number of lines "
+        f"(default {file_readers.DEFAULT_LINES}). PDF: text; offset = first page, limit = pages "
+        f"(default {file_readers.DEFAULT_PDF_PAGES}). Image: shows the image. Video: a few frames "
+        "over a window of seconds; offset = start second, limit = window length in seconds "
+        f"(default {file_readers.VIDEO_DEFAULT_WINDOW_S:g}). Paths are relative to the workspace; "
+        "the conversation archive is read by the absolute path given in the summary."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "offset": {"type": "number", "description": "first line / page / second"},
+            "limit": {"type": "number", "description": "how many lines / pages / seconds"},
+        },
+        "required": ["path"],
+    }
+
+    def __init__(self, workspace: Workspace, store: AttachmentStore | None, limits: Limits) -> None:
+        super().__init__(workspace)
+        self.store = store
+        self.limits = limits
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        where = self.resolve(args, ctx, want="file")
+
+        def head() -> bytes:
+            with open(where.real, "rb") as fh:
+                return fh.read(file_readers.SNIFF_BYTES)
+
+        kind = file_readers.sniff_kind(where.real, await _off_loop(head))
+        if kind == "text":
+            offset = _int_arg(args, "offset", 1, minimum=1) or 1
+            limit = _int_arg(args, "limit", file_readers.DEFAULT_LINES, minimum=1) or 1
+            text = await _off_loop(lambda: file_readers.read_text(
+                where.real, shown=where.shown, offset=offset, limit=limit, max_chars=ctx.max_output_chars))
+            return ToolResult.text(text)
+        if kind == "pdf":
+            offset = _int_arg(args, "offset", 1, minimum=1) or 1
+            limit = _int_arg(args, "limit", file_readers.DEFAULT_PDF_PAGES, minimum=1) or 1
+            text = await _off_loop(lambda: file_readers.read_pdf(
+                where.real, shown=where.shown, offset=offset, limit=limit, max_chars=ctx.max_output_chars))
+            return ToolResult.text(text)
+        if kind == "image":
+            return await self._image(where.real, where.shown, where.in_workspace)
+        if kind == "video":
+            return await self._video(where.real, where.shown, args)
+        size = where.real.stat().st_size
+        if kind == "audio":
+            raise ToolError(f"{where.shown} is an audio file ({_size(size)}); read_file cannot play or transcribe audio")
+        raise ToolError(f"{where.shown} is a binary file ({_size(size)}) and cannot be shown as text")
+
+    def _need_store(self) -> AttachmentStore:
+        if self.store is None:
+            raise ToolError("images cannot be shown in this setup (no attachment store)")
+        return self.store
+
+    async def _image(self, real: Path, shown: str, in_workspace: bool) -> ToolResult:
+        from talon.errors import MediaError
+        from talon.media.images import prepare_image
+
+        store = self._need_store()
+        try:
+            prepared = await _off_loop(lambda: prepare_image(real, store=store, limits=self.limits, name=real.name))
+        except MediaError as exc:
+            raise ToolError(f"{shown}: {exc}") from exc
+        ref = prepared.ref.model_copy(update={"path": shown if in_workspace else None})
+        note = f"{shown}: image {prepared.original_width}x{prepared.original_height}, {_size(real.stat().st_size)}"
+        if prepared.resized:
+            note += f" (shown downscaled to {ref.width}x{ref.height})"
+        return ToolResult(content=[TextBlock(text=note), ImageBlock(ref=ref)])
+
+    async def _video(self, real: Path, shown: str, args: dict[str, Any]) -> ToolResult:
+        store = self._need_store()
+        start = _num_arg(args, "offset", 0.0) or 0.0
+        length = _num_arg(args, "limit", None, minimum=0.001)
+        frames_max = max(1, min(self.limits.video_max_frames, file_readers.VIDEO_FRAMES_PER_CALL))
+        window = await _off_loop(lambda: file_readers.sample_video_window(
+            real, start_s=start, length_s=length, max_frames=frames_max))
+        content: list[ContentBlock] = []
+        dims = f"{window.width}x{window.height}, " if window.width else ""
+        total = f"{window.duration_s:.1f}s long" if window.duration_s is not None else "length unknown"
+        lines = [
+            f"{shown}: video, {dims}{total}. Frames from {window.start_s:.1f}s to {window.end_s:.1f}s "
+            f"({len(window.frames)} shown; narrow offset/limit to see more detail):"
+        ]
+        lines += [f"[{n}] at {f.timestamp_s:.1f}s" for n, f in enumerate(window.frames, 1)]
+        lines += [f"note: {n}" for n in window.notes]
+        if window.duration_s is not None and window.end_s < window.duration_s - 0.05:
+            lines.append(f"[more video after {window.end_s:.1f}s; continue with offset={window.end_s:g}]")
+        content.append(TextBlock(text="\n".join(lines)))
+        for frame in window.frames:
+            ref = store.put_bytes(frame.jpeg, mime="image/jpeg", name=f"{real.stem}@{frame.timestamp_s:.1f}s.jpg",
+                                  width=frame.width, height=frame.height)
+            content.append(ImageBlock(ref=ref))
+        return ToolResult(content=content)
+
+
+class WriteFileTool(WorkspaceTool):
+    name = "write_file"
+    description = (
+        "Create or overwrite a text file in the workspace (parent folders are created). "
+        "To send the file to the user, put ![description](path) in your reply."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+        "required": ["path", "content"],
+    }
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        content = _str_arg(args, "content")
+        where = self.resolve(args, ctx, want="new", write=True)
+        data = content.encode("utf-8")
+        if len(data) > MAX_WRITE_BYTES:
+            raise ToolError(f"content is {_size(len(data))}, over the {_size(MAX_WRITE_BYTES)} write limit")
+
+        def write() -> bool:
+            existed = where.real.exists()
+            where.real.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(where.real, data)
+            return existed
+
+        existed = await _off_loop(write)
+        verb = "Overwrote" if existed else "Created"
+        return ToolResult.text(
+            f"{verb} {where.shown} ({_size(len(data))}, {content.count(chr(10)) + (1 if content and not content.endswith(chr(10)) else 0)} lines). "
+            f"To send it to the user: ![description]({where.shown})"
+        )
+
+
+class EditFileTool(WorkspaceTool):
+    name = "edit_file"
+    description = (
+        "Replace exact text in a workspace text file. old_string must match the file exactly "
+        "(including whitespace) and only once, unless replace_all is true."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "old_string": {"type": "string"},
+            "new_string": {"type": "string"},
+            "replace_all": {"type": "boolean"},
+        },
+        "required": ["path", "old_string", "new_string"],
+    }
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        old = _str_arg(args, "old_string")
+        new = _str_arg(args, "new_string")
+        replace_all = bool(args.get("replace_all", False))
+        if not old:
+            raise ToolError("old_string is empty; use write_file to create or overwrite a file")
+        if old == new:
+            raise ToolError("old_string and new_string are the same; nothing to change")
+        where = self.resolve(args, ctx, want="file", write=True)
+
+        def edit() -> str:
+            raw = where.real.read_bytes()
+            if len(raw) > MAX_EDIT_BYTES:
+                raise ToolError(f"{where.shown} is {_size(len(raw))}, too large to edit")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ToolError(f"{where.shown} is not UTF-8 text; edit_file only edits text files") from exc
+            count = text.count(old)
+            if count == 0:
+                raise ToolError(
+                    f"old_string was not found in {where.shown}; read the file again and copy the "
+                    "exact text, including spaces and line breaks"
+                )
+            if count > 1 and not replace_all:
+                raise ToolError(
+                    f"old_string occurs {count} times in {where.shown}; include more surrounding "
+                    "text to make it unique, or set replace_all to true"
+                )
+            first = text.index(old)
+            updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+            _atomic_write(where.real, updated.encode("utf-8"))
+            start_line = text.count("\n", 0, first) + 1
+            lines = updated.splitlines()
+            lo = max(1, start_line - 2)
+            hi = min(len(lines), start_line + new.count("\n") + 2)
+            excerpt = "\n".join(f"{n:>6}\t{lines[n - 1]}" for n in range(lo, hi + 1))
+            done = f"Replaced {count if replace_all else 1} occurrence(s) in {where.shown}."
+            return f"{done} Lines {lo}-{hi} now read:\n{excerpt}" if excerpt else done
+
+        return ToolResult.text(_clip(await _off_loop(edit), ctx.max_output_chars, "read_file to see more"))
+
+
+class GlobTool(WorkspaceTool):
+    name = "glob"
+    description = (
+        "Find files by name pattern, e.g. **/*.pdf or reports/*.csv, under path (default: the "
+        "workspace). Newest first."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
+        "required": ["pattern"],
+    }
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        pattern = _str_arg(args, "pattern").strip()
+        if not pattern:
+            raise ToolError("pattern is empty")
+        if pattern.startswith(("/", "~")) or ".." in Path(pattern).parts or "\x00" in pattern:
+            raise ToolError("pattern must be relative to path and may not contain '..' or '~'")
+        if args.get("path") in (None, ""):
+            args = {**args, "path": "."}
+        base = self.resolve(args, ctx, want="dir")
+
+        def search() -> str:
+            found: list[tuple[float, str]] = []
+            scanned = 0
+            for match in base.real.glob(pattern):
+                scanned += 1
+                if scanned > GLOB_SCAN_LIMIT:
+                    break
+                try:
+                    checked = self.workspace.resolve(str(match), read_only_roots=ctx.read_only_roots)
+                    if not checked.real.is_file():
+                        continue
+                    found.append((checked.real.stat().st_mtime, checked.shown))
+                except (ToolError, OSError):
+                    continue  # links out of the workspace are silently not results
+            found.sort(key=lambda f: (-f[0], f[1]))
+            if not found:
+                return f"No files match {pattern!r} under {base.shown}."
+            lines = [f[1] for f in found[:MAX_GLOB_RESULTS]]
+            more = f"\n[... {len(found) - MAX_GLOB_RESULTS} more; use a narrower pattern]" if len(found) > MAX_GLOB_RESULTS else ""
+            return f"{len(found)} file(s) match {pattern!r}:\n" + "\n".join(lines) + more
+
+        return ToolResult.text(_clip(await _off_loop(search), ctx.max_output_chars, "use a narrower pattern"))
+
+
+class GrepTool(WorkspaceTool):
+    name = "grep"
+    description = (
+        "Search file contents with a regular expression (Python syntax) under path (a file or "
+        "directory, default: the workspace); include filters file names (e.g. *.md). Prints "
+        "path:line: text."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string"},
+            "path": {"type": "string"},
+            "include": {"type": "string", "description": "file name pattern, e.g. *.py"},
+            "ignore_case": {"type": "boolean"},
+        },
+        "required": ["pattern"],
+    }
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        source = _str_arg(args, "pattern")
+        include = _str_arg(args, "include", required=False) or None
+        try:
+            regex = re.compile(source, re.IGNORECASE if args.get("ignore_case") else 0)
+        except re.error as exc:
+            raise ToolError(f"invalid regular expression: {exc}") from exc
+        if args.get("path") in (None, ""):
+            args = {**args, "path": "."}
+        base = self.resolve(args, ctx, want="any")
+        if not base.real.exists():
+            raise ToolError(f"{base.shown!r} does not exist")
+
+        def files() -> Any:
+            if base.real.is_file():
+                yield base.real
+                return
+            for dirpath, dirnames, filenames in os.walk(base.real, followlinks=False):
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+                for name in sorted(filenames):
+                    if include is None or fnmatch.fnmatch(name, include):
+                        yield Path(dirpath) / name
+
+        def search() -> str:
+            deadline = time.monotonic() + GREP_TIME_BUDGET_S
+            hits: list[str] = []
+            used = 0
+            stopped = ""
+            for path in files():
+                if time.monotonic() > deadline:
+                    stopped = "the search took too long; narrow path or include"
+                    break
+                try:
+                    checked = self.workspace.resolve(str(path), want="file", read_only_roots=ctx.read_only_roots)
+                    if checked.real.stat().st_size > GREP_MAX_FILE_BYTES:
+                        continue
+                    with open(checked.real, "rb") as fh:
+                        if b"\x00" in fh.read(file_readers.SNIFF_BYTES):
+                            continue
+                    with open(checked.real, encoding="utf-8", errors="replace") as fh:
+                        for number, line in enumerate(fh, 1):
+                            line = line.rstrip("\n")
+                            if regex.search(line[:file_readers.MAX_LINE_CHARS]):
+                                text = line if len(line) <= GREP_LINE_CHARS else line[:GREP_LINE_CHARS] + " [...]"
+                                hit = f"{checked.shown}:{number}: {text}"
+                                hits.append(hit)
+                                used += len(hit) + 1
+                                if len(hits) >= GREP_MAX_MATCHES or used > ctx.max_output_chars:
+                                    stopped = "too many matches; narrow the pattern, path or include"
+                                    break
+                except (ToolError, OSError):
+                    continue
+                if stopped:
+                    break
+            if not hits:
+                return f"No matches for {source!r} under {base.shown}." + (f" ({stopped})" if stopped else "")
+            tail = f"\n[... stopped: {stopped}]" if stopped else ""
+            return "\n".join(hits) + tail
+
+        return ToolResult.text(_clip(await _off_loop(search), ctx.max_output_chars, "narrow the search"))
+
+
+class ShellTool(WorkspaceTool):
+    name = "shell"
+    description = (
+        "Run a shell command (/bin/sh) in the workspace folder and return its exit code and output "
+        "(stdout and stderr together, cut when long). timeout is in seconds."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+        "required": ["command"],
+    }
+
+    def __init__(self, workspace: Workspace, *, default_timeout_s: float = SHELL_DEFAULT_TIMEOUT_S,
+                 max_output_chars: int = 20_000) -> None:
+        super().__init__(workspace)
+        self.default_timeout_s = default_timeout_s
+        self.max_output_chars = max_output_chars
+
+    def environment(self) -> dict[str, str]:
+        # Talon's environment holds API keys and bot tokens; a command gets none of it.
+        return {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": str(self.workspace.real_root),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
+        }
+
+    async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        command = _str_arg(args, "command")
+        if not command.strip():
+            raise ToolError("command is empty")
+        timeout = min(_num_arg(args, "timeout", self.default_timeout_s, minimum=0.1) or self.default_timeout_s,
+                      SHELL_MAX_TIMEOUT_S)
+        cap = max(1000, min(self.max_output_chars, ctx.max_output_chars))
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", command,
+            cwd=self.workspace.real_root,
+            env=self.environment(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so a timeout kills children too
+        )
+        head = bytearray()
+        tail = bytearray()
+        total = 0
+        half = cap // 2
+
+        async def pump() -> None:
+            nonlocal total, tail
+            assert proc.stdout is not None
+            while chunk := await proc.stdout.read(65536):
+                total += len(chunk)
+                room = half - len(head)
+                if room > 0:
+                    head.extend(chunk[:room])
+                    chunk = chunk[room:]
+                tail.extend(chunk)
+                if len(tail) > half:
+                    tail = tail[-half:]
+
+        timed_out = False
+        reader = asyncio.create_task(pump())
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+        try:
+            await asyncio.wait_for(reader, 5.0)
+        except TimeoutError:
+            # A background child still holds the output open; it does not outlive the call.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shown = head.decode("utf-8", "replace")
+        omitted = total - len(head) - len(tail)
+        if omitted > 0:
+            shown += f"\n[... {omitted:,} bytes of output omitted ...]\n"
+        if tail:
+            shown += tail.decode("utf-8", "replace")
+        status = (
+            f"timed out after {timeout:g}s; the command and its children were killed"
+            if timed_out else f"exit code {proc.returncode}"
+        )
+        return ToolResult.text(f"[{status}]\n{shown}" if shown else f"[{status}] (no output)",
+                               is_error=timed_out or proc.returncode != 0)
+
+
+def workspace_tools(
+    workspace: Workspace,
+    *,
+    store: AttachmentStore | None,
+    limits: Limits | None = None,
+    shell: bool = False,
+) -> ToolRegistry:
+    """The standard tool set over one workspace; the shell only when asked for."""
+    registry = ToolRegistry()
+    for tool in (
+        ListTool(workspace),
+        ReadFileTool(workspace, store, limits or Limits()),
+        WriteFileTool(workspace),
+        EditFileTool(workspace),
+        GlobTool(workspace),
+        GrepTool(workspace),
+    ):
+        registry.add(tool)
+    if shell:
+        registry.add(ShellTool(workspace))
+    return registry

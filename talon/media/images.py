@@ -1,0 +1,271 @@
+"""Inbound images: prove the bytes are an image, make them safe and small enough for a model.
+
+Everything here is synchronous and CPU-bound; callers run it in a bounded executor.
+
+The order of checks matters:
+
+1. ``Image.open`` only parses the header, so the decompression-bomb guard (``width * height``
+   against ``Limits.image_max_pixels``) runs before a single pixel is decoded.
+2. JPEGs are decoded with ``Image.draft``: libjpeg scales by 1/2, 1/4 or 1/8 inside the DCT, which
+   is several times faster than decoding full size and resizing (a 24 MP phone photo is the
+   common case). The decoder still walks the whole stream, so truncation is still caught.
+3. The pixels are fully decoded (``load``): that, not the extension, is the proof of an image.
+4. Downscale to ``image_max_side``, apply the EXIF orientation, re-encode stepping quality and
+   then size down until the bytes fit ``image_max_bytes``. A large photo is made smaller, never
+   dropped.
+
+The re-encoded image carries no EXIF block: the orientation is already applied to the pixels, and
+camera metadata such as GPS position has no business going to a model provider.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from talon.attachments import AttachmentStore
+from talon.config import Limits
+from talon.content import AttachmentRef
+from talon.errors import MediaError
+
+# Formats models accept as-is; anything else (BMP, TIFF, GIF frames, CMYK JPEG...) is re-encoded.
+_PASSTHROUGH = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
+_JPEG_QUALITIES = (85, 75, 65, 55)
+_SHRINK_STEP = 0.75
+_MIN_SIDE = 16
+
+# ``warnings.catch_warnings`` swaps process-wide state; the lock keeps our own worker threads from
+# interleaving while Pillow's header parse runs (it is cheap, so this costs nothing measurable).
+_OPEN_LOCK = threading.Lock()
+_PIXELS_IN_MESSAGE = re.compile(r"\((\d+) pixels\)")
+
+
+class ImageRejected(MediaError):
+    """Base for images that cannot be given to the model; ``str()`` is the user-facing reason."""
+
+
+class NotAnImage(ImageRejected):
+    pass
+
+
+class CorruptImage(ImageRejected):
+    pass
+
+
+class ImageBomb(ImageRejected):
+    def __init__(self, pixels: int, limit: int, size: tuple[int, int] | None = None) -> None:
+        self.pixels = pixels
+        self.limit = limit
+        dims = f"{size[0]}x{size[1]} = " if size else ""
+        super().__init__(
+            f"the image is {dims}{pixels / 1e6:.1f} MP ({pixels:,} pixels), over the "
+            f"{limit / 1e6:.0f} MP ({limit:,} pixels) safety limit for decoding "
+            "(possible decompression bomb); not decoded"
+        )
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """An image block's attachment plus what happened on the way, for the notice text."""
+
+    ref: AttachmentRef
+    original_width: int
+    original_height: int
+    resized: bool
+
+
+def prepare_image(
+    source: Path,
+    *,
+    store: AttachmentStore,
+    limits: Limits,
+    name: str | None = None,
+    source_ref: AttachmentRef | None = None,
+) -> PreparedImage:
+    """Verify, orient, bound and store the image at ``source``.
+
+    ``source_ref`` is the store entry ``source`` already is, if any: an image that needs no change
+    is then described by it instead of being stored twice.
+    Raises ``NotAnImage``, ``CorruptImage`` or ``ImageBomb`` (all ``MediaError``).
+    """
+    with open(source, "rb") as fh:
+        im = _open_checked(fh, limits)
+        orig_w, orig_h = im.size
+        fmt = im.format or ""
+        orientation = _orientation(im)
+        fits = max(orig_w, orig_h) <= limits.image_max_side
+        if fmt == "JPEG" and not fits:
+            # Ask for the smallest DCT scale still at least as large as the target.
+            im.draft("RGB", _target_size(im.size, limits.image_max_side))
+        _decode(im, limits)
+
+        if (
+            fmt in _PASSTHROUGH
+            and fits
+            and orientation in (None, 1)
+            and not getattr(im, "is_animated", False)
+            and im.mode in ("RGB", "L", "RGBA", "LA", "P")
+            and (fmt != "JPEG" or im.mode in ("RGB", "L"))
+            and source.stat().st_size <= limits.image_max_bytes
+        ):
+            # Already acceptable: keep the sender's bytes (no generation loss, no extra work).
+            meta = {"mime": _PASSTHROUGH[fmt], "name": name, "width": orig_w, "height": orig_h}
+            if source_ref is None:
+                fh.seek(0)
+                source_ref = store.put_chunks(
+                    iter(lambda: fh.read(1 << 16), b""), mime=_PASSTHROUGH[fmt], name=name
+                )
+            return PreparedImage(source_ref.model_copy(update=meta), orig_w, orig_h, resized=False)
+
+    out = im
+    if max(out.size) > limits.image_max_side:
+        out = out.resize(_target_size(out.size, limits.image_max_side), Image.Resampling.LANCZOS)
+    if orientation not in (None, 1):
+        # After the resize, so the transpose moves 4 MP, not 24; exif_transpose reads the tag
+        # from the image info, which resize() carries over.
+        out = ImageOps.exif_transpose(out)
+    data, mime, size = encode_to_fit(out, max_side=limits.image_max_side, max_bytes=limits.image_max_bytes)
+    ref = store.put_bytes(data, mime=mime, name=_renamed(name, mime), width=size[0], height=size[1])
+    return PreparedImage(ref, orig_w, orig_h, resized=max(size) < max(orig_w, orig_h))
+
+
+def encode_to_fit(
+    im: Image.Image, *, max_side: int, max_bytes: int, quality: int | None = None
+) -> tuple[bytes, str, tuple[int, int]]:
+    """Encode ``im`` as PNG (alpha, when small enough) or JPEG within ``max_side``/``max_bytes``.
+
+    Steps JPEG quality down first, then the size, so detail is lost as late as possible.
+    Returns (bytes, mime, (width, height)).
+    """
+    if max(im.size) > max_side:
+        im = im.resize(_target_size(im.size, max_side), Image.Resampling.LANCZOS)
+    if _has_alpha(im):
+        png = _encode(im.convert("RGBA"), "PNG")
+        if len(png) <= max_bytes:
+            return png, "image/png", im.size
+        im = _flatten(im)
+    elif im.mode not in ("RGB", "L"):
+        im = im.convert("RGB")
+
+    qualities = (quality,) if quality is not None else _JPEG_QUALITIES
+    while True:
+        for q in qualities:
+            data = _encode(im, "JPEG", quality=q)
+            if len(data) <= max_bytes:
+                return data, "image/jpeg", im.size
+        w, h = im.size
+        if min(w, h) <= _MIN_SIDE:
+            # Unreachable for any sane limit; raising beats looping forever on a bad setting.
+            raise CorruptImage(f"cannot encode the image within {max_bytes:,} bytes")
+        shrunk = (max(_MIN_SIDE, int(w * _SHRINK_STEP)), max(_MIN_SIDE, int(h * _SHRINK_STEP)))
+        im = im.resize(shrunk, Image.Resampling.LANCZOS)
+
+
+def _open_checked(fh: BinaryIO, limits: Limits) -> Image.Image:
+    try:
+        with _OPEN_LOCK, warnings.catch_warnings():
+            # Pillow's own warning threshold (~89 MP) is not ours; our check below is the guard.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(fh)
+    except Image.DecompressionBombError as exc:
+        # Over twice Pillow's process-wide limit: it refuses even to open. Same notice as ours.
+        found = _PIXELS_IN_MESSAGE.search(str(exc))
+        raise ImageBomb(int(found.group(1)) if found else 0, limits.image_max_pixels) from exc
+    except UnidentifiedImageError as exc:
+        fh.seek(0)
+        raise NotAnImage(f"the file is not an image ({_describe_content(fh.read(512))})") from exc
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise CorruptImage(f"the image header is corrupt ({exc})") from exc
+    pixels = im.size[0] * im.size[1]
+    if pixels > limits.image_max_pixels:
+        raise ImageBomb(pixels, limits.image_max_pixels, im.size)
+    if pixels == 0:
+        raise CorruptImage("the image has zero width or height")
+    return im
+
+
+def _decode(im: Image.Image, limits: Limits) -> None:
+    try:
+        im.load()
+    except Image.DecompressionBombError as exc:
+        # Some formats (multi-frame, tiled) only learn their real size while loading.
+        found = _PIXELS_IN_MESSAGE.search(str(exc))
+        raise ImageBomb(int(found.group(1)) if found else 0, limits.image_max_pixels) from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise CorruptImage(f"the image is truncated or corrupt ({exc})") from exc
+
+
+def _orientation(im: Image.Image) -> int | None:
+    try:
+        value = im.getexif().get(0x0112)
+    except Exception:  # a broken EXIF block must not cost us the picture
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _target_size(size: tuple[int, int], max_side: int) -> tuple[int, int]:
+    w, h = size
+    scale = max_side / max(w, h)
+    if scale >= 1:
+        return size
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def _has_alpha(im: Image.Image) -> bool:
+    return im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
+
+
+def _flatten(im: Image.Image) -> Image.Image:
+    rgba = im.convert("RGBA")
+    background = Image.new("RGB", rgba.size, (255, 255, 255))
+    background.paste(rgba, mask=rgba.getchannel("A"))
+    return background
+
+
+def _encode(im: Image.Image, fmt: str, quality: int = 85) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        im.save(buf, "JPEG", quality=quality, optimize=False, progressive=False)
+    else:
+        im.save(buf, fmt, optimize=False, compress_level=6)
+    return buf.getvalue()
+
+
+def _renamed(name: str | None, mime: str) -> str | None:
+    if not name:
+        return None
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    return stem + (".png" if mime == "image/png" else ".jpg")
+
+
+def _describe_content(head: bytes) -> str:
+    if not head:
+        return "it is empty"
+    if head[4:8] == b"ftyp" and head[8:12] in (b"heic", b"heix", b"mif1", b"msf1", b"hevc"):
+        return "HEIC/HEIF photos cannot be decoded here; it can be sent again as JPEG or PNG"
+    if b"\x00" not in head:
+        try:
+            head.decode("utf-8")
+            return "its content is text"
+        except UnicodeDecodeError as exc:
+            if exc.start > len(head) - 4:  # a multi-byte character cut by our 512-byte window
+                return "its content is text"
+    return "unrecognized binary content"
+
+
+__all__ = [
+    "CorruptImage",
+    "ImageBomb",
+    "ImageRejected",
+    "NotAnImage",
+    "PreparedImage",
+    "encode_to_fit",
+    "prepare_image",
+]

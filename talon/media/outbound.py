@@ -1,0 +1,498 @@
+"""Outbound extractor: lift local ``![alt](path)`` media references out of an agent's reply.
+
+The agent answers in markdown. When it writes ``![chart](plots/chart.png)`` the person should get the
+file, not the markup. This module finds those references and removes them from the text; the bridge
+then resolves each one inside the media root and sends it.
+
+Rules, in the order they are applied:
+
+1. Code is masked first. Fenced blocks (``` or ~~~, three or more, indented up to three spaces; an
+   unclosed fence runs to the end), indented code blocks and inline code spans of any backtick run
+   length are never searched, so an example in code is never sent as a file.
+2. Outside code, ``![alt](dest)`` is parsed the CommonMark way: balanced brackets in the alt text,
+   ``<...>`` destinations (may hold spaces), balanced parentheses in plain destinations, an optional
+   "title"/'title'/(title), and backslash escapes (``\\![x](y)`` is not an image).
+3. Only local paths are lifted. Anything with a URL scheme (http, https, data, file, mailto...) or a
+   network path (``//host/x``) stays in the text exactly as written.
+
+Hostile input is expected (a model can be made to emit anything), so every pass is linear in the
+length of the text: regexes are only single character classes or anchored literals, bracket and
+backtick matching use precomputed tables, and each parenthesis match is computed once and memoised.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from dataclasses import dataclass
+
+__all__ = ["MarkdownMediaRef", "extract_markdown_media"]
+
+
+@dataclass(frozen=True)
+class MarkdownMediaRef:
+    """One lifted image reference: its alt text and the destination as written (unescaped)."""
+
+    alt: str
+    path: str
+
+
+Range = tuple[int, int]
+
+# --- block structure ------------------------------------------------------------------------
+
+_FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
+_FENCE_CLOSE = re.compile(r" {0,3}(`+|~+)[ \t]*")
+_HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
+
+
+def _indent_width(line: str) -> int:
+    width = 0
+    for ch in line:
+        if ch == " ":
+            width += 1
+        elif ch == "\t":
+            width += 4 - width % 4
+        else:
+            break
+        if width >= 4:
+            break
+    return width
+
+
+def _inline_segments(text: str) -> list[Range]:
+    """Runs of lines inside which inline markup may continue (paragraphs and headings).
+
+    Code blocks and blank lines are left out: they are never searched, and neither code spans
+    nor image references can cross them.
+    """
+    segments: list[Range] = []
+    n = len(text)
+    pos = 0
+    fence: tuple[str, int] | None = None  # (character, length) of the open fence
+    paragraph_open = False  # an indented line right after paragraph text is a continuation
+    seg_start = -1
+
+    while pos < n:
+        nl = text.find("\n", pos)
+        end = n if nl < 0 else nl + 1
+        line = text[pos : (n if nl < 0 else nl)]
+        if line.endswith("\r"):
+            line = line[:-1]
+
+        if fence is not None:
+            m = _FENCE_CLOSE.fullmatch(line)
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= fence[1]:
+                fence = None
+            pos = end
+            continue
+
+        opener = _FENCE_OPEN.match(line)
+        if not line.strip(" \t"):
+            kind = "blank"
+        elif opener and (opener.group(1)[0] == "~" or "`" not in line[opener.end() :]):
+            kind = "fence"
+            fence = (opener.group(1)[0], len(opener.group(1)))
+        elif not paragraph_open and _indent_width(line) >= 4:
+            kind = "indented code"
+        elif _HEADING.match(line):
+            kind = "heading"
+        else:
+            kind = "text"
+
+        if kind != "text" and seg_start >= 0:
+            segments.append((seg_start, pos))
+            seg_start = -1
+        if kind == "heading":
+            segments.append((pos, end))
+        elif kind == "text" and seg_start < 0:
+            seg_start = pos
+        paragraph_open = kind == "text"
+        pos = end
+
+    if seg_start >= 0:
+        segments.append((seg_start, n))
+    return segments
+
+
+# --- inline code spans ----------------------------------------------------------------------
+
+_TICKS = re.compile(r"`+")
+
+
+def _code_spans(text: str, start: int, end: int, out: list[Range]) -> None:
+    """Append the code spans of one segment to ``out``.
+
+    A run of N backticks opens a span closed by the next run of exactly N; an unmatched run is
+    literal. "Next run of length N" is precomputed right to left, so matching is linear.
+    """
+    runs = [(m.start(), m.end()) for m in _TICKS.finditer(text, start, end)]
+    count = len(runs)
+    if count < 2:
+        return
+    next_same = [-1] * count
+    next_shorter = [-1] * count  # for an opener whose first backtick is backslash-escaped
+    last_of_len: dict[int, int] = {}
+    for i in range(count - 1, -1, -1):
+        length = runs[i][1] - runs[i][0]
+        next_same[i] = last_of_len.get(length, -1)
+        next_shorter[i] = last_of_len.get(length - 1, -1)
+        last_of_len[length] = i
+
+    floor = start  # backslashes inside an earlier span are literal, so never count past one
+    i = 0
+    while i < count:
+        s, e = runs[i]
+        b = s
+        while b > floor and text[b - 1] == "\\":
+            b -= 1
+        j = next_same[i]
+        if (s - b) % 2:
+            s += 1
+            j = next_shorter[i] if e > s else -1
+        if j < 0:
+            i += 1
+            continue
+        out.append((s, runs[j][1]))
+        floor = runs[j][1]
+        i = j + 1
+
+
+# --- image references -----------------------------------------------------------------------
+
+_PUNCT = r"!-/:-@\[-`{-~"
+_BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
+_UNESCAPE = re.compile(rf"\\([{_PUNCT}])")
+_WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
+_DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
+_DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
+_TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")
+_SPACES = re.compile(r"\s+")
+
+
+def _is_remote(dest: str) -> bool:
+    """True for anything with a URL scheme or a network path: those stay in the text."""
+    return bool(_SCHEME.match(dest)) or dest.startswith("//")
+
+
+class _Scanner:
+    """Parses the ``(dest "title")`` tail after an image's closing bracket.
+
+    Parenthesis matches are memoised across calls: a reference whose destination never closes
+    must not make every later reference rescan the same stretch of text.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.paren_match: dict[int, int] = {}
+
+    def tail(self, p: int, limit: int) -> tuple[str, int] | None:
+        """Parse ``(...)`` starting at ``p``; return (raw destination, end) or None."""
+        text = self.text
+        if p >= limit or text[p] != "(":
+            return None
+        q = self._skip_ws(p + 1, limit)
+        if q >= limit:
+            return None
+        if text[q] == "<":
+            close = self._angle_end(q + 1, limit)
+            if close < 0:
+                return None
+            dest, after = text[q + 1 : close], close + 1
+        else:
+            after = self._plain_end(q, limit)
+            if after < 0:
+                return None
+            dest = text[q:after]
+        z = self._skip_ws(after, limit)
+        if z < limit and text[z] == ")":
+            return dest, z + 1
+        if z == after or z >= limit or text[z] not in _TITLE_BODY:
+            return None  # a title must be separated from the destination by whitespace
+        t_end = self._title_end(z, limit)
+        if t_end < 0:
+            return None
+        z = self._skip_ws(t_end, limit)
+        if z < limit and text[z] == ")":
+            return dest, z + 1
+        return None
+
+    def _skip_ws(self, p: int, limit: int) -> int:
+        m = _WS_ONE_NEWLINE.match(self.text, p, limit)
+        return m.end() if m else p
+
+    def _angle_end(self, p: int, limit: int) -> int:
+        text = self.text
+        while p < limit:
+            m = _DEST_ANGLE.match(text, p, limit)
+            if m:
+                p = m.end()
+                continue
+            ch = text[p]
+            if ch == ">":
+                return p
+            if ch == "\\":
+                p += 2
+                continue
+            return -1  # '<' or a line break: not a valid <destination>
+        return -1
+
+    def _plain_end(self, p: int, limit: int) -> int:
+        """End of a plain destination starting at ``p`` (its unmatched ')' or whitespace)."""
+        text = self.text
+        while p < limit:
+            m = _DEST_PLAIN.match(text, p, limit)
+            if m:
+                p = m.end()
+                continue
+            ch = text[p]
+            if ch == "\\":
+                p += 2
+            elif ch == "(":
+                close = self._close_paren(p, limit)
+                if close < 0:
+                    return -1  # an unbalanced '(' can never be closed inside a destination
+                p = close + 1
+            else:
+                return p  # ')' that closes the reference, whitespace or a control character
+        return min(p, limit)
+
+    def _close_paren(self, p: int, limit: int) -> int:
+        """Index of the ')' balancing the '(' at ``p`` within one destination, or -1."""
+        memo = self.paren_match
+        if p in memo:
+            return memo[p]
+        text = self.text
+        stack = [p]
+        i = p + 1
+        while stack:
+            if i >= limit:
+                break
+            m = _DEST_PLAIN.match(text, i, limit)
+            if m:
+                i = m.end()
+                continue
+            ch = text[i]
+            if ch == "\\":
+                i += 2
+            elif ch == "(":
+                known = memo.get(i)
+                if known is None:
+                    stack.append(i)
+                    i += 1
+                elif known < 0:
+                    break
+                else:
+                    i = known + 1
+            elif ch == ")":
+                memo[stack.pop()] = i
+                i += 1
+            else:
+                break  # whitespace ends a destination: whatever is still open never closes
+        for opened in stack:
+            memo[opened] = -1
+        return memo[p]
+
+    def _title_end(self, p: int, limit: int) -> int:
+        text = self.text
+        opener = text[p]
+        closer = ")" if opener == "(" else opener
+        body = _TITLE_BODY[opener]
+        p += 1
+        while p < limit:
+            m = body.match(text, p, limit)
+            if m:
+                p = m.end()
+                continue
+            ch = text[p]
+            if ch == "\\":
+                p += 2
+            elif ch == closer:
+                return p + 1
+            else:
+                return -1  # an unescaped '(' inside a (title)
+        return -1
+
+
+def _image_pairs(
+    text: str, start: int, end: int, spans: list[Range], span_starts: list[int]
+) -> list[Range]:
+    """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match."""
+    pairs: list[Range] = []
+    stack: list[int] = []
+    ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
+    escape_end = -1
+    for m in _BRACKETS.finditer(text, start, end):
+        p = m.start()
+        while ci < len(spans) and spans[ci][1] <= p:
+            ci += 1
+        if ci < len(spans) and spans[ci][0] <= p:
+            continue  # inside a code span
+        ch = text[p]
+        if ch == "\\":
+            escape_end = m.end()
+        elif ch == "[":
+            stack.append(p)
+        elif stack:
+            opener = stack.pop()
+            if opener > start and text[opener - 1] == "!" and escape_end != opener:
+                pairs.append((opener, p))
+    pairs.sort()
+    return pairs
+
+
+def _unescape(value: str) -> str:
+    return _UNESCAPE.sub(r"\1", value)
+
+
+# --- removal and tidying --------------------------------------------------------------------
+
+
+class _Rebuilder:
+    """Rebuilds the text without the lifted references, closing up the gaps they leave.
+
+    A reference inside a sentence becomes a single space; one alone on its line takes the line
+    with it; blank lines do not pile up where several lines vanished; the line's indentation is
+    kept when text follows the reference. Text away from a removal is copied untouched.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.out: list[str] = []
+        self.line_empty = True  # the current output line has no content yet
+        self.ends_blank = True  # the output ends with a blank line (or is empty)
+        self.pending = False  # a reference was removed and the gap is not closed yet
+        self.held_indent = ""
+        self._state_before_last = (True, True)  # (line_empty, ends_blank) before out[-1]
+
+    def copy(self, start: int, end: int) -> None:
+        piece = self.text[start:end]
+        if self.pending:
+            piece = self._close_gap(piece)
+            if self.pending:
+                return
+        self._emit(piece)
+
+    def remove(self, start: int) -> None:
+        """Called with the text before the reference already copied up to ``start``."""
+        if self.out:
+            last = self.out[-1]
+            stripped = last.rstrip(" \t")
+            if stripped != last:
+                self.out[-1] = stripped
+                gap = last[len(stripped) :]
+                # re-derive the tail from the state before that piece, not by rescanning
+                self.line_empty, self.ends_blank = self._state_before_last
+                self._update_tail(stripped)
+                if self.line_empty and not self.pending:
+                    self.held_indent = gap
+        self.pending = True
+
+    def result(self) -> str:
+        text = "".join(self.out)
+        if self.pending and self.line_empty:
+            # the last line vanished: drop the blank lines it leaves at the end
+            end = len(text.rstrip())
+            while end < len(text) and text[end] in " \t":
+                end += 1
+            text = text[:end]
+        return text
+
+    def _close_gap(self, piece: str) -> str:
+        rest = piece.lstrip(" \t")
+        if not rest:
+            return ""
+        if rest[0] in "\r\n":
+            if self.line_empty:
+                rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
+                self.held_indent = ""
+                if self.ends_blank:
+                    # drop whole blank lines, keep the next content line's indentation
+                    content = len(rest) - len(rest.lstrip(" \t\r\n"))
+                    rest = rest[rest.rfind("\n", 0, content) + 1 :]
+                if not rest:
+                    return ""
+            self.pending = False
+            return rest
+        self.pending = False
+        joined = self.held_indent + rest if self.line_empty else " " + rest
+        self.held_indent = ""
+        return joined
+
+    def _emit(self, piece: str) -> None:
+        if not piece:
+            return
+        self._state_before_last = (self.line_empty, self.ends_blank)
+        self.out.append(piece)
+        self._update_tail(piece)
+
+    def _update_tail(self, piece: str) -> None:
+        if not piece:
+            return
+        last_nl = piece.rfind("\n")
+        if last_nl < 0:
+            if piece.strip(" \t\r"):
+                self.line_empty = False
+                self.ends_blank = False
+            return
+        tail = piece[last_nl + 1 :]
+        before = piece.rfind("\n", 0, last_nl)
+        prev_line = piece[before + 1 : last_nl]
+        prev_blank = not prev_line.strip(" \t\r") and (before >= 0 or self.line_empty)
+        self.line_empty = not tail.strip(" \t\r")
+        self.ends_blank = self.line_empty and prev_blank
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
+def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
+    """Lift local image references out of ``text``.
+
+    Returns the text without them (tidied) and the references in order. Text with nothing to lift
+    is returned unchanged.
+    """
+    if "![" not in text:
+        return text, []
+    segments = _inline_segments(text)
+    spans: list[Range] = []
+    for start, end in segments:
+        if text.find("`", start, end) >= 0:
+            _code_spans(text, start, end, spans)
+    span_starts = [s for s, _ in spans]
+    scanner = _Scanner(text)
+
+    refs: list[MarkdownMediaRef] = []
+    removals: list[Range] = []
+    for seg_start, seg_end in segments:
+        if text.find("![", seg_start, seg_end) < 0:
+            continue
+        consumed = seg_start
+        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
+            if opener - 1 < consumed:
+                continue  # inside an earlier reference's alt text
+            nxt = bisect_left(span_starts, closer + 1)
+            limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+            parsed = scanner.tail(closer + 1, limit)
+            if parsed is None:
+                continue
+            raw_dest, end = parsed
+            consumed = end
+            path = _unescape(raw_dest)
+            if not path.strip() or _is_remote(path):
+                continue
+            alt = _SPACES.sub(" ", _unescape(text[opener + 1 : closer])).strip()
+            refs.append(MarkdownMediaRef(alt=alt, path=path))
+            removals.append((opener - 1, end))
+
+    if not removals:
+        return text, []
+    rebuilt = _Rebuilder(text)
+    pos = 0
+    for start, end in removals:
+        rebuilt.copy(pos, start)
+        rebuilt.remove(start)
+        pos = end
+    rebuilt.copy(pos, len(text))
+    return rebuilt.result(), refs

