@@ -24,6 +24,7 @@ from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import InboundMessage, OutboundReply
 from talon.errors import ProviderError, ProviderUnavailable
 from talon.inbox import Inbox, InboxItem
+from talon.media import extract_markdown_media
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
@@ -57,7 +58,6 @@ class Bridge:
     limits: Limits
     media_root: Path
     normalize: Normalizer = text_only
-    prepare_reply: Callable[[str], OutboundReply] = field(default=lambda text: OutboundReply(text=text))
     channels: dict[str, "Channel"] = field(default_factory=dict)
     model_label: str = ""
 
@@ -157,7 +157,7 @@ class Bridge:
                 user = Message(role="user", content=content,
                                meta={"message_id": message.message_id, "sender": message.sender_id})
                 result = await self.agent.run_turn(chat, user, turn_id=message.key)
-                reply = self.prepare_reply(result.text)
+                reply = prepare_reply(result.text)
             except ProviderError as exc:
                 log.error("%s: model failed: %s", ids, exc)
                 reply = OutboundReply(text=apology(exc))
@@ -195,6 +195,16 @@ class Bridge:
         if word == "/status":
             return self.agent.status_text(chat, self.model_label)
         return None
+
+
+def prepare_reply(text: str) -> OutboundReply:
+    """Split the agent's answer into text and the media it references (code is never mined).
+
+    The references are resolved and contained by the channel at send time, so a file that
+    vanished or escapes the media root becomes a "Could not attach" line, not silence.
+    """
+    body, refs = extract_markdown_media(text)
+    return OutboundReply(text=body, media=refs)
 
 
 def apology(exc: ProviderError) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from talon.content import InboundKind
+from talon.media.outbound import MarkdownMediaRef
 
 
 class RemoteFile(BaseModel):
@@ -47,5 +48,5 @@ class OutboundReply:
     """What the agent said, split into text and the media it referenced."""
 
     text: str
-    media: list = field(default_factory=list)  # list[talon.media.MarkdownMediaRef]
+    media: list[MarkdownMediaRef] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
