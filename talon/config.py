@@ -125,6 +125,16 @@ class Settings(BaseSettings):
         Limits.audio_max_seconds, validation_alias=_env("TALON_AUDIO_MAX_SECONDS")
     )
     video_max_frames: int = Field(Limits.video_max_frames, validation_alias=_env("TALON_VIDEO_MAX_FRAMES"))
+    video_fps: float = Field(Limits.video_fps, validation_alias=_env("TALON_VIDEO_FPS"))
+    video_frame_max_side: int = Field(
+        Limits.video_frame_max_side, validation_alias=_env("TALON_VIDEO_FRAME_MAX_SIDE")
+    )
+    video_max_frame_bytes: int = Field(
+        Limits.video_max_frame_bytes, validation_alias=_env("TALON_VIDEO_MAX_FRAME_BYTES")
+    )
+    video_decode_seconds: float = Field(
+        Limits.video_decode_seconds, validation_alias=_env("TALON_VIDEO_DECODE_SECONDS")
+    )
 
     # --- logging -----------------------------------------------------------------------------
     log_level: str = Field("INFO", validation_alias=_env("TALON_LOG_LEVEL"))
@@ -139,6 +149,10 @@ class Settings(BaseSettings):
             audio_max_bytes=self.audio_max_bytes,
             audio_max_seconds=self.audio_max_seconds,
             video_max_frames=self.video_max_frames,
+            video_fps=self.video_fps,
+            video_frame_max_side=self.video_frame_max_side,
+            video_max_frame_bytes=self.video_max_frame_bytes,
+            video_decode_seconds=self.video_decode_seconds,
         )
 
     # --- derived -----------------------------------------------------------------------------
