@@ -172,3 +172,17 @@ async def test_session_with_photos_holds_no_base64(tg: FakeTelegram, llm: FakeOp
     assert len(raw.encode()) < 8_000, len(raw.encode())
     for line in raw.splitlines():
         json.loads(line)
+
+
+async def test_slow_download_does_not_block_other_chats(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    from tests.conftest import BOB
+
+    slow = tg.add_file(b"slow text\n" * 20_000, "documents/slow.txt", delay=3.0)
+    async with running(settings):
+        tg.push_update(tg.document_message(ALICE, slow, file_name="slow.txt", mime_type="text/plain"))
+        await tg.wait_for("sendChatAction", to_alice)
+        tg.push_update(tg.text_message(BOB, "quick one", user_id=BOB, username="bob"))
+        await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(BOB), timeout=20)
+        assert not tg.sent("sendMessage", chat_id=ALICE)  # Alice's file is still downloading
+        await tg.wait_for("sendMessage", to_alice, timeout=30)
+    assert "slow text" in last_user_text(llm.requests[-1])
