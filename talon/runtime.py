@@ -102,7 +102,7 @@ class Runtime:
             except Exception:
                 log.exception("stopping channel %s failed", channel.name)
         await self.bridge.stop()
-        await self.agent.provider.aclose()
+        await self.agent.aclose()
         if self.transcriber is not None:
             self.transcriber.close()
         self.inbox.close()
@@ -180,6 +180,11 @@ def configured_channels(settings: Settings) -> list["Channel"]:
         from channels.telegram import TelegramChannel
 
         channels.append(TelegramChannel(settings))
+    if settings.whatsapp_configured():
+        from channels.whatsapp import WhatsAppChannel
+
+        # Raises ConfigError (naming the settings) when webhooks could not be verified.
+        channels.append(WhatsAppChannel(settings))
     return channels
 
 

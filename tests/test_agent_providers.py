@@ -185,6 +185,19 @@ async def test_openai_overflow_once_is_recovered_by_clipping_tool_output(setup: 
     assert len(tool.text) == 20_000
 
 
+async def test_openai_overflow_once_on_a_fresh_chat_is_retried_and_completes(setup: Setup) -> None:
+    async with FakeOpenAI() as fake:
+        fake.queue(FakeOpenAI.context_length_exceeded(limit=8192, requested=9000), "Recovered.")
+        provider = openai_provider(fake, setup)
+        agent = setup.agent(provider, profile=ModelProfile(32_768, 4096, True))
+        result = await agent.run_turn(CHAT, Message.user("hello"), "t1")
+        await provider.aclose()
+    assert result.text == "Recovered." and len(fake.requests) == 2
+    # The stated window is believed from now on, and the retry was sized for it.
+    assert agent.profile.context_window == 8192
+    assert fake.requests[1].json["max_tokens"] <= 8192 // 4
+
+
 async def test_overflow_twice_summarizes_and_completes(setup: Setup) -> None:
     for i in range(12):
         setup.sessions.append(CHAT, Message.user(f"old question {i}", turn_id=f"o{i}"),
@@ -268,3 +281,38 @@ async def test_build_provider_picks_adapter_and_profile(tmp_path: Path) -> None:
     assert isinstance(summary, AnthropicProvider) and summary.model == "claude-haiku-4-5"
     for p in (claude, o3mini, forced, unknown, summary):
         await p.aclose()
+
+
+async def test_anthropic_accepts_every_request_of_a_summarized_conversation(setup: Setup) -> None:
+    from talon.content import TextBlock, ToolCall
+
+    for i in range(15):
+        call = ToolCall(id=f"toolu_{i}", name="ls", arguments="{}")
+        setup.sessions.append(
+            CHAT,
+            Message.user(f"question {i} " + "q" * 2000, turn_id=f"o{i}"),
+            Message(role="assistant", tool_calls=[call], meta={"turn_id": f"o{i}"}),
+            Message(role="tool", tool_call_id=call.id, tool_name="ls", content=[TextBlock(text="pic.png")]),
+            Message.assistant(f"answer {i}", turn_id=f"o{i}", final=True),
+        )
+    main_replies: list[Any] = [FakeAnthropic.tool_use("ls"), "All done."]
+
+    def respond(body: dict[str, Any]) -> Any:
+        if "You condense a conversation" in json.dumps(body.get("system")):
+            return "- the user asked fifteen questions"
+        return main_replies.pop(0)
+
+    async with FakeAnthropic() as fake:
+        fake.default_responder = respond
+        provider = anthropic_provider(fake, setup)
+        agent = setup.agent(provider, profile=ModelProfile(8_000, 1_000, True))
+        result = await agent.run_turn(CHAT, Message.user("and now?"), "t-new")
+        await provider.aclose()
+    assert result.text == "All done."
+    assert all(r.status == 200 for r in fake.requests)
+    summaries = [r.json for r in fake.requests if "You condense" in json.dumps(r.json.get("system"))]
+    first, second = (r.json for r in fake.requests if r.json not in summaries)
+    assert summaries and "cache_control" not in json.dumps(summaries[0]["messages"])  # one-off: no cache write
+    assert "question 0 " in summaries[0]["messages"][0]["content"][0]["text"]
+    assert "fifteen questions" in json.dumps(first["messages"][0]) and "question 0 " not in json.dumps(first)
+    assert second["messages"][-1]["content"][0]["type"] == "tool_result"

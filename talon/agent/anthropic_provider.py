@@ -12,7 +12,8 @@
 Prompt caching: the system prompt is sent as text blocks split at ``ModelRequest
 .system_cache_points`` with a ``cache_control`` breakpoint at each (after the stable prompt and
 after the memory block), plus one on the newest message so the conversation prefix is reused
-from one step to the next. That is at most 4 breakpoints, the API's limit.
+from one step to the next (not for one-off requests such as summaries, which have no system
+cache points). That is at most 4 breakpoints, the API's limit.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def _tool_input(call: ToolCall) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"_arguments": value}
 
 
-def to_anthropic_messages(messages: list[Message], hydrate: Hydrate, *, vision: bool = True) -> list[dict[str, Any]]:
+def to_anthropic_messages(
+    messages: list[Message], hydrate: Hydrate, *, vision: bool = True, cache_last: bool = True
+) -> list[dict[str, Any]]:
     wire: list[dict[str, Any]] = []
 
     def push(role: str, content: list[dict[str, Any]]) -> None:
@@ -129,7 +132,7 @@ def to_anthropic_messages(messages: list[Message], hydrate: Hydrate, *, vision: 
             push("user", [result])
     if wire and wire[0]["role"] != "user":
         wire.insert(0, {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]})
-    if wire and wire[-1]["content"]:
+    if cache_last and wire and wire[-1]["content"]:
         wire[-1]["content"][-1]["cache_control"] = dict(CACHE)
     return wire
 
@@ -187,7 +190,9 @@ class AnthropicProvider(Provider):
         kwargs: dict[str, Any] = {
             "model": self.model,
             "max_tokens": request.max_output_tokens or 4096,
-            "messages": to_anthropic_messages(request.messages, self._hydrate, vision=self.vision),
+            # A one-off request (a summary: no cache points) would pay for a cache write it never reads.
+            "messages": to_anthropic_messages(request.messages, self._hydrate, vision=self.vision,
+                                              cache_last=bool(request.system_cache_points)),
         }
         system = to_anthropic_system(request.system, request.system_cache_points)
         if system:

@@ -160,9 +160,7 @@ ContextStep = Callable[[list[Message], RequestContext], Awaitable[list[Message]]
 class ContextPipeline:
     steps: Sequence[ContextStep] = field(default_factory=list)
 
-    async def apply(self, messages: list[Message], ctx: RequestContext | None = None) -> list[Message]:
-        if ctx is None:
-            ctx = RequestContext(budget=ContextBudget.for_profile(ModelProfile(10**9, 4096, True)))
+    async def apply(self, messages: list[Message], ctx: RequestContext) -> list[Message]:
         for step in self.steps:
             messages = await step(messages, ctx)
         return messages
@@ -362,6 +360,8 @@ def clip_trailing_tool_results(
 
 # --- 4. old images --------------------------------------------------------------------------
 def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
     return f"{n / 1024:.0f} KB" if n < 1024 * 1024 else f"{n / (1024 * 1024):.1f} MB"
 
 

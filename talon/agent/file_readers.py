@@ -88,13 +88,13 @@ def read_text(path: Path, *, shown: str, offset: int, limit: int, max_chars: int
     total = 0
     counted_all = True
     cut_by_chars = False
-    with open(path, encoding=_encoding(head), errors="replace", newline=None) as fh:
+    with open(path, "rb") as raw, io.TextIOWrapper(raw, encoding=_encoding(head), errors="replace") as fh:
         for number, line in enumerate(fh, 1):
             total = number
             if number < offset:
                 continue
             if number >= offset + limit or cut_by_chars:
-                if fh.buffer.tell() > COUNT_BYTES_LIMIT:
+                if raw.tell() > COUNT_BYTES_LIMIT:
                     counted_all = False
                     break
                 continue

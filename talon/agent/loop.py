@@ -48,6 +48,7 @@ from talon.agent.summary import Summarizer, mechanical_summary
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
 from talon.agent.tools import ToolContext, ToolRegistry
 from talon.agent.workspace import Workspace
+from talon.agent.workspace_tools import WorkspaceTool
 from talon.content import ImageBlock, Message
 from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
 
@@ -128,7 +129,9 @@ class Agent:
             fallback=provider if summary_provider is not None else None,
         )
         self.workspace = Workspace(workspace) if isinstance(workspace, Path) else workspace
-        self.memory = Memory(self.workspace) if self.workspace is not None else None
+        # AGENTS.md may take a tenth of the window, and never more than 16,000 characters.
+        memory_chars = min(16_000, int(profile.context_window * CHARS_PER_TOKEN * 0.1))
+        self.memory = Memory(self.workspace, max_chars=memory_chars) if self.workspace is not None else None
         self.last_usage: dict[ChatKey, Usage] = {}
         self.token_scale = 1.0
 
@@ -138,7 +141,8 @@ class Agent:
         return ContextBudget.for_profile(self.profile, self.policy)
 
     def system(self) -> SystemPrompt:
-        guide = workspace_guide(sorted(self.tools.tools)) if self.workspace is not None else ""
+        names = [name for name, tool in self.tools.tools.items() if isinstance(tool, WorkspaceTool)]
+        guide = workspace_guide(sorted(names)) if self.workspace is not None else ""
         memory = self.memory.block() if self.memory is not None else ""
         return build_system_prompt(self.system_prompt, guide, memory)
 
@@ -158,7 +162,6 @@ class Agent:
         budget: ContextBudget,
         *,
         force_summary: bool = False,
-        write: bool = True,
     ) -> RequestContext:
         thread = self.sessions.current_thread(chat)
         archive = self.sessions.archive_path(chat, thread)
@@ -181,11 +184,11 @@ class Agent:
             policy=self.policy,
             overhead=estimate_overhead(system.text, tools),
             scale=self.token_scale,
-            results=ResultFiles(self.sessions.results_dir(chat), write=write),
+            results=ResultFiles(self.sessions.results_dir(chat)),
             archive=archive,
             archive_title=f"{chat}, thread {thread}",
-            summarize=summarize if write else None,
-            persist=persist if write else None,
+            summarize=summarize,
+            persist=persist,
             force_summary=force_summary,
         )
 

@@ -89,16 +89,19 @@ class Memory:
         self.max_chars = max_chars
         self._seen: tuple[int, int, int] | None = None
         self._block = ""
+        self._problem = ""
 
     def block(self) -> str:
         """The marked memory block, or "" when there is no usable AGENTS.md."""
         try:
             where = self.workspace.resolve(MEMORY_FILE, want="file")
         except ToolError as exc:
-            if self.workspace.root.joinpath(MEMORY_FILE).is_symlink() or "does not exist" not in str(exc):
-                log.warning("%s not loaded: %s", MEMORY_FILE, exc)
-            self._seen, self._block = None, ""
+            problem = "" if "does not exist" in str(exc) else str(exc)
+            if problem and problem != self._problem:  # once per new problem, not per request
+                log.warning("%s not loaded: %s", MEMORY_FILE, problem)
+            self._seen, self._block, self._problem = None, "", problem
             return ""
+        self._problem = ""
         try:
             st = os.stat(where.real)
             key = (st.st_ino, st.st_size, st.st_mtime_ns)

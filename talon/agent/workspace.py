@@ -26,11 +26,10 @@ from typing import Literal
 
 from talon.agent.tools import ToolError
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
-_KNOWN_SCHEMES = {
-    "file", "http", "https", "ftp", "ftps", "data", "javascript", "mailto", "sftp", "ssh", "s3",
-    "gs", "smb", "attachment", "blob",
-}
+# As for outbound media: two or more letters and a colon is a URL scheme (one letter would be a
+# Windows drive).
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]+:")
+_SEPARATORS = re.compile(r"[\\/]")
 
 Want = Literal["file", "dir", "any", "new"]
 
@@ -52,12 +51,11 @@ def _lexical_checks(raw: object) -> str:
         raise ToolError("path is empty")
     if "\x00" in path:
         raise ToolError("path contains a NUL byte")
-    match = _SCHEME.match(path)
-    if match and (path[match.end():].startswith("//") or match.group(0)[:-1].lower() in _KNOWN_SCHEMES):
+    if _SCHEME.match(path) or path.startswith("//"):
         raise ToolError(f"{path!r} is a URL, not a workspace path; use a path relative to the workspace")
     if path.startswith("~"):
         raise ToolError(f"{path!r}: '~' (home directory) paths are not allowed; use a path relative to the workspace")
-    if ".." in Path(path).parts:
+    if ".." in _SEPARATORS.split(path):
         raise ToolError(f"{path!r}: '..' is not allowed; use a path inside the workspace")
     return path
 

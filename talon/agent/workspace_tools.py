@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from talon.agent import file_readers
 from talon.agent.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
-from talon.agent.workspace import Workspace
+from talon.agent.workspace import Resolved, Workspace
 from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, ImageBlock, TextBlock
@@ -126,7 +126,7 @@ class WorkspaceTool(Tool):
     async def run(self, args: dict[str, Any]) -> ToolResult:
         return await self.invoke(args, ToolContext())
 
-    def resolve(self, args: dict[str, Any], ctx: ToolContext, name: str = "path", **kw: Any) -> Any:
+    def resolve(self, args: dict[str, Any], ctx: ToolContext, name: str = "path", **kw: Any) -> Resolved:
         return self.workspace.resolve(args.get(name), read_only_roots=ctx.read_only_roots, **kw)
 
 

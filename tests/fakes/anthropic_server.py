@@ -2,9 +2,10 @@
 
 Point ``anthropic.AsyncAnthropic(base_url=fake.base_url)`` at it. Replies are scripted with
 ``fake.queue(...)``: a text, ``FakeAnthropic.tool_use(name, input)`` (or a list of them), a
-``Reply`` with both, or ``FakeAnthropic.error(status, message)`` — ``prompt_too_long()`` is the
-400 Anthropic sends when a request is over the window. With an empty queue the fake echoes the
-last user text. Every request is recorded (``fake.requests[i].json``) as it arrives.
+``Reply`` with both, ``FakeAnthropic.error(status, message)`` — ``prompt_too_long()`` is the
+400 Anthropic sends when a request is over the window — or a callable taking the request JSON and
+returning one of those. With an empty queue ``fake.default_responder`` answers (it echoes the last
+user text). Every request is recorded (``fake.requests[i].json``) as it arrives.
 
 With ``strict`` on (the default) the fake rejects what the real API rejects and an adapter can
 easily get wrong: a first message that is not the user's, a ``tool_use`` not answered by a
@@ -21,6 +22,7 @@ import itertools
 import json
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -58,6 +60,7 @@ class ErrorReply:
 
 
 Scripted: TypeAlias = "str | ToolUse | list[ToolUse] | Reply | ErrorReply"
+Responder: TypeAlias = Callable[[dict[str, Any]], Scripted]
 
 
 @dataclass
@@ -99,7 +102,8 @@ class FakeAnthropic(LoopbackServer):
         super().__init__()
         self.strict = strict
         self.requests: list[AnthropicReq] = []
-        self._replies: deque[Scripted] = deque()
+        self.default_responder: Responder = lambda body: f"echo: {_last_user_text(body)}"
+        self._replies: deque[Scripted | Responder] = deque()
         self._ids = itertools.count(1)
 
     @property
@@ -113,7 +117,7 @@ class FakeAnthropic(LoopbackServer):
         return app
 
     # -- scripting -------------------------------------------------------------------------
-    def queue(self, *replies: Scripted) -> None:
+    def queue(self, *replies: Scripted | Responder) -> None:
         with self._cond:
             self._replies.extend(replies)
 
@@ -152,7 +156,8 @@ class FakeAnthropic(LoopbackServer):
         if problem is not None:
             return 400, ErrorReply(400, problem).body()
         with self._cond:
-            scripted: Scripted = self._replies.popleft() if self._replies else f"echo: {_last_user_text(body)}"
+            next_reply = self._replies.popleft() if self._replies else self.default_responder
+        scripted = next_reply(body) if callable(next_reply) else next_reply
         if isinstance(scripted, ErrorReply):
             return scripted.status, scripted.body()
         if isinstance(scripted, str):
