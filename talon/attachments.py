@@ -108,41 +108,23 @@ class AttachmentStore:
         self, chunks: Iterable[bytes], *, mime: str, name: str | None = None, limit: int | None = None
     ) -> AttachmentRef:
         """Stream chunks in, hashing as they come; over ``limit`` bytes the partial file is removed."""
-        fh, temp = self.new_temp()
-        digest = hashlib.sha256()
-        total = 0
-        try:
-            with fh:
-                for chunk in chunks:
-                    total += len(chunk)
-                    if limit is not None and total > limit:
-                        raise DownloadTooLarge(name or "file", None, limit)
-                    digest.update(chunk)
-                    fh.write(chunk)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        return self.commit_temp(temp, mime=mime, name=name, sha256=digest.hexdigest())
+        with self._sink(name, limit) as sink:
+            for chunk in chunks:
+                sink.write(chunk)
+        return self.commit_temp(sink.temp, mime=mime, name=name, sha256=sink.digest.hexdigest())
 
     async def put_stream(
         self, chunks: AsyncIterator[bytes], *, mime: str, name: str | None = None, limit: int | None = None
     ) -> AttachmentRef:
         """Async twin of ``put_chunks`` for network downloads: memory stays one chunk deep."""
+        with self._sink(name, limit) as sink:
+            async for chunk in chunks:
+                sink.write(chunk)
+        return self.commit_temp(sink.temp, mime=mime, name=name, sha256=sink.digest.hexdigest())
+
+    def _sink(self, name: str | None, limit: int | None) -> "_Sink":
         fh, temp = self.new_temp()
-        digest = hashlib.sha256()
-        total = 0
-        try:
-            with fh:
-                async for chunk in chunks:
-                    total += len(chunk)
-                    if limit is not None and total > limit:
-                        raise DownloadTooLarge(name or "file", None, limit)
-                    digest.update(chunk)
-                    fh.write(chunk)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        return self.commit_temp(temp, mime=mime, name=name, sha256=digest.hexdigest())
+        return _Sink(fh, temp, name or "file", limit)
 
     def read_bytes(self, ref: AttachmentRef | str) -> bytes:
         sha = ref.id if isinstance(ref, AttachmentRef) else ref
@@ -157,3 +139,33 @@ class AttachmentStore:
         if not path.is_file():
             raise AttachmentError(f"attachment {sha[:12]} is missing from the store")
         return path
+
+
+class _Sink:
+    """A temp file that hashes what it is given and refuses to grow past ``limit``.
+
+    Leaving the ``with`` block by an exception removes the partial file.
+    """
+
+    def __init__(self, fh: BinaryIO, temp: Path, name: str, limit: int | None) -> None:
+        self.fh = fh
+        self.temp = temp
+        self.name = name
+        self.limit = limit
+        self.digest = hashlib.sha256()
+        self.total = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.limit is not None and self.total > self.limit:
+            raise DownloadTooLarge(self.name, None, self.limit)
+        self.digest.update(chunk)
+        self.fh.write(chunk)
+
+    def __enter__(self) -> "_Sink":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.fh.close()
+        if exc_type is not None:
+            self.temp.unlink(missing_ok=True)
