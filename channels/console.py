@@ -1,6 +1,9 @@
 """Console channel: chat with the agent in a terminal, with the same core and sessions.
 
-``/attach PATH [caption]`` sends a file as if it came from a chat app.
+``/attach PATH [caption]`` sends a file as if it came from a chat app. Files the agent attaches
+are shown as their kind and resolved path inside the media root (``[image] /.../chart.png``),
+checked exactly as a chat channel checks them; a reference that cannot be sent is shown as the
+same "Could not attach NAME: reason" line a chat would get.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ from typing import Any, TextIO
 
 from talon.attachments import AttachmentStore
 from talon.config import Limits
-from talon.content import InboundFile
+from talon.content import InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
+from talon.errors import MediaPathError
+from talon.media import MarkdownMediaRef, outbound_channel_media
+from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 
 from channels.base import Channel, PartCallback
 
 log = logging.getLogger(__name__)
 
-_KIND_BY_EXT = {
+_KIND_BY_EXT: dict[str, InboundKind] = {
     ".jpg": "photo", ".jpeg": "photo", ".png": "photo", ".webp": "photo", ".gif": "animation",
     ".ogg": "voice", ".oga": "voice", ".opus": "voice", ".mp3": "audio", ".m4a": "audio",
     ".wav": "audio", ".amr": "audio", ".mp4": "video", ".mov": "video", ".webm": "video",
@@ -117,12 +123,38 @@ class ConsoleChannel(Channel):
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
-        parts = [f"talon> {reply.text}\n"] if reply.text.strip() else []
-        parts += [f"[attachment {m}]\n" for m in reply.media]
+        # One part per line shown, derived from the reply alone so skip_parts stays meaningful.
+        parts: list[str | MarkdownMediaRef] = [f"talon> {reply.text}\n"] if reply.text.strip() else []
+        parts += reply.media
         parts += [f"! {n}\n" for n in reply.notices]
         for index, part in enumerate(parts):
             if index < skip_parts:
                 continue
-            self._print(part)
+            self._print(part if isinstance(part, str) else self._media_line(part))
             if on_part:
                 await on_part(index + 1)
+
+    def _media_line(self, ref: MarkdownMediaRef) -> str:
+        """The kind and resolved path of an attached file, after the same checks a chat applies."""
+        name = display_name(ref.path)
+        if self.media_root is None:
+            return f"! {attach_failure_line(name, 'no media root is configured')}\n"
+        try:
+            media = outbound_channel_media(ref, ref.alt, self.media_root)
+        except MediaPathError as exc:
+            log.warning("console: not attaching %r: %s", ref.path, exc)
+            return f"! {attach_failure_line(name, path_refusal_reason(exc))}\n"
+        except OSError as exc:
+            log.warning("console: cannot read %r: %s", ref.path, exc)
+            return f"! {attach_failure_line(name, 'it cannot be read')}\n"
+        with media:
+            caption = f" — {media.caption}" if media.caption else ""
+            return f"[{media.kind}] {media.path} ({media.mime}, {_size(media.size)}){caption}\n"
+
+
+def _size(size: int) -> str:
+    if size < 1000:
+        return f"{size} B"
+    if size < 1_000_000:
+        return f"{size / 1000:.1f} KB"
+    return f"{size / 1_000_000:.1f} MB"

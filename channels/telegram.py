@@ -2,35 +2,79 @@
 
 Inbound: private messages from allowed users become ``InboundMessage``s (albums are gathered
 into one), files are referenced by file_id and downloaded during the turn, streamed and capped.
-Outbound: a reply is an ordered list of parts (text chunks, media, notices); each part is sent
-with retries, and progress is reported so a restart never resends a delivered part.
 A watchdog restarts polling when getUpdates has not succeeded for too long.
+
+Outbound: a reply becomes an ordered list of parts, each sent with retries; progress is reported
+after every part so a restart resumes at the first undelivered part and never resends one.
+
+- The list is derived from the reply alone (its text and the *names* of its media references),
+  never from the disk, so the same reply always gives the same list and ``skip_parts`` means the
+  same thing after a crash. Files are resolved, contained and opened only when their part is sent.
+- Parts, in order: the text as rendered HTML chunks (each <= 4096 UTF-16 units, code blocks never
+  split open); then the media, one part per file, except that 2-10 consecutive references whose
+  names look like images form one album part (sendMediaGroup; a longer run is cut into balanced
+  albums of at most 10); then the reply's notices as plain text.
+- Caption: when the media form exactly one part (one file or one album) and the whole text renders
+  to at most 1024 UTF-16 units, the text becomes that part's caption (on the album's first item)
+  instead of a message of its own. Otherwise the text goes first and the media follow without
+  captions, so a caption never has to be cut. If the captioned media cannot be delivered at all,
+  the text is sent as a message, so no words are lost with the file.
+- Kinds: image -> sendPhoto, animation (GIF) -> sendAnimation, video -> sendVideo, voice
+  (OGG/Opus) -> sendVoice, audio -> sendAudio, anything else -> sendDocument. A photo over 10 MB
+  goes as a document; when Telegram refuses any typed send (bad dimensions, failed processing...)
+  the file is sent again as a document. When it refuses an album, its images go one by one.
+- Limits: a file over 50 MB (the bot upload cap) or an empty file is not uploaded.
+- Files are uploaded from the open file the containment check returned (never reopened by path),
+  rewound before every try, under the name they have in the media root, and closed afterwards.
+- Nothing is dropped silently: a reference that cannot be resolved, is over a limit or is refused
+  by Telegram becomes a plain-text line "Could not attach NAME: reason" in the chat (NAME is the
+  file's base name; no host path is shown) and a log entry with the detail. One bad file never
+  stops the rest of the reply. Transient failures (network, long rate limits) after the retries
+  stop the delivery instead, so the bridge can resume it from that part later. A part is the unit
+  of resume: the rare part that needs several sends (an album refused and sent image by image, a
+  failure line after a file) is sent whole again if it was interrupted half way.
+- Retries: a 429 waits the retry_after Telegram asks for; network errors are retried with backoff
+  (3 tries); refusals (400/403) are never retried. Markup Telegram cannot parse is resent as plain
+  text, for messages and captions alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import httpx
+from telegram import InputFile, InputMediaPhoto, Update
 from telegram import Message as TgMessage
-from telegram import Update
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.ext import Application, ApplicationBuilder, ContextTypes, MessageHandler, filters
 from telegram.request import HTTPXRequest
+from telegram.warnings import PTBDeprecationWarning
 
 from talon.attachments import AttachmentStore
-from talon.config import Limits, Settings
-from talon.content import InboundFile
+from talon.config import MB, Limits, Settings
+from talon.content import InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
-from talon.errors import ConfigError, DeliveryError, DownloadTooLarge, MediaError
-from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback, split_markdown_for_telegram
+from talon.errors import ConfigError, DeliveryError, DownloadTooLarge, MediaError, MediaPathError
+from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
+from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
+from talon.render.chunking import split_markdown
+from talon.render.telegram import (
+    markdown_to_telegram_html,
+    plain_text_fallback,
+    split_markdown_for_telegram,
+    utf16_len,
+)
 
 from channels.base import Channel, PartCallback
 
@@ -57,14 +101,17 @@ class _PollingRequest(HTTPXRequest):
 
 
 def _retry_seconds(exc: RetryAfter) -> float:
-    value = exc.retry_after
+    with warnings.catch_warnings():
+        # PTB 22 warns that retry_after will become a timedelta; both forms are handled here.
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = exc.retry_after
     return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
 def is_allowed(allowlist: set[str], user_id: int, username: str | None) -> bool:
     if str(user_id) in allowlist:
         return True
-    return bool(username) and f"@{username.lower()}" in allowlist
+    return username is not None and f"@{username.lower()}" in allowlist
 
 
 @dataclass
@@ -75,12 +122,43 @@ class _Album:
     timer: asyncio.TimerHandle | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TextPart:
+    """One chunk of the reply's markdown, sent as an HTML message."""
+
     markdown: str
 
 
-Part = TextPart
+@dataclass(frozen=True)
+class NoticePart:
+    """A line for the person (a notice), sent as plain text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class MediaPart:
+    """One file, or 2-10 images sent as one album; ``caption`` is markdown ("" for none)."""
+
+    refs: tuple[MarkdownMediaRef, ...]
+    caption: str = ""
+
+
+Part = TextPart | NoticePart | MediaPart
+
+_IMAGE_NAME = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
+ALBUM_MAX = 10
+
+_SENDERS: dict[str, tuple[str, str]] = {  # kind -> (Bot method, the parameter carrying the file)
+    "image": ("send_photo", "photo"),
+    "animation": ("send_animation", "animation"),
+    "video": ("send_video", "video"),
+    "voice": ("send_voice", "voice"),
+    "audio": ("send_audio", "audio"),
+    "document": ("send_document", "document"),
+}
+_API_NAMES = {"image": "sendPhoto", "animation": "sendAnimation", "video": "sendVideo",
+              "voice": "sendVoice", "audio": "sendAudio", "document": "sendDocument"}
 
 
 class TelegramChannel(Channel):
@@ -292,11 +370,7 @@ class TelegramChannel(Channel):
         await self.bot.send_chat_action(chat_id=int(chat_id), action=ChatAction.TYPING)
 
     def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        parts: list[Part] = [TextPart(chunk) for chunk in
-                             split_markdown_for_telegram(reply.text, self.limits.telegram_text_max)
-                             if chunk.strip()]
-        parts.extend(TextPart(notice) for notice in reply.notices)
-        return parts
+        return plan_parts(reply, self.limits)
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
@@ -309,7 +383,12 @@ class TelegramChannel(Channel):
                 await on_part(index + 1)
 
     async def _send_part(self, chat_id: str, part: Part) -> None:
-        await self._send_text(chat_id, part.markdown)
+        if isinstance(part, TextPart):
+            await self._send_text(chat_id, part.markdown)
+        elif isinstance(part, NoticePart):
+            await self._send_plain(chat_id, part.text)
+        else:
+            await self._send_media_part(chat_id, part)
 
     async def _send_text(self, chat_id: str, markdown: str) -> None:
         html = markdown_to_telegram_html(markdown)
@@ -319,13 +398,169 @@ class TelegramChannel(Channel):
                                               disable_web_page_preview=True),
                 "sendMessage")
         except DeliveryError as exc:
-            refused_markup = exc.permanent and ("parse" in str(exc).lower() or "entit" in str(exc).lower())
-            if not refused_markup:
+            if not _refused_markup(exc):
                 raise
             log.warning("telegram: chat %s refused our HTML (%s); resending as plain text", chat_id, exc)
+            await self._send_plain(chat_id, plain_text_fallback(markdown))
+
+    async def _send_plain(self, chat_id: str, text: str) -> None:
+        for chunk in split_markdown(text, self.limits.telegram_text_max, utf16_len):
             await self._with_retries(
-                lambda: self.bot.send_message(chat_id=int(chat_id), text=plain_text_fallback(markdown)),
+                functools.partial(self.bot.send_message, chat_id=int(chat_id), text=chunk,
+                                  disable_web_page_preview=True),
                 "sendMessage")
+
+    # --- outbound media -----------------------------------------------------------------------
+    async def _send_media_part(self, chat_id: str, part: MediaPart) -> None:
+        failures: list[str] = []
+        opened: list[OutboundMedia] = []
+        caption = part.caption
+        try:
+            for ref in part.refs:
+                media = self._open_media(chat_id, ref, failures)
+                if media is not None:
+                    opened.append(media)
+            for unit in self._units(opened):
+                if await self._send_unit(chat_id, unit, caption, failures):
+                    caption = ""
+        finally:
+            for media in opened:
+                media.close()
+        if caption.strip():  # none of the files went out: the words still must
+            await self._send_text(chat_id, caption)
+        if failures:
+            await self._send_plain(chat_id, "\n".join(failures))
+
+    def _open_media(self, chat_id: str, ref: MarkdownMediaRef, failures: list[str]) -> OutboundMedia | None:
+        """Resolve and open one reference, or record why it cannot be sent."""
+        name = display_name(ref.path)
+        try:
+            media = outbound_channel_media(ref, "", self.settings.media_root)
+        except MediaPathError as exc:
+            log.warning("telegram: chat=%s: not attaching %r: %s", chat_id, ref.path, exc)
+            failures.append(attach_failure_line(name, path_refusal_reason(exc)))
+            return None
+        except OSError as exc:
+            log.warning("telegram: chat=%s: cannot read %r: %s", chat_id, ref.path, exc)
+            failures.append(attach_failure_line(name, "it cannot be read"))
+            return None
+        limit = self.limits.telegram_upload_max_bytes
+        reason = None
+        if media.size > limit:
+            reason = (f"it is {media.size / MB:.1f} MB, over Telegram's {limit / MB:.0f} MB "
+                      "upload limit for bots")
+        elif media.size == 0:
+            reason = "the file is empty"
+        if reason is not None:
+            log.warning("telegram: chat=%s: not attaching %s (%d bytes): %s", chat_id, media.path,
+                        media.size, reason)
+            media.close()
+            failures.append(attach_failure_line(name, reason))
+            return None
+        return media
+
+    def _units(self, opened: list[OutboundMedia]) -> list[list[OutboundMedia]]:
+        """What one part sends: an album of the images that can be photos, then the rest alone.
+
+        A reference named like an image may turn out to be something else, or too big for a
+        photo; those cannot share an album with photos and go after it, each on its own.
+        """
+        photos = [m for m in opened if self._as_photo(m)]
+        if len(photos) < 2:
+            return [[m] for m in opened]
+        return [photos] + [[m] for m in opened if m not in photos]
+
+    def _as_photo(self, media: OutboundMedia) -> bool:
+        return media.kind == "image" and media.size <= self.limits.telegram_photo_max_bytes
+
+    async def _send_unit(self, chat_id: str, unit: list[OutboundMedia], caption: str,
+                         failures: list[str]) -> bool:
+        if len(unit) == 1:
+            return await self._send_single(chat_id, unit[0], caption, failures)
+        try:
+            await self._with_caption(caption, lambda text, mode: self._upload_album(chat_id, unit, text, mode))
+            return True
+        except DeliveryError as exc:
+            if not exc.permanent:
+                raise
+            log.warning("telegram: chat=%s: album of %d refused (%s); sending the images one by one",
+                        chat_id, len(unit), exc)
+        delivered = False
+        for media in unit:
+            if await self._send_single(chat_id, media, "" if delivered else caption, failures):
+                delivered = True
+        return delivered
+
+    async def _send_single(self, chat_id: str, media: OutboundMedia, caption: str,
+                           failures: list[str]) -> bool:
+        """Send one file by its kind, falling back to a document; False when it was refused."""
+        kind = media.kind
+        if kind == "image" and not self._as_photo(media):
+            kind = "document"  # Telegram takes photos up to 10 MB; the file itself can still go
+        try:
+            await self._with_caption(caption, lambda text, mode: self._upload(chat_id, media, kind, text, mode))
+            return True
+        except DeliveryError as exc:
+            if not exc.permanent:
+                raise
+            refusal = exc
+        if kind != "document" and isinstance(refusal.__cause__, BadRequest):
+            log.warning("telegram: chat=%s: %s refused %s (%s); sending it as a document",
+                        chat_id, _API_NAMES[kind], media.name, refusal)
+            try:
+                await self._with_caption(
+                    caption, lambda text, mode: self._upload(chat_id, media, "document", text, mode))
+                return True
+            except DeliveryError as exc:
+                if not exc.permanent:
+                    raise
+                refusal = exc
+        log.warning("telegram: chat=%s: could not attach %s (%s, %d bytes): %s", chat_id, media.path,
+                    media.kind, media.size, refusal)
+        failures.append(attach_failure_line(media.name, _refusal_reason(refusal)))
+        return False
+
+    async def _with_caption(self, caption: str,
+                            send: Callable[[str | None, str | None], Awaitable[Any]]) -> None:
+        """Send with the caption as HTML; if Telegram cannot parse it, once more as plain text."""
+        if not caption.strip():
+            await send(None, None)
+            return
+        try:
+            await send(markdown_to_telegram_html(caption), ParseMode.HTML)
+        except DeliveryError as exc:
+            if not _refused_markup(exc):
+                raise
+            log.warning("telegram: caption HTML refused (%s); resending with a plain caption", exc)
+            await send(plain_text_fallback(caption), None)
+
+    async def _upload(self, chat_id: str, media: OutboundMedia, kind: str, caption: str | None,
+                      parse_mode: str | None) -> None:
+        method, field_name = _SENDERS[kind]
+        send = getattr(self.bot, method)
+
+        def call() -> Awaitable[Any]:
+            media.file.seek(0)  # a failed try may have read part of the file
+            kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media)}
+            if caption is not None:
+                kwargs.update(caption=caption, parse_mode=parse_mode)
+            return send(**kwargs)
+
+        await self._with_retries(call, _API_NAMES[kind])
+
+    async def _upload_album(self, chat_id: str, members: list[OutboundMedia], caption: str | None,
+                            parse_mode: str | None) -> None:
+        def call() -> Awaitable[Any]:
+            items = []
+            for index, media in enumerate(members):
+                media.file.seek(0)
+                first = index == 0 and caption is not None
+                items.append(InputMediaPhoto(media=_input_file(media, attach=True),
+                                             caption=caption if first else None,
+                                             parse_mode=parse_mode if first else None))
+            return self.bot.send_media_group(chat_id=int(chat_id), media=items)
+
+        await self._with_retries(call, "sendMediaGroup")
 
     async def _with_retries(self, call: Callable[[], Awaitable[T]], what: str) -> T:
         """Honour 429 retry_after, retry network errors with backoff, never retry a refusal."""
@@ -365,7 +600,7 @@ def _remote_files(msg: TgMessage) -> list[RemoteFile]:
                                 mime=a.mime_type, size=a.file_size))
     elif msg.document:
         d = msg.document
-        kind = "image" if (d.mime_type or "").startswith("image/") else "document"
+        kind: InboundKind = "image" if (d.mime_type or "").startswith("image/") else "document"
         files.append(RemoteFile(kind=kind, source=d.file_id, name=d.file_name, mime=d.mime_type,
                                 size=d.file_size))
     if msg.voice:
@@ -373,20 +608,81 @@ def _remote_files(msg: TgMessage) -> list[RemoteFile]:
         files.append(RemoteFile(kind="voice", source=v.file_id, name=f"voice_{msg.message_id}.ogg",
                                 mime=v.mime_type or "audio/ogg", size=v.file_size))
     if msg.audio:
-        a = msg.audio
-        files.append(RemoteFile(kind="audio", source=a.file_id, name=a.file_name or f"audio_{msg.message_id}",
-                                mime=a.mime_type, size=a.file_size))
+        au = msg.audio
+        files.append(RemoteFile(kind="audio", source=au.file_id, name=au.file_name or f"audio_{msg.message_id}",
+                                mime=au.mime_type, size=au.file_size))
     if msg.video:
-        v = msg.video
-        files.append(RemoteFile(kind="video", source=v.file_id, name=v.file_name or f"video_{msg.message_id}.mp4",
-                                mime=v.mime_type or "video/mp4", size=v.file_size))
+        vi = msg.video
+        files.append(RemoteFile(kind="video", source=vi.file_id, name=vi.file_name or f"video_{msg.message_id}.mp4",
+                                mime=vi.mime_type or "video/mp4", size=vi.file_size))
     if msg.video_note:
-        v = msg.video_note
-        files.append(RemoteFile(kind="video_note", source=v.file_id, name=f"video_note_{msg.message_id}.mp4",
-                                mime="video/mp4", size=v.file_size))
+        vn = msg.video_note
+        files.append(RemoteFile(kind="video_note", source=vn.file_id, name=f"video_note_{msg.message_id}.mp4",
+                                mime="video/mp4", size=vn.file_size))
     if msg.sticker:
         s = msg.sticker
         animated = bool(s.is_animated or s.is_video)
         files.append(RemoteFile(kind="sticker", source=s.file_id, name=f"sticker_{msg.message_id}.webp",
                                 mime="image/webp", size=s.file_size, emoji=s.emoji, animated=animated))
     return files
+
+
+# --- outbound planning (pure) -----------------------------------------------------------------
+def plan_parts(reply: OutboundReply, limits: Limits) -> list[Part]:
+    """The ordered parts of a reply; a function of the reply alone (see the module docstring)."""
+    chunks = [chunk for chunk in split_markdown_for_telegram(reply.text, limits.telegram_text_max)
+              if chunk.strip()]
+    groups = _media_groups(reply.media)
+    caption = ""
+    if (len(groups) == 1 and len(chunks) == 1
+            and utf16_len(markdown_to_telegram_html(chunks[0])) <= limits.telegram_caption_max):
+        caption, chunks = chunks[0], []
+    parts: list[Part] = [TextPart(chunk) for chunk in chunks]
+    parts.extend(MediaPart(group, caption if i == 0 else "") for i, group in enumerate(groups))
+    parts.extend(NoticePart(notice) for notice in reply.notices if notice.strip())
+    return parts
+
+
+def _looks_like_image(ref: MarkdownMediaRef) -> bool:
+    return PurePosixPath(unquote(ref.path)).suffix.lower() in _IMAGE_NAME
+
+
+def _media_groups(refs: list[MarkdownMediaRef]) -> list[tuple[MarkdownMediaRef, ...]]:
+    """One group per file, except runs of image names, which become albums of 2-10."""
+    groups: list[tuple[MarkdownMediaRef, ...]] = []
+    run: list[MarkdownMediaRef] = []
+
+    def flush() -> None:
+        # Balanced albums: 11 images are 6 + 5, never 10 + a lone photo.
+        count = -(-len(run) // ALBUM_MAX)
+        for i in range(count):
+            album = run[len(run) * i // count: len(run) * (i + 1) // count]
+            groups.append(tuple(album))
+        run.clear()
+
+    for ref in refs:
+        if _looks_like_image(ref):
+            run.append(ref)
+            continue
+        flush()
+        groups.append((ref,))
+    flush()
+    return groups
+
+
+def _input_file(media: OutboundMedia, *, attach: bool = False) -> InputFile:
+    """An upload streamed from the checked open file, under the file's own name and type."""
+    upload = InputFile(media.file, filename=media.name, attach=attach, read_file_handle=False)
+    upload.mimetype = media.mime
+    return upload
+
+
+def _refused_markup(exc: DeliveryError) -> bool:
+    text = str(exc).lower()
+    return exc.permanent and ("parse" in text or "entit" in text)
+
+
+def _refusal_reason(exc: DeliveryError) -> str:
+    cause = exc.__cause__
+    detail = cause.message if isinstance(cause, TelegramError) else str(exc)
+    return f"Telegram refused it ({detail})"

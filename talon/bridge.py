@@ -22,7 +22,7 @@ from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import InboundMessage, OutboundReply
-from talon.errors import ProviderError, ProviderUnavailable
+from talon.errors import DeliveryError, ProviderError, ProviderUnavailable
 from talon.inbox import Inbox, InboxItem
 from talon.media import extract_markdown_media
 
@@ -60,6 +60,8 @@ class Bridge:
     normalize: Normalizer = text_only
     channels: dict[str, "Channel"] = field(default_factory=dict)
     model_label: str = ""
+    # Waits between in-run retries of a reply whose delivery failed for a transient reason.
+    delivery_backoff_s: tuple[float, ...] = (5.0, 20.0, 60.0)
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, asyncio.Queue[InboxItem]] = {}
@@ -171,13 +173,36 @@ class Bridge:
 
     async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
                        skip_parts: int = 0) -> None:
+        """Deliver a reply, resuming after the last part that arrived.
+
+        A transient failure (network, long rate limit) is retried here with backoff while the
+        chat waits, so its order holds; if it persists, the message stays pending and is
+        resumed at the next start. A permanent refusal (the user blocked the bot, the chat is
+        gone) is logged and the message closed: retrying could never succeed.
+        """
         key = message.key
+        ids = f"channel={message.channel} chat={message.chat_id} message={message.message_id}"
 
         async def progress(parts: int) -> None:
             self.inbox.set_delivered_parts(key, parts)
 
-        skip = max(skip_parts, self.inbox.delivered_parts(key))
-        await channel.deliver(message.chat_id, reply, skip_parts=skip, on_part=progress)
+        for attempt in range(len(self.delivery_backoff_s) + 1):
+            skip = max(skip_parts, self.inbox.delivered_parts(key))
+            try:
+                await channel.deliver(message.chat_id, reply, skip_parts=skip, on_part=progress)
+            except DeliveryError as exc:
+                if exc.permanent:
+                    log.error("%s: the platform refused the reply (%s); not retrying", ids, exc)
+                    break
+                if attempt == len(self.delivery_backoff_s):
+                    log.error("%s: reply still undeliverable (%s); it stays pending and is resumed "
+                              "at the next start", ids, exc)
+                    return
+                delay = self.delivery_backoff_s[attempt]
+                log.warning("%s: delivery failed (%s); retrying in %.0fs", ids, exc, delay)
+                await asyncio.sleep(delay)
+            else:
+                break
         self.inbox.mark_done(key)
 
     # --- chat commands ----------------------------------------------------------------------

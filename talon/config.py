@@ -25,7 +25,12 @@ def _env(name: str) -> AliasChoices:
 
 @dataclass(frozen=True)
 class Limits:
-    """Every bound Talon applies, with its default. Built from ``Settings.limits()``."""
+    """Every bound Talon applies, with its default. Built from ``Settings.limits()``.
+
+    The platforms' own message sizes (Telegram text and caption, the WhatsApp body, Telegram's
+    10 MB photo and WhatsApp's media sizes) are protocol facts, not preferences: they are fixed here.
+    The upload cap is a setting because a self-hosted Bot API server accepts files up to 2 GB.
+    """
 
     image_max_bytes: int = 5 * MB
     image_max_side: int = 2000
@@ -125,6 +130,9 @@ class Settings(BaseSettings):
         Limits.audio_max_seconds, validation_alias=_env("TALON_AUDIO_MAX_SECONDS")
     )
     video_max_frames: int = Field(Limits.video_max_frames, validation_alias=_env("TALON_VIDEO_MAX_FRAMES"))
+    telegram_upload_max_bytes: int = Field(
+        Limits.telegram_upload_max_bytes, validation_alias=_env("TALON_TELEGRAM_UPLOAD_MAX_BYTES")
+    )
     video_fps: float = Field(Limits.video_fps, validation_alias=_env("TALON_VIDEO_FPS"))
     video_frame_max_side: int = Field(
         Limits.video_frame_max_side, validation_alias=_env("TALON_VIDEO_FRAME_MAX_SIDE")
@@ -149,6 +157,7 @@ class Settings(BaseSettings):
             audio_max_bytes=self.audio_max_bytes,
             audio_max_seconds=self.audio_max_seconds,
             video_max_frames=self.video_max_frames,
+            telegram_upload_max_bytes=self.telegram_upload_max_bytes,
             video_fps=self.video_fps,
             video_frame_max_side=self.video_frame_max_side,
             video_max_frame_bytes=self.video_max_frame_bytes,

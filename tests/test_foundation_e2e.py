@@ -224,3 +224,30 @@ def _chat(chat_id: int):
     from talon.agent.session import ChatKey
 
     return ChatKey("telegram", str(chat_id))
+
+
+async def test_transient_delivery_failure_is_retried_in_run(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    async with running(settings) as runtime:
+        runtime.bridge.delivery_backoff_s = (0.2,)
+        # more drops than the channel's own 3 tries: the bridge has to try the delivery again
+        tg.drop_connection_next("sendMessage", times=4)
+        tg.push_update(tg.text_message(ALICE, "through the storm", user_id=ALICE))
+        [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE), timeout=30)
+        await runtime.bridge.idle()
+        assert runtime.inbox.pending() == []
+    assert reply.params["text"] == "echo: through the storm"
+    assert len(llm.requests) == 1  # the model was asked once; only the delivery was repeated
+
+
+async def test_permanent_refusal_closes_the_message_and_chat_goes_on(
+    tg: FakeTelegram, llm: FakeOpenAI, settings: Settings
+) -> None:
+    async with running(settings) as runtime:
+        tg.fail_next("sendMessage", status=403, description="Forbidden: bot was blocked by the user")
+        tg.push_update(tg.text_message(ALICE, "first", user_id=ALICE))
+        await llm.wait_for_requests(1)
+        await runtime.bridge.idle()
+        assert runtime.inbox.pending() == []  # not retried forever
+        tg.push_update(tg.text_message(ALICE, "second", user_id=ALICE))
+        [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE))
+    assert reply.params["text"] == "echo: second"
