@@ -28,6 +28,7 @@ from aiohttp import web
 __all__ = [
     "FakeOpenAI",
     "FakeTelegram",
+    "FakeTwilio",
     "LoopbackServer",
     "UploadedFile",
     "read_form",
@@ -239,6 +240,7 @@ class LoopbackServer:
             return result
 
 
-# Imported last: both modules subclass LoopbackServer defined above.
+# Imported last: these modules subclass LoopbackServer defined above.
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.fakes.telegram import FakeTelegram  # noqa: E402
+from tests.fakes.twilio import FakeTwilio  # noqa: E402

@@ -1,0 +1,81 @@
+"""Talon's own HTTP server: one aiohttp app that channels add their routes to.
+
+Webhooks (Twilio) and the short-lived media links handed to Twilio are served from here, on
+``TALON_HTTP_HOST:TALON_HTTP_PORT``. Port 0 picks a free port; ``port`` says which one was bound.
+Routes must be added before ``start`` (aiohttp freezes the router when it starts serving).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from talon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Webhook forms are small; nothing Talon accepts over HTTP is an upload.
+MAX_REQUEST_BYTES = 1024 * 1024
+
+
+class HttpServer:
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.requested_port = port
+        self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    def add_route(self, method: str, path: str, handler: Handler) -> None:
+        if self._runner is not None:
+            raise RuntimeError("routes must be added before the HTTP server starts")
+        if method.upper() == "GET":
+            self.app.router.add_get(path, handler)  # answers HEAD too
+        else:
+            self.app.router.add_route(method, path, handler)
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful with ``TALON_HTTP_PORT=0``)."""
+        if self._port is None:
+            raise RuntimeError("the HTTP server is not running")
+        return self._port
+
+    @property
+    def local_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.requested_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                f"cannot listen on {self.host}:{self.requested_port} ({exc.strerror or exc}); "
+                "change TALON_HTTP_HOST / TALON_HTTP_PORT",
+                ["TALON_HTTP_HOST", "TALON_HTTP_PORT"],
+            ) from exc
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        log.info("http: listening on %s:%d", self.host, self._port)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        self._port = None
