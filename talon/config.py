@@ -59,93 +59,93 @@ class Settings(BaseSettings):
     )
 
     # --- model -------------------------------------------------------------------------------
-    model: str = Field("", validation_alias=_env("TALON_MODEL"))
-    openai_api_key: str = Field("", validation_alias=_env("OPENAI_API_KEY"))
-    openai_base_url: str = Field("", validation_alias=_env("OPENAI_BASE_URL"))
-    anthropic_api_key: str = Field("", validation_alias=_env("ANTHROPIC_API_KEY"))
-    anthropic_base_url: str = Field("", validation_alias=_env("ANTHROPIC_BASE_URL"))
-    model_timeout_s: float = Field(120.0, validation_alias=_env("TALON_MODEL_TIMEOUT"))
-    model_max_retries: int = Field(2, validation_alias=_env("TALON_MODEL_MAX_RETRIES"))
+    model: str = Field(default="", validation_alias=_env("TALON_MODEL"))
+    openai_api_key: str = Field(default="", validation_alias=_env("OPENAI_API_KEY"))
+    openai_base_url: str = Field(default="", validation_alias=_env("OPENAI_BASE_URL"))
+    anthropic_api_key: str = Field(default="", validation_alias=_env("ANTHROPIC_API_KEY"))
+    anthropic_base_url: str = Field(default="", validation_alias=_env("ANTHROPIC_BASE_URL"))
+    model_timeout_s: float = Field(default=120.0, validation_alias=_env("TALON_MODEL_TIMEOUT"))
+    model_max_retries: int = Field(default=2, validation_alias=_env("TALON_MODEL_MAX_RETRIES"))
     model_vision: Literal["auto", "true", "false"] = Field(
-        "auto", validation_alias=_env("TALON_MODEL_VISION")
+        default="auto", validation_alias=_env("TALON_MODEL_VISION")
     )
-    model_context_window: int | None = Field(None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
-    model_max_output: int | None = Field(None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
-    summary_model: str = Field("", validation_alias=_env("TALON_SUMMARY_MODEL"))
-    max_steps: int = Field(12, validation_alias=_env("TALON_MAX_STEPS"))
-    system_prompt: str = Field("", validation_alias=_env("TALON_SYSTEM_PROMPT"))
-    shell_tool: bool = Field(False, validation_alias=_env("TALON_SHELL_TOOL"))
+    model_context_window: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
+    model_max_output: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
+    summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
+    max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
+    system_prompt: str = Field(default="", validation_alias=_env("TALON_SYSTEM_PROMPT"))
+    shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
 
     # --- storage -----------------------------------------------------------------------------
-    media_root: Path = Field(Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
-    data_dir: Path = Field(Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
+    media_root: Path = Field(default=Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
+    data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
 
     # --- telegram ----------------------------------------------------------------------------
-    telegram_bot_token: str = Field("", validation_alias=_env("TELEGRAM_BOT_TOKEN"))
+    telegram_bot_token: str = Field(default="", validation_alias=_env("TELEGRAM_BOT_TOKEN"))
     telegram_api_base_url: str = Field(
-        "https://api.telegram.org", validation_alias=_env("TELEGRAM_API_BASE_URL")
+        default="https://api.telegram.org", validation_alias=_env("TELEGRAM_API_BASE_URL")
     )
-    telegram_allowed_users: str = Field("", validation_alias=_env("TALON_TELEGRAM_ALLOWED_USERS"))
-    telegram_poll_timeout_s: int = Field(30, validation_alias=_env("TALON_TELEGRAM_POLL_TIMEOUT"))
+    telegram_allowed_users: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_USERS"))
+    telegram_poll_timeout_s: int = Field(default=30, validation_alias=_env("TALON_TELEGRAM_POLL_TIMEOUT"))
 
     # --- speech ------------------------------------------------------------------------------
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
-        "auto", validation_alias=_env("TALON_TRANSCRIBER")
+        default="auto", validation_alias=_env("TALON_TRANSCRIBER")
     )
-    whisper_model: str = Field("bundled", validation_alias=_env("TALON_WHISPER_MODEL"))
-    transcribe_concurrency: int = Field(1, validation_alias=_env("TALON_TRANSCRIBE_CONCURRENCY"))
+    whisper_model: str = Field(default="bundled", validation_alias=_env("TALON_WHISPER_MODEL"))
+    transcribe_concurrency: int = Field(default=1, validation_alias=_env("TALON_TRANSCRIBE_CONCURRENCY"))
 
     # --- whatsapp / http server --------------------------------------------------------------
-    twilio_account_sid: str = Field("", validation_alias=_env("TWILIO_ACCOUNT_SID"))
-    twilio_auth_token: str = Field("", validation_alias=_env("TWILIO_AUTH_TOKEN"))
-    twilio_whatsapp_from: str = Field("", validation_alias=_env("TWILIO_WHATSAPP_FROM"))
+    twilio_account_sid: str = Field(default="", validation_alias=_env("TWILIO_ACCOUNT_SID"))
+    twilio_auth_token: str = Field(default="", validation_alias=_env("TWILIO_AUTH_TOKEN"))
+    twilio_whatsapp_from: str = Field(default="", validation_alias=_env("TWILIO_WHATSAPP_FROM"))
     twilio_api_base_url: str = Field(
-        "https://api.twilio.com", validation_alias=_env("TWILIO_API_BASE_URL")
+        default="https://api.twilio.com", validation_alias=_env("TWILIO_API_BASE_URL")
     )
-    twilio_media_hosts: str = Field("", validation_alias=_env("TALON_TWILIO_MEDIA_HOSTS"))
-    whatsapp_allowed_numbers: str = Field("", validation_alias=_env("TALON_WHATSAPP_ALLOWED_NUMBERS"))
+    twilio_media_hosts: str = Field(default="", validation_alias=_env("TALON_TWILIO_MEDIA_HOSTS"))
+    whatsapp_allowed_numbers: str = Field(default="", validation_alias=_env("TALON_WHATSAPP_ALLOWED_NUMBERS"))
     whatsapp_webhook_path: str = Field(
-        "/twilio/whatsapp", validation_alias=_env("TALON_WHATSAPP_WEBHOOK_PATH")
+        default="/twilio/whatsapp", validation_alias=_env("TALON_WHATSAPP_WEBHOOK_PATH")
     )
     whatsapp_insecure_no_signature: bool = Field(
-        False, validation_alias=_env("TALON_WHATSAPP_INSECURE_NO_SIGNATURE")
+        default=False, validation_alias=_env("TALON_WHATSAPP_INSECURE_NO_SIGNATURE")
     )
-    public_base_url: str = Field("", validation_alias=_env("TALON_PUBLIC_BASE_URL"))
-    http_host: str = Field("127.0.0.1", validation_alias=_env("TALON_HTTP_HOST"))
-    http_port: int = Field(8080, validation_alias=_env("TALON_HTTP_PORT"))
-    media_url_ttl_s: int = Field(600, validation_alias=_env("TALON_MEDIA_URL_TTL"))
+    public_base_url: str = Field(default="", validation_alias=_env("TALON_PUBLIC_BASE_URL"))
+    http_host: str = Field(default="127.0.0.1", validation_alias=_env("TALON_HTTP_HOST"))
+    http_port: int = Field(default=8080, validation_alias=_env("TALON_HTTP_PORT"))
+    media_url_ttl_s: int = Field(default=600, validation_alias=_env("TALON_MEDIA_URL_TTL"))
 
     # --- limits (see Limits for what each does) ----------------------------------------------
-    image_max_bytes: int = Field(Limits.image_max_bytes, validation_alias=_env("TALON_IMAGE_MAX_BYTES"))
-    image_max_side: int = Field(Limits.image_max_side, validation_alias=_env("TALON_IMAGE_MAX_SIDE"))
-    image_max_pixels: int = Field(Limits.image_max_pixels, validation_alias=_env("TALON_IMAGE_MAX_PIXELS"))
+    image_max_bytes: int = Field(default=Limits.image_max_bytes, validation_alias=_env("TALON_IMAGE_MAX_BYTES"))
+    image_max_side: int = Field(default=Limits.image_max_side, validation_alias=_env("TALON_IMAGE_MAX_SIDE"))
+    image_max_pixels: int = Field(default=Limits.image_max_pixels, validation_alias=_env("TALON_IMAGE_MAX_PIXELS"))
     document_max_chars: int = Field(
-        Limits.document_max_chars, validation_alias=_env("TALON_DOCUMENT_MAX_CHARS")
+        default=Limits.document_max_chars, validation_alias=_env("TALON_DOCUMENT_MAX_CHARS")
     )
     download_max_bytes: int = Field(
-        Limits.download_max_bytes, validation_alias=_env("TALON_DOWNLOAD_MAX_BYTES")
+        default=Limits.download_max_bytes, validation_alias=_env("TALON_DOWNLOAD_MAX_BYTES")
     )
-    audio_max_bytes: int = Field(Limits.audio_max_bytes, validation_alias=_env("TALON_AUDIO_MAX_BYTES"))
+    audio_max_bytes: int = Field(default=Limits.audio_max_bytes, validation_alias=_env("TALON_AUDIO_MAX_BYTES"))
     audio_max_seconds: float = Field(
-        Limits.audio_max_seconds, validation_alias=_env("TALON_AUDIO_MAX_SECONDS")
+        default=Limits.audio_max_seconds, validation_alias=_env("TALON_AUDIO_MAX_SECONDS")
     )
-    video_max_frames: int = Field(Limits.video_max_frames, validation_alias=_env("TALON_VIDEO_MAX_FRAMES"))
+    video_max_frames: int = Field(default=Limits.video_max_frames, validation_alias=_env("TALON_VIDEO_MAX_FRAMES"))
     telegram_upload_max_bytes: int = Field(
-        Limits.telegram_upload_max_bytes, validation_alias=_env("TALON_TELEGRAM_UPLOAD_MAX_BYTES")
+        default=Limits.telegram_upload_max_bytes, validation_alias=_env("TALON_TELEGRAM_UPLOAD_MAX_BYTES")
     )
-    video_fps: float = Field(Limits.video_fps, validation_alias=_env("TALON_VIDEO_FPS"))
+    video_fps: float = Field(default=Limits.video_fps, validation_alias=_env("TALON_VIDEO_FPS"))
     video_frame_max_side: int = Field(
-        Limits.video_frame_max_side, validation_alias=_env("TALON_VIDEO_FRAME_MAX_SIDE")
+        default=Limits.video_frame_max_side, validation_alias=_env("TALON_VIDEO_FRAME_MAX_SIDE")
     )
     video_max_frame_bytes: int = Field(
-        Limits.video_max_frame_bytes, validation_alias=_env("TALON_VIDEO_MAX_FRAME_BYTES")
+        default=Limits.video_max_frame_bytes, validation_alias=_env("TALON_VIDEO_MAX_FRAME_BYTES")
     )
     video_decode_seconds: float = Field(
-        Limits.video_decode_seconds, validation_alias=_env("TALON_VIDEO_DECODE_SECONDS")
+        default=Limits.video_decode_seconds, validation_alias=_env("TALON_VIDEO_DECODE_SECONDS")
     )
 
     # --- logging -----------------------------------------------------------------------------
-    log_level: str = Field("INFO", validation_alias=_env("TALON_LOG_LEVEL"))
+    log_level: str = Field(default="INFO", validation_alias=_env("TALON_LOG_LEVEL"))
 
     def limits(self) -> Limits:
         return Limits(
