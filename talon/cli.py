@@ -97,6 +97,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """What is configured and what is missing, without starting anything or printing secrets."""
+    from talon.speech import Transcriber
+
     settings = _load_settings()
     rows: list[tuple[str, str]] = []
     try:
@@ -105,11 +108,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         rows.append(("model", f"MISSING: {exc}"))
     rows.append(("telegram", "configured" if settings.telegram_configured() else "not configured"))
-    rows.append(("telegram allowlist", ", ".join(sorted(settings.telegram_allowlist)) or "EMPTY (nobody is allowed)"))
+    if settings.telegram_configured():
+        rows.append(("telegram allowlist",
+                     ", ".join(sorted(settings.telegram_allowlist)) or "EMPTY (nobody is allowed)"))
     rows.append(("whatsapp", "configured" if settings.whatsapp_configured() else "not configured"))
+    if settings.whatsapp_configured():
+        rows.append(("whatsapp allowlist",
+                     ", ".join(sorted(settings.whatsapp_allowlist)) or "EMPTY (nobody is allowed)"))
+        webhook = (settings.public_base_url.rstrip("/") + settings.whatsapp_webhook_path
+                   if settings.public_base_url else "MISSING: set TALON_PUBLIC_BASE_URL")
+        rows.append(("whatsapp webhook", webhook))
+        rows.append(("http server", f"{settings.http_host}:{settings.http_port}"))
+        if not settings.twilio_auth_token and not settings.whatsapp_insecure_no_signature:
+            rows.append(("twilio auth token", "MISSING: webhooks cannot be verified; the channel will not start"))
     rows.append(("media root", str(settings.media_root.resolve())))
     rows.append(("data dir", str(settings.data_dir.resolve())))
-    rows.append(("transcriber", settings.transcriber))
+    transcriber = Transcriber.from_settings(settings)
+    rows.append(("transcriber", f"{settings.transcriber}: " + (
+        f"ok ({transcriber.backend.name})" if transcriber.backend is not None
+        else f"UNAVAILABLE: {transcriber.unavailable_reason}")))
+    transcriber.close()
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key.ljust(width)}  {value}")

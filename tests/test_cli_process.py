@@ -120,3 +120,16 @@ def test_bad_token_is_reported_without_traceback(tmp_path: Path, fakes) -> None:
     log = log_path.read_text()
     assert code == 2, log
     assert "TELEGRAM_BOT_TOKEN" in log and "Traceback" not in log
+
+
+def test_doctor_reports_configuration_without_secrets(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
+    env.update({"TALON_MODEL": "openai:gpt-4.1-mini", "OPENAI_API_KEY": "sk-very-secret",
+                "TELEGRAM_BOT_TOKEN": "123:also-secret", "TALON_TELEGRAM_ALLOWED_USERS": "42"})
+    result = subprocess.run([sys.executable, "-m", "talon.cli", "doctor"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "ok: openai:gpt-4.1-mini" in result.stdout
+    assert "telegram allowlist  42" in result.stdout
+    assert "transcriber" in result.stdout and "ok (faster-whisper)" in result.stdout
+    assert "secret" not in result.stdout
