@@ -251,3 +251,27 @@ async def test_permanent_refusal_closes_the_message_and_chat_goes_on(
         tg.push_update(tg.text_message(ALICE, "second", user_id=ALICE))
         [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE))
     assert reply.params["text"] == "echo: second"
+
+
+async def test_new_and_status_commands(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    def to_alice(c) -> bool:
+        return str(c.params.get("chat_id")) == str(ALICE)
+
+    async with running(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "/status", user_id=ALICE))
+        [status] = await tg.wait_for("sendMessage", to_alice)
+        assert "openai:fake-model" in status.params["text"] and "approximate" in status.params["text"]
+        tg.push_update(tg.text_message(ALICE, "remember: the cat is called Tom", user_id=ALICE))
+        tg.push_update(tg.text_message(ALICE, "/status", user_id=ALICE))
+        replies = await tg.wait_for("sendMessage", to_alice, count=3)
+        assert "reported by the provider" in replies[2].params["text"]
+        old = runtime.sessions.thread_path(_chat(ALICE))
+        tg.push_update(tg.text_message(ALICE, "/new", user_id=ALICE))
+        replies = await tg.wait_for("sendMessage", to_alice, count=4)
+        assert "new conversation" in replies[3].params["text"].lower()
+        tg.push_update(tg.text_message(ALICE, "what is the cat called?", user_id=ALICE))
+        await tg.wait_for("sendMessage", to_alice, count=5)
+        assert runtime.sessions.thread_path(_chat(ALICE)) != old
+    assert len(llm.requests) == 2  # commands never reach the model
+    assert "Tom" not in json.dumps(llm.requests[1].json)  # the fresh thread starts empty
+    assert "Tom" in old.read_text()  # and the old one is kept on disk
