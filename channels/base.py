@@ -1,4 +1,4 @@
-"""What every channel adapter provides to the bridge."""
+"""What every channel adapter provides to the bridge, and the steps adapters share."""
 
 from __future__ import annotations
 
@@ -6,13 +6,16 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import httpx
 
 from talon.attachments import AttachmentStore
 from talon.config import Limits
-from talon.content import InboundFile
+from talon.content import AttachmentRef, InboundFile
 from talon.envelope import OutboundReply, RemoteFile
+from talon.errors import DownloadTooLarge
 
 if TYPE_CHECKING:
     from talon.bridge import Bridge
@@ -21,6 +24,37 @@ log = logging.getLogger(__name__)
 
 PartCallback = Callable[[int], Awaitable[None]]
 """Called with the number of reply parts delivered so far, after each part."""
+
+_P = TypeVar("_P")
+
+
+async def deliver_parts(parts: Sequence[_P], send: Callable[[int, _P], Awaitable[None]], *,
+                        skip_parts: int = 0, on_part: PartCallback | None = None) -> None:
+    """Send ``parts`` in order, ``send(index, part)`` each, from index ``skip_parts`` on, and
+    report progress after each. The parts must be derived from the reply alone, so that
+    ``skip_parts`` means the same thing when a delivery is resumed after a restart."""
+    for index, part in enumerate(parts):
+        if index < skip_parts:
+            continue
+        await send(index, part)
+        if on_part is not None:
+            await on_part(index + 1)
+
+
+async def store_response(resp: httpx.Response, store: AttachmentStore, remote: RemoteFile, *,
+                         mime: str, limit: int) -> AttachmentRef:
+    """Stream a 200 response's body into ``store`` without buffering it whole; over ``limit``
+    bytes, ``DownloadTooLarge`` naming the file. A Content-Length over the cap is refused before a
+    byte is read; a body that grows past it is cut off there and the store removes the partial
+    file. Fetching (auth, redirects, host checks, retries) stays with each channel."""
+    name = remote.name or remote.kind
+    declared = resp.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise DownloadTooLarge(name, int(declared), limit)
+    try:
+        return await store.put_stream(resp.aiter_bytes(), mime=mime, name=remote.name, limit=limit)
+    except DownloadTooLarge as exc:
+        raise DownloadTooLarge(name, remote.size, exc.limit) from None
 
 
 class Channel(abc.ABC):

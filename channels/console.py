@@ -23,8 +23,9 @@ from talon.envelope import InboundMessage, OutboundReply, RemoteFile
 from talon.errors import MediaPathError
 from talon.media import MarkdownMediaRef, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
+from talon.media.inbound import human_size
 
-from channels.base import Channel, PartCallback
+from channels.base import Channel, PartCallback, deliver_parts
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,11 @@ class ConsoleChannel(Channel):
         parts: list[str | MarkdownMediaRef] = [f"talon> {reply.text}\n"] if reply.text.strip() else []
         parts += reply.media
         parts += [f"! {n}\n" for n in reply.notices]
-        for index, part in enumerate(parts):
-            if index < skip_parts:
-                continue
+
+        async def show(_: int, part: str | MarkdownMediaRef) -> None:
             self._print(part if isinstance(part, str) else self._media_line(part))
-            if on_part:
-                await on_part(index + 1)
+
+        await deliver_parts(parts, show, skip_parts=skip_parts, on_part=on_part)
 
     def _media_line(self, ref: MarkdownMediaRef) -> str:
         """The kind and resolved path of an attached file, after the same checks a chat applies."""
@@ -149,12 +149,4 @@ class ConsoleChannel(Channel):
             return f"! {attach_failure_line(name, 'it cannot be read')}\n"
         with media:
             caption = f" — {media.caption}" if media.caption else ""
-            return f"[{media.kind}] {media.path} ({media.mime}, {_size(media.size)}){caption}\n"
-
-
-def _size(size: int) -> str:
-    if size < 1000:
-        return f"{size} B"
-    if size < 1_000_000:
-        return f"{size / 1000:.1f} KB"
-    return f"{size / 1_000_000:.1f} MB"
+            return f"[{media.kind}] {media.path} ({media.mime}, {human_size(media.size)}){caption}\n"

@@ -63,9 +63,9 @@ from telegram.warnings import PTBDeprecationWarning
 
 from talon.attachments import AttachmentStore
 from talon.config import MB, Limits, Settings
-from talon.content import InboundFile, InboundKind
+from talon.content import AttachmentRef, InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
-from talon.errors import ConfigError, DeliveryError, DownloadTooLarge, MediaError, MediaPathError
+from talon.errors import ConfigError, DeliveryError, DownloadError, DownloadTooLarge, MediaError, MediaPathError
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.render.chunking import split_markdown
@@ -76,7 +76,7 @@ from talon.render.telegram import (
     utf16_len,
 )
 
-from channels.base import Channel, PartCallback
+from channels.base import Channel, PartCallback, deliver_parts, store_response
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class TelegramChannel(Channel):
         self._bridge = bridge
         try:
             await self.app.initialize()
-        except InvalidToken as exc:
+        except InvalidToken:
             # PTB's message repeats the token; ours must not.
             raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN (401 Unauthorized): check the token "
                               "from @BotFather", ["TELEGRAM_BOT_TOKEN"]) from None
@@ -326,14 +326,16 @@ class TelegramChannel(Channel):
         name = remote.name or remote.kind
         if remote.kind == "sticker" and remote.animated:
             return base  # animated stickers are described by their emoji; nothing to fetch
+        too_large = base.model_copy(
+            update={"notice": str(DownloadTooLarge(name, remote.size, limits.download_max_bytes))})
         if remote.size is not None and remote.size > limits.download_max_bytes:
-            return base.model_copy(update={"notice": str(DownloadTooLarge(name, remote.size, limits.download_max_bytes))})
+            return too_large
         try:
             tg_file = await self._with_retries(lambda: self.bot.get_file(remote.source), "getFile")
         except DeliveryError as exc:
             text = str(exc)
             if "too big" in text.lower():
-                return base.model_copy(update={"notice": str(DownloadTooLarge(name, remote.size, limits.download_max_bytes))})
+                return too_large
             return base.model_copy(update={"notice": f"Telegram would not give us {name}: {text}"})
         url = tg_file.file_path
         try:
@@ -342,28 +344,22 @@ class TelegramChannel(Channel):
             return base.model_copy(update={"notice": str(exc)})
         return base.model_copy(update={"ref": ref, "size": ref.bytes})
 
-    async def _stream(self, url: str, store: AttachmentStore, remote: RemoteFile, limits: Limits) -> Any:
+    async def _stream(self, url: str, store: AttachmentStore, remote: RemoteFile,
+                      limits: Limits) -> AttachmentRef:
         name = remote.name or remote.kind
-        mime = remote.mime or "application/octet-stream"
         for attempt in range(1, SEND_TRIES + 1):
             try:
                 async with self._http.stream("GET", url) as resp:
                     if resp.status_code != 200:
                         # The URL carries the bot token: never log or show it.
-                        raise MediaError(f"download of {name} failed: HTTP {resp.status_code}")
-                    declared = resp.headers.get("content-length")
-                    if declared and declared.isdigit() and int(declared) > limits.download_max_bytes:
-                        raise DownloadTooLarge(name, int(declared), limits.download_max_bytes)
-                    try:
-                        return await store.put_stream(resp.aiter_bytes(), mime=mime, name=remote.name,
-                                                      limit=limits.download_max_bytes)
-                    except DownloadTooLarge as exc:
-                        raise DownloadTooLarge(name, remote.size, exc.limit) from None
+                        raise DownloadError(f"download of {name} failed: HTTP {resp.status_code}")
+                    return await store_response(resp, store, remote, limit=limits.download_max_bytes,
+                                                mime=remote.mime or "application/octet-stream")
             except httpx.HTTPError as exc:
                 if attempt == SEND_TRIES:
-                    raise MediaError(f"download of {name} failed: {type(exc).__name__}") from exc
+                    raise DownloadError(f"download of {name} failed: {type(exc).__name__}") from exc
                 await asyncio.sleep(0.5 * 2 ** attempt)
-        raise MediaError(f"download of {name} failed")
+        raise DownloadError(f"download of {name} failed")
 
     # --- outbound -----------------------------------------------------------------------------
     async def send_typing(self, chat_id: str) -> None:
@@ -374,13 +370,8 @@ class TelegramChannel(Channel):
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
-        parts = self.reply_parts(reply)
-        for index, part in enumerate(parts):
-            if index < skip_parts:
-                continue
-            await self._send_part(chat_id, part)
-            if on_part is not None:
-                await on_part(index + 1)
+        await deliver_parts(self.reply_parts(reply), lambda _, part: self._send_part(chat_id, part),
+                            skip_parts=skip_parts, on_part=on_part)
 
     async def _send_part(self, chat_id: str, part: Part) -> None:
         if isinstance(part, TextPart):

@@ -61,12 +61,12 @@ from talon.attachments import AttachmentStore
 from talon.config import Limits, Settings, normalize_whatsapp_number
 from talon.content import AttachmentRef, InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
-from talon.errors import ConfigError, DeliveryError, DownloadError, DownloadTooLarge, MediaError, MediaPathError
+from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.render.whatsapp import markdown_to_whatsapp, split_for_whatsapp
 
-from channels.base import Channel, PartCallback
+from channels.base import Channel, PartCallback, deliver_parts, store_response
 from channels.http import HttpServer
 from channels.media_links import MediaLinks
 from channels.whatsapp_media import CAPTIONED_KINDS, WhatsAppMedia, fit_for_whatsapp, meant_as_voice
@@ -560,16 +560,10 @@ class WhatsAppChannel(Channel):
                             raise DownloadError(f"{name} was not downloaded: a redirect without a location")
                         return urljoin(url, location)
                     if status == 200:
-                        declared = resp.headers.get("content-length")
-                        if declared and declared.isdigit() and int(declared) > limits.download_max_bytes:
-                            raise DownloadTooLarge(name, int(declared), limits.download_max_bytes)
                         mime = remote.mime or resp.headers.get("content-type", "").split(";")[0].strip() \
                             or "application/octet-stream"
-                        try:
-                            return await store.put_stream(resp.aiter_bytes(), mime=mime, name=remote.name,
-                                                          limit=limits.download_max_bytes)
-                        except DownloadTooLarge as exc:
-                            raise DownloadTooLarge(name, remote.size, exc.limit) from None
+                        return await store_response(resp, store, remote, mime=mime,
+                                                    limit=limits.download_max_bytes)
                     if (status == 429 or status >= 500) and attempt < DOWNLOAD_TRIES:
                         log.warning("whatsapp: download of %s got HTTP %d; retry %d", name, status, attempt)
                     else:
@@ -590,9 +584,8 @@ class WhatsAppChannel(Channel):
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
         parts = self.reply_parts(reply)
-        for index, part in enumerate(parts):
-            if index < skip_parts:
-                continue
+
+        async def send(index: int, part: Part) -> None:
             try:
                 await self._send_part(chat_id, part)
             except TwilioRefused as exc:
@@ -604,8 +597,8 @@ class WhatsAppChannel(Channel):
                     raise
                 log.error("whatsapp: chat=%s: reply part %d of %d skipped: %s", chat_id, index + 1,
                           len(parts), exc)
-            if on_part is not None:
-                await on_part(index + 1)
+
+        await deliver_parts(parts, send, skip_parts=skip_parts, on_part=on_part)
 
     async def _send_part(self, chat_id: str, part: Part) -> None:
         if isinstance(part, MediaPart):

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from talon.agent.anthropic_provider import AnthropicProvider
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
-from talon.agent.openai_provider import OpenAIProvider, data_url
+from talon.agent.openai_provider import OpenAIProvider
 from talon.agent.profiles import settings_profile, split_summary_model
-from talon.agent.provider import Provider
+from talon.agent.provider import Provider, data_url
 from talon.agent.session import SessionStore, safe_path_part
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools

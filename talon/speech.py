@@ -114,7 +114,7 @@ def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
     try:
         container = av.open(str(path), metadata_errors="ignore")
     except (av.FFmpegError, OSError, ValueError) as exc:
-        raise TranscriptionError(f"the file is not audio that can be decoded ({_short(exc)})") from exc
+        raise TranscriptionError(f"the file is not audio that can be decoded ({short_reason(exc)})") from exc
     with container:
         if not container.streams.audio:
             raise TranscriptionError("the file has no audio track")
@@ -142,7 +142,7 @@ def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
         except av.FFmpegError as exc:
             if count < SAMPLE_RATE // 10:
                 raise TranscriptionError(
-                    f"the file is not audio that can be decoded ({_short(exc)})"
+                    f"the file is not audio that can be decoded ({short_reason(exc)})"
                 ) from exc
             log.warning("audio %s damaged after %.1fs: %s", path.name, count / SAMPLE_RATE, exc)
             partial = True
@@ -331,7 +331,7 @@ class _LocalBackend(SpeechBackend):
                         raise
                     except Exception as exc:
                         raise TranscriberUnavailable(
-                            f"the {self.name} model could not be loaded ({_short(exc)})"
+                            f"the {self.name} model could not be loaded ({short_reason(exc)})"
                         ) from exc
         return self._model
 
@@ -427,7 +427,7 @@ class OpenAIAPIBackend(SpeechBackend):
                 model=self.model, file=("voice.ogg", data, "audio/ogg")
             )
         except openai.OpenAIError as exc:
-            raise TranscriptionError(f"the OpenAI transcription API failed ({_short(exc)})") from exc
+            raise TranscriptionError(f"the OpenAI transcription API failed ({short_reason(exc)})") from exc
         text = result if isinstance(result, str) else getattr(result, "text", "")
         return _Recognized(str(text or ""), getattr(result, "language", None))
 
@@ -580,8 +580,11 @@ def _openai_api(settings: Settings) -> SpeechBackend:
     return OpenAIAPIBackend(client, api_model)
 
 
-def _short(exc: BaseException) -> str:
-    # FFmpeg errors name the file; ours is a store path that means nothing to the reader.
+def short_reason(exc: BaseException) -> str:
+    """An exception as a short reason for a person (at most 160 characters).
+
+    FFmpeg errors name the file; ours is a store path that means nothing to the reader, so they
+    give their error text alone."""
     strerror = exc.strerror if isinstance(exc, av.FFmpegError) else None
     text = strerror or str(exc) or type(exc).__name__
     return text if len(text) <= 160 else text[:157] + "..."
@@ -605,4 +608,5 @@ __all__ = [
     "probe_duration",
     "resolve_ctranslate2_model",
     "resolve_openai_whisper_checkpoint",
+    "short_reason",
 ]

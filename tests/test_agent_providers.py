@@ -13,9 +13,9 @@ from PIL import Image
 
 from talon.agent.anthropic_provider import AnthropicProvider
 from talon.agent.loop import Agent
-from talon.agent.openai_provider import OpenAIProvider, data_url
+from talon.agent.openai_provider import OpenAIProvider
 from talon.agent.profiles import ModelProfile
-from talon.agent.provider import Provider
+from talon.agent.provider import Provider, data_url
 from talon.agent.session import ChatKey, SessionStore, is_checkpoint
 from talon.agent.tools import Tool, ToolResult
 from talon.agent.workspace import Workspace

@@ -25,9 +25,17 @@ from typing import Any
 
 import anthropic
 
-from talon.agent.openai_provider import Hydrate, image_placeholder
-from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage
-from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock, ToolCall
+from talon.agent.provider import (
+    Hydrate,
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    ToolSpec,
+    Usage,
+    block_text,
+    image_placeholder,
+)
+from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
@@ -77,18 +85,10 @@ def _image(block: ImageBlock, hydrate: Hydrate, vision: bool) -> dict[str, Any]:
 def _content(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for block in blocks:
-        if isinstance(block, TextBlock):
-            if block.text:
-                out.append({"type": "text", "text": block.text})
-        elif isinstance(block, ImageBlock):
+        if isinstance(block, ImageBlock):
             out.append(_image(block, hydrate, vision))
-        elif isinstance(block, AudioBlock):
-            if not block.transcript:  # a transcript already travels in the message text
-                name = block.ref.name or block.ref.id[:12]
-                out.append({"type": "text", "text": f"[audio {name} not attached: this model takes no audio]"})
-        elif isinstance(block, FileBlock):
-            ref = block.ref
-            out.append({"type": "text", "text": f"[file {ref.path or ref.name or ref.id[:12]} ({ref.mime})]"})
+        elif text := block_text(block):
+            out.append({"type": "text", "text": text})
     return out
 
 

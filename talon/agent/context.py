@@ -41,7 +41,7 @@ from pathlib import Path
 
 from talon.agent.profiles import ModelProfile
 from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, is_checkpoint
-from talon.agent.summary import append_archive, describe_image
+from talon.agent.summary import append_archive
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, Message, TextBlock, ToolCall
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.agent.tools import ToolError
+from talon.media.sniff import SNIFF_BYTES, sniff
 
 log = logging.getLogger(__name__)
 
-SNIFF_BYTES = 8192
 MAX_LINE_CHARS = 2000
 DEFAULT_LINES = 2000
 DEFAULT_PDF_PAGES = 20
@@ -37,30 +37,23 @@ VIDEO_FRAME_QUALITY = 75
 VIDEO_TIME_BUDGET_S = 20.0
 VIDEO_MAX_DECODED_PER_FRAME = 600
 
+# Bytes no sniffer knows, with NULs and a video name: probably a video (MPEG-PS, ASF...).
 _VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpg", ".mpeg", ".3gp", ".ts", ".flv", ".wmv"}
-_AUDIO_SUFFIXES = {".mp3", ".ogg", ".oga", ".opus", ".wav", ".flac", ".m4a", ".aac", ".wma"}
-_IMAGE_BRANDS = (b"heic", b"heix", b"mif1", b"msf1", b"avif", b"avis")
 
 FileKind = str  # "text" | "pdf" | "image" | "video" | "audio" | "binary"
 
 
 def sniff_kind(path: Path, head: bytes) -> FileKind:
-    """Decide by content first (magic bytes), by suffix only where content is ambiguous."""
-    suffix = path.suffix.lower()
-    if head.startswith(b"%PDF-"):
-        return "pdf"
-    if (
-        head.startswith((b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*"))
-        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
-        or (head[4:8] == b"ftyp" and head[8:12] in _IMAGE_BRANDS)
-    ):
-        return "image"
-    if head[4:8] == b"ftyp" or head.startswith(b"\x1a\x45\xdf\xa3") or (head[:4] == b"RIFF" and head[8:11] == b"AVI"):
-        return "audio" if suffix in _AUDIO_SUFFIXES else "video"
-    if suffix in _VIDEO_SUFFIXES and b"\x00" in head:
+    """Decide by content first (``talon.media.sniff``), by name only where content is ambiguous."""
+    sniffed = sniff(head, name=path.name)
+    if sniffed is not None:
+        if sniffed.format == "pdf":
+            return "pdf"
+        if sniffed.family != "document":
+            return sniffed.family
+        # a ZIP or an SVG: shown as text if it is text, refused as binary if not
+    elif path.suffix.lower() in _VIDEO_SUFFIXES and b"\x00" in head:
         return "video"
-    if head.startswith((b"OggS", b"ID3", b"fLaC")) or (head[:4] == b"RIFF" and head[8:12] == b"WAVE"):
-        return "audio"
     if b"\x00" in head and not head.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "binary"
     return "text"

@@ -18,7 +18,6 @@ import os
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from talon.agent.tools import ToolError
 from talon.agent.workspace import Workspace

@@ -12,40 +12,25 @@ for the rest of the process and sends the request again, once.
 
 from __future__ import annotations
 
-import base64
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import openai
 
-from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage
-from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock, ToolCall
+from talon.agent.provider import (
+    Hydrate,
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    ToolSpec,
+    Usage,
+    block_text,
+    image_placeholder,
+)
+from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
-
-Hydrate = Callable[[ImageBlock], str]
-"""Turns an image block into a data: URL (reads the attachment store)."""
-
-
-def image_placeholder(block: ImageBlock, reason: str) -> str:
-    ref = block.ref
-    where = ref.path or ref.name or ref.id[:12]
-    return f"[image {where} not attached: {reason}]"
-
-
-def _block_text(block: Any) -> str | None:
-    if isinstance(block, TextBlock):
-        return block.text
-    if isinstance(block, AudioBlock):
-        if block.transcript:
-            return None  # the transcript already travels in the text the agent sees
-        return f"[audio {block.ref.name or block.ref.id[:12]} not attached: this model takes no audio]"
-    if isinstance(block, FileBlock):
-        return f"[file {block.ref.path or block.ref.name or block.ref.id[:12]} ({block.ref.mime})]"
-    return None
-
 
 def _user_parts(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
@@ -56,7 +41,7 @@ def _user_parts(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[
             else:
                 parts.append({"type": "text", "text": image_placeholder(block, "this model takes no images")})
             continue
-        text = _block_text(block)
+        text = block_text(block)
         if text:
             parts.append({"type": "text", "text": text})
     return parts
@@ -68,7 +53,7 @@ def _plain(blocks: list[Any], vision_note: str) -> str:
         if isinstance(block, ImageBlock):
             out.append(image_placeholder(block, vision_note))
         else:
-            text = _block_text(block)
+            text = block_text(block)
             if text:
                 out.append(text)
     return "\n".join(out)
@@ -258,7 +243,3 @@ class OpenAIProvider(Provider):
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-def data_url(mime: str, data: bytes) -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"

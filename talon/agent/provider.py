@@ -1,15 +1,45 @@
 """The provider contract: one neutral request in, one neutral assistant message out.
 
-Each provider adapter is a pure mapper to and from its wire format plus a thin client call.
+Each provider adapter is a pure mapper to and from its wire format plus a thin client call. What
+every mapper shares lives here: how an image is hydrated (a ``data:`` URL made at request time) and
+the text a model sees in place of a block it cannot take.
 """
 
 from __future__ import annotations
 
 import abc
+import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from talon.content import Message
+from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock
+
+Hydrate = Callable[[ImageBlock], str]
+"""Turns an image block into a data: URL (reads the attachment store)."""
+
+
+def data_url(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def image_placeholder(block: ImageBlock, reason: str) -> str:
+    ref = block.ref
+    where = ref.path or ref.name or ref.id[:12]
+    return f"[image {where} not attached: {reason}]"
+
+
+def block_text(block: Any) -> str | None:
+    """The text a non-image block contributes to a model's input; None for nothing."""
+    if isinstance(block, TextBlock):
+        return block.text
+    if isinstance(block, AudioBlock):
+        if block.transcript:
+            return None  # the transcript already travels in the text the agent sees
+        return f"[audio {block.ref.name or block.ref.id[:12]} not attached: this model takes no audio]"
+    if isinstance(block, FileBlock):
+        return f"[file {block.ref.path or block.ref.name or block.ref.id[:12]} ({block.ref.mime})]"
+    return None
 
 
 @dataclass(frozen=True)

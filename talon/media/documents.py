@@ -24,10 +24,10 @@ from pypdf import PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
 from talon.errors import MediaError
+from talon.media.sniff import SNIFF_BYTES
 
 log = logging.getLogger(__name__)
 
-SNIFF_BYTES = 8192
 _COUNT_CHUNK = 1 << 16
 
 _TEXT_MIMES = {

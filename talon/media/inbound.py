@@ -38,7 +38,6 @@ from talon.config import Limits
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, InboundFile, InboundKind, TextBlock
 from talon.errors import AttachmentError, MediaError, TranscriptionError
 from talon.media.documents import (
-    SNIFF_BYTES,
     DocumentText,
     is_text_document,
     read_pdf_document,
@@ -46,6 +45,7 @@ from talon.media.documents import (
     render_document,
 )
 from talon.media.images import prepare_image
+from talon.media.sniff import SNIFF_BYTES, sniff
 from talon.media.video import sample_video
 from talon.speech import Transcriber, Transcript, format_duration, probe_duration
 
@@ -200,36 +200,15 @@ def choose_route(file: InboundFile, head: bytes) -> Route:
 
 
 def sniff_media(head: bytes) -> Literal["image", "audio", "video", "pdf"] | None:
-    """The media family the first bytes announce (magic numbers), or None."""
-    if head.startswith((b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")):
-        return "image"
-    if head.startswith((b"II*\x00", b"MM\x00*")) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
-        return "image"
-    if head.startswith(b"BM") and len(head) > 18 and head[14] in (12, 40, 52, 56, 108, 124):
-        return "image"
-    if b"%PDF-" in head[:1024]:
+    """The reader the first bytes call for (``talon.media.sniff``), or None for text and binaries."""
+    sniffed = sniff(head)
+    if sniffed is None:
+        return None
+    if sniffed.format == "pdf":
         return "pdf"
-    if head[4:8] == b"ftyp":
-        brand = head[8:12]
-        if brand in (b"heic", b"heix", b"mif1", b"msf1", b"avif", b"hevc"):
-            return "image"
-        return "audio" if brand in (b"M4A ", b"M4B ", b"M4P ", b"F4A ") else "video"
-    if head.startswith(b"OggS"):
-        return "video" if b"theora" in head[:256] else "audio"
-    if head.startswith((b"ID3", b"#!AMR", b"fLaC", b"caff")):
-        return "audio"
-    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
-        return "audio"
-    if len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:
-        # MPEG audio layer II/III or ADTS AAC frame sync. Layer I is excluded: it is extinct, and
-        # its pattern (FF FE, FF FF) is also the UTF-16 LE byte-order mark.
-        if (head[1] >> 1) & 3 in (1, 2) or head[1] in (0xF1, 0xF9):
-            return "audio"
-    if head.startswith((b"\x1a\x45\xdf\xa3", b"FLV")) or (head[:4] == b"RIFF" and head[8:11] == b"AVI"):
-        return "video"
-    if len(head) > 188 and head[0] == 0x47 and head[188] == 0x47:
-        return "video"  # MPEG transport stream
-    return None
+    if sniffed.family == "document":
+        return None  # a ZIP or an SVG: read as text if it is text, else described as a file
+    return sniffed.family
 
 
 async def _image(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: InboundContext) -> PreparedAttachment:
@@ -528,7 +507,7 @@ def _title(att: PreparedAttachment) -> str:
 def _facts(att: PreparedAttachment, *, with_type: bool = False) -> str:
     facts: list[str] = []
     if att.size is not None:
-        facts.append(_human_size(att.size))
+        facts.append(human_size(att.size))
     if with_type:
         facts.append(att.mime or "unknown type")
     if att.duration_s:
@@ -538,7 +517,8 @@ def _facts(att: PreparedAttachment, *, with_type: bool = False) -> str:
     return ", ".join(facts)
 
 
-def _human_size(size: int) -> str:
+def human_size(size: int) -> str:
+    """A byte count as people read it: 512 B, 12.3 KB, 4.5 MB (decimal units)."""
     if size < 1000:
         return f"{size} B"
     if size < 1_000_000:
@@ -578,6 +558,7 @@ __all__ = [
     "build_inbound_text",
     "build_model_content",
     "choose_route",
+    "human_size",
     "normalize_inbound",
     "prepare_attachment",
     "safe_file_name",

@@ -8,7 +8,8 @@ Rules, in the order they are applied:
 
 1. Code is masked first. Fenced blocks (``` or ~~~, three or more, indented up to three spaces; an
    unclosed fence runs to the end), indented code blocks and inline code spans of any backtick run
-   length are never searched, so an example in code is never sent as a file.
+   length are never searched, so an example in code is never sent as a file. Fences, headings and
+   code spans are recognised by ``talon.render.markdown``, the same grammar the renderers use.
 2. Outside code, ``![alt](dest)`` is parsed the CommonMark way: balanced brackets in the alt text,
    ``<...>`` destinations (may hold spaces), balanced parentheses in plain destinations, an optional
    "title"/'title'/(title), and backslash escapes (``\\![x](y)`` is not an image).
@@ -26,6 +27,8 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from talon.render.markdown import closes_fence, code_spans, fence_of, heading_text, unescape
+
 __all__ = ["MarkdownMediaRef", "extract_markdown_media"]
 
 
@@ -40,10 +43,6 @@ class MarkdownMediaRef:
 Range = tuple[int, int]
 
 # --- block structure ------------------------------------------------------------------------
-
-_FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
-_FENCE_CLOSE = re.compile(r" {0,3}(`+|~+)[ \t]*")
-_HEADING = re.compile(r" {0,3}#{1,6}(?:[ \t]|$)")
 
 
 def _indent_width(line: str) -> int:
@@ -69,7 +68,7 @@ def _inline_segments(text: str) -> list[Range]:
     segments: list[Range] = []
     n = len(text)
     pos = 0
-    fence: tuple[str, int] | None = None  # (character, length) of the open fence
+    fence: str | None = None  # the open fence
     paragraph_open = False  # an indented line right after paragraph text is a continuation
     seg_start = -1
 
@@ -81,21 +80,20 @@ def _inline_segments(text: str) -> list[Range]:
             line = line[:-1]
 
         if fence is not None:
-            m = _FENCE_CLOSE.fullmatch(line)
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= fence[1]:
+            if closes_fence(line, fence):
                 fence = None
             pos = end
             continue
 
-        opener = _FENCE_OPEN.match(line)
+        opener = fence_of(line)
         if not line.strip(" \t"):
             kind = "blank"
-        elif opener and (opener.group(1)[0] == "~" or "`" not in line[opener.end() :]):
+        elif opener:
             kind = "fence"
-            fence = (opener.group(1)[0], len(opener.group(1)))
+            fence = opener[0]
         elif not paragraph_open and _indent_width(line) >= 4:
             kind = "indented code"
-        elif _HEADING.match(line):
+        elif heading_text(line) is not None:
             kind = "heading"
         else:
             kind = "text"
@@ -115,54 +113,10 @@ def _inline_segments(text: str) -> list[Range]:
     return segments
 
 
-# --- inline code spans ----------------------------------------------------------------------
-
-_TICKS = re.compile(r"`+")
-
-
-def _code_spans(text: str, start: int, end: int, out: list[Range]) -> None:
-    """Append the code spans of one segment to ``out``.
-
-    A run of N backticks opens a span closed by the next run of exactly N; an unmatched run is
-    literal. "Next run of length N" is precomputed right to left, so matching is linear.
-    """
-    runs = [(m.start(), m.end()) for m in _TICKS.finditer(text, start, end)]
-    count = len(runs)
-    if count < 2:
-        return
-    next_same = [-1] * count
-    next_shorter = [-1] * count  # for an opener whose first backtick is backslash-escaped
-    last_of_len: dict[int, int] = {}
-    for i in range(count - 1, -1, -1):
-        length = runs[i][1] - runs[i][0]
-        next_same[i] = last_of_len.get(length, -1)
-        next_shorter[i] = last_of_len.get(length - 1, -1)
-        last_of_len[length] = i
-
-    floor = start  # backslashes inside an earlier span are literal, so never count past one
-    i = 0
-    while i < count:
-        s, e = runs[i]
-        b = s
-        while b > floor and text[b - 1] == "\\":
-            b -= 1
-        j = next_same[i]
-        if (s - b) % 2:
-            s += 1
-            j = next_shorter[i] if e > s else -1
-        if j < 0:
-            i += 1
-            continue
-        out.append((s, runs[j][1]))
-        floor = runs[j][1]
-        i = j + 1
-
-
 # --- image references -----------------------------------------------------------------------
 
 _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
-_UNESCAPE = re.compile(rf"\\([{_PUNCT}])")
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
@@ -342,10 +296,6 @@ def _image_pairs(
     return pairs
 
 
-def _unescape(value: str) -> str:
-    return _UNESCAPE.sub(r"\1", value)
-
-
 # --- removal and tidying --------------------------------------------------------------------
 
 
@@ -459,7 +409,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     spans: list[Range] = []
     for start, end in segments:
         if text.find("`", start, end) >= 0:
-            _code_spans(text, start, end, spans)
+            spans.extend(code_spans(text, start, end))
     span_starts = [s for s, _ in spans]
     scanner = _Scanner(text)
 
@@ -479,10 +429,10 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
                 continue
             raw_dest, end = parsed
             consumed = end
-            path = _unescape(raw_dest)
+            path = unescape(raw_dest)
             if not path.strip() or _is_remote(path):
                 continue
-            alt = _SPACES.sub(" ", _unescape(text[opener + 1 : closer])).strip()
+            alt = _SPACES.sub(" ", unescape(text[opener + 1 : closer])).strip()
             refs.append(MarkdownMediaRef(alt=alt, path=path))
             removals.append((opener - 1, end))
 

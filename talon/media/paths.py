@@ -22,13 +22,14 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, Self
 
 from talon.errors import MediaPathError
 
 __all__ = [
     "CheckedFile",
     "CheckedPath",
+    "HoldsOpenFile",
     "check_media_path",
     "open_checked",
     "open_checked_media",
@@ -57,19 +58,15 @@ class CheckedPath:
     size: int
 
 
-@dataclass
-class CheckedFile:
-    """An open regular file inside the media root: send from ``file``, not from ``path``."""
+class HoldsOpenFile:
+    """Owns an open ``file``: ``close()`` closes it, and so does leaving a ``with`` block."""
 
     file: BinaryIO
-    path: Path
-    size: int
-    name: str
 
     def close(self) -> None:
         self.file.close()
 
-    def __enter__(self) -> CheckedFile:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -79,6 +76,16 @@ class CheckedFile:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@dataclass
+class CheckedFile(HoldsOpenFile):
+    """An open regular file inside the media root: send from ``file``, not from ``path``."""
+
+    file: BinaryIO
+    path: Path
+    size: int
+    name: str
 
 
 def _kind_of(mode: int) -> str:

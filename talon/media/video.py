@@ -32,6 +32,7 @@ from talon.config import Limits
 from talon.content import AttachmentRef
 from talon.errors import MediaError
 from talon.media.images import encode_to_fit
+from talon.speech import short_reason
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def sample_video(
     try:
         container = av.open(str(source), metadata_errors="ignore")
     except (av.FFmpegError, OSError, ValueError) as exc:
-        raise VideoError(f"the file is not a video that can be decoded ({_short(exc)})") from exc
+        raise VideoError(f"the file is not a video that can be decoded ({short_reason(exc)})") from exc
     with container:
         has_audio = bool(container.streams.audio)
         duration = _duration(container)
@@ -119,7 +120,7 @@ def sample_video(
                 sampler.take_planned(container, stream, plan)
         except av.FFmpegError as exc:
             if not sampler.frames:
-                raise VideoError(f"the video is truncated or corrupt ({_short(exc)})") from exc
+                raise VideoError(f"the video is truncated or corrupt ({short_reason(exc)})") from exc
             last = sampler.frames[-1].timestamp_s
             sampler.notes.append(f"the video is damaged after {_clock(last)}; later frames are missing")
         if not sampler.frames:
@@ -247,13 +248,6 @@ def _frame_time(frame: Any) -> float | None:
 def _clock(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes}:{secs:02d}"
-
-
-def _short(exc: BaseException) -> str:
-    # FFmpeg errors name the file; ours is a store path that means nothing to the reader.
-    strerror = exc.strerror if isinstance(exc, av.FFmpegError) else None
-    text = strerror or str(exc) or type(exc).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
 
 
 __all__ = ["VideoError", "VideoFrame", "VideoSample", "plan_timestamps", "sample_video"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 # --- blocks ---------------------------------------------------------------------------------
@@ -110,6 +110,27 @@ def iter_blocks(md: str) -> Iterator[Block]:
         i += 1
 
 
+def quoted(lines: list[str]) -> str:
+    """Rendered lines as a plain-text quote, each behind "> "."""
+    return "\n".join("> " + text for text in lines)
+
+
+def render_blocks(md: str, *, code: Callable[[CodeBlock], str], line: Callable[[str], str],
+                  quote: Callable[[list[str]], str] = quoted) -> str:
+    """Render ``md`` block by block: ``code`` for a fenced block, ``line`` for every other line
+    (quoted lines too, then wrapped by ``quote``). Joined by newlines, the renderings mirror the
+    source lines, which keeps the rendered length of a chunk the sum of its lines'."""
+    out: list[str] = []
+    for block in iter_blocks(md):
+        if isinstance(block, CodeBlock):
+            out.append(code(block))
+        elif isinstance(block, QuoteBlock):
+            out.append(quote([line(text) for text in block.lines]))
+        else:
+            out.append(line(block.text))
+    return "\n".join(out)
+
+
 def heading_text(line: str) -> str | None:
     """The text of an ATX heading line (closing #s removed), or None."""
     m = _HEADING.match(line)
@@ -159,6 +180,14 @@ class Link:
     def plain(self) -> str:
         return "".join(plain_of(t) for t in self.children)
 
+    def with_url(self, shown: str | None = None) -> str:
+        """The link for a medium without links: "text (url)", or the URL alone when the text is
+        empty or is the URL. ``shown`` is the text as rendered (default: its plain text)."""
+        plain = self.plain()
+        if not plain or plain == self.url:
+            return self.url
+        return f"{plain if shown is None else shown} ({self.url})"
+
 
 @dataclass
 class Delim:
@@ -191,27 +220,32 @@ def unescape(text: str) -> str:
     return _ESCAPE.sub(r"\1", text)
 
 
-def _code_spans(line: str) -> list[tuple[int, int]]:
-    """Code span ranges (including the backticks); see talon.media.outbound for the rules."""
-    runs = [(m.start(), m.end()) for m in _TICKS.finditer(line)]
+def code_spans(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+    """The code spans in ``text[start:end]``, as (start, end) ranges including the backticks.
+
+    A run of N backticks opens a span closed by the next run of exactly N; an unmatched run is
+    literal, and a backslash before the first backtick takes that one backtick out of the run.
+    "Next run of length N" is precomputed right to left, so matching is linear.
+    """
+    runs = [(m.start(), m.end()) for m in _TICKS.finditer(text, start, len(text) if end is None else end)]
     count = len(runs)
     spans: list[tuple[int, int]] = []
     if count < 2:
         return spans
     next_same = [-1] * count
-    next_shorter = [-1] * count
+    next_shorter = [-1] * count  # for an opener whose first backtick is backslash-escaped
     last: dict[int, int] = {}
     for i in range(count - 1, -1, -1):
         length = runs[i][1] - runs[i][0]
         next_same[i] = last.get(length, -1)
         next_shorter[i] = last.get(length - 1, -1)
         last[length] = i
-    floor = 0
+    floor = start  # backslashes inside an earlier span are literal, so never count past one
     i = 0
     while i < count:
         s, e = runs[i]
         b = s
-        while b > floor and line[b - 1] == "\\":
+        while b > floor and text[b - 1] == "\\":
             b -= 1
         j = next_same[i]
         if (s - b) % 2:
@@ -407,10 +441,15 @@ def _pair(tokens: list[Token]) -> None:
 
 def parse_inline(line: str) -> list[Token]:
     """Tokens of one line with emphasis paired."""
-    spans = _code_spans(line) if "`" in line else []
+    spans = code_spans(line) if "`" in line else []
     tokens = _tokens(line, 0, len(line), spans, links=True)
     _pair(tokens)
     return tokens
+
+
+def plain_text(line: str) -> str:
+    """A line as plain text: the text of its code spans, links and URLs, emphasis markers gone."""
+    return "".join(plain_of(t) for t in parse_inline(line))
 
 
 def plain_of(token: Token) -> str:

@@ -15,17 +15,16 @@ from talon.render.markdown import (
     Code,
     CodeBlock,
     Delim,
-    Line,
     Link,
-    QuoteBlock,
     Text,
     Token,
     Url,
     bullet_split,
     heading_text,
-    iter_blocks,
     parse_inline,
     plain_of,
+    plain_text,
+    render_blocks,
 )
 
 __all__ = [
@@ -100,24 +99,18 @@ def _line_html(line: str) -> str:
     return _inline_html(parse_inline(line))
 
 
+def _code_block_html(block: CodeBlock) -> str:
+    body = _escape("\n".join(block.body))
+    lang = block.language
+    if lang:
+        return f'<pre><code class="language-{lang}">{body}</code></pre>'
+    return f"<pre>{body}</pre>"
+
+
 def markdown_to_telegram_html(md: str) -> str:
     """Render markdown to Telegram HTML; always well-formed, whatever the input."""
-    out: list[str] = []
-    for block in iter_blocks(md):
-        if isinstance(block, CodeBlock):
-            body = _escape("\n".join(block.body))
-            lang = block.language
-            if lang:
-                out.append(f'<pre><code class="language-{lang}">{body}</code></pre>')
-            else:
-                out.append(f"<pre>{body}</pre>")
-        elif isinstance(block, QuoteBlock):
-            inner = "\n".join(_line_html(line) for line in block.lines)
-            out.append(f"<blockquote>{inner}</blockquote>")
-        else:
-            assert isinstance(block, Line)
-            out.append(_line_html(block.text))
-    return "\n".join(out)
+    return render_blocks(md, code=_code_block_html, line=_line_html,
+                         quote=lambda lines: "<blockquote>" + "\n".join(lines) + "</blockquote>")
 
 
 def split_markdown_for_telegram(md: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[str]:
@@ -128,7 +121,7 @@ def split_markdown_for_telegram(md: str, limit: int = TELEGRAM_TEXT_LIMIT) -> li
 def _plain_line(line: str) -> str:
     heading = heading_text(line)
     if heading is not None:
-        return "".join(plain_of(t) for t in parse_inline(heading))
+        return plain_text(heading)
     bullet = bullet_split(line)
     if bullet is not None:
         indent, item = bullet
@@ -136,25 +129,10 @@ def _plain_line(line: str) -> str:
         prefix = f"{indent}• "
     else:
         prefix = ""
-    parts: list[str] = []
-    for tok in parse_inline(line):
-        if isinstance(tok, Link):
-            text = tok.plain()
-            parts.append(tok.url if not text or text == tok.url else f"{text} ({tok.url})")
-        else:
-            parts.append(plain_of(tok))
+    parts = [tok.with_url() if isinstance(tok, Link) else plain_of(tok) for tok in parse_inline(line)]
     return prefix + "".join(parts)
 
 
 def plain_text_fallback(md: str) -> str:
     """Readable text without markup, for when Telegram refuses the HTML."""
-    out: list[str] = []
-    for block in iter_blocks(md):
-        if isinstance(block, CodeBlock):
-            out.append("\n".join(block.body))
-        elif isinstance(block, QuoteBlock):
-            out.append("\n".join("> " + _plain_line(line) for line in block.lines))
-        else:
-            assert isinstance(block, Line)
-            out.append(_plain_line(block.text))
-    return "\n".join(out)
+    return render_blocks(md, code=lambda block: "\n".join(block.body), line=_plain_line)

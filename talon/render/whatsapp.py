@@ -11,19 +11,16 @@ from __future__ import annotations
 from talon.render.chunking import split_markdown
 from talon.render.markdown import (
     Code,
-    CodeBlock,
     Delim,
-    Line,
     Link,
-    QuoteBlock,
     Text,
     Token,
     Url,
     bullet_split,
     heading_text,
-    iter_blocks,
     parse_inline,
-    plain_of,
+    plain_text,
+    render_blocks,
 )
 
 __all__ = ["WHATSAPP_BODY_LIMIT", "markdown_to_whatsapp", "split_for_whatsapp"]
@@ -40,9 +37,7 @@ def _inline(tokens: list[Token]) -> str:
         elif isinstance(tok, Code):
             out.append(f"```{tok.text}```")
         elif isinstance(tok, Link):
-            text = _inline(tok.children)
-            plain = tok.plain()
-            out.append(tok.url if not plain or plain == tok.url else f"{text} ({tok.url})")
+            out.append(tok.with_url(_inline(tok.children)))
         elif isinstance(tok, Delim):
             if not tok.role:
                 out.append(tok.char * tok.count)
@@ -55,7 +50,7 @@ def _inline(tokens: list[Token]) -> str:
 def _line(line: str) -> str:
     heading = heading_text(line)
     if heading is not None:
-        text = "".join(plain_of(t) for t in parse_inline(heading)).strip()
+        text = plain_text(heading).strip()
         return f"*{text}*" if text else ""
     bullet = bullet_split(line)
     if bullet is not None:
@@ -66,16 +61,7 @@ def _line(line: str) -> str:
 
 def markdown_to_whatsapp(md: str) -> str:
     """Render markdown to WhatsApp text formatting."""
-    out: list[str] = []
-    for block in iter_blocks(md):
-        if isinstance(block, CodeBlock):
-            out.append("\n".join(["```", *block.body, "```"]))
-        elif isinstance(block, QuoteBlock):
-            out.append("\n".join("> " + _line(line) for line in block.lines))
-        else:
-            assert isinstance(block, Line)
-            out.append(_line(block.text))
-    return "\n".join(out)
+    return render_blocks(md, code=lambda block: "\n".join(["```", *block.body, "```"]), line=_line)
 
 
 def split_for_whatsapp(text: str, limit: int = WHATSAPP_BODY_LIMIT) -> list[str]:
