@@ -10,7 +10,8 @@
     ├── TranscriptionError          a voice note could not be turned into text
     ├── ProviderError               the model could not answer
     │   ├── ProviderUnavailable     network, timeout, 5xx, rate limit after retries
-    │   └── ContextOverflow         the request was longer than the model's window
+    │   ├── ContextOverflow         the request was longer than the model's window
+    │   └── ImageRejected           the model refused an image in the request (400)
     └── DeliveryError               a reply or file could not be delivered to the chat
 """
 
@@ -68,6 +69,10 @@ class ProviderUnavailable(ProviderError):
 
 class ContextOverflow(ProviderError):
     pass
+
+
+class ImageRejected(ProviderError):
+    """The provider refused the request because of an image in it (bad format, too large...)."""
 
 
 class DeliveryError(TalonError):

@@ -186,3 +186,31 @@ async def test_slow_download_does_not_block_other_chats(tg: FakeTelegram, llm: F
         assert not tg.sent("sendMessage", chat_id=ALICE)  # Alice's file is still downloading
         await tg.wait_for("sendMessage", to_alice, timeout=30)
     assert "slow text" in last_user_text(llm.requests[-1])
+
+
+async def test_photo_the_model_refuses_does_not_break_the_chat(
+    tg: FakeTelegram, llm: FakeOpenAI, settings: Settings
+) -> None:
+    from tests.fakes.openai_server import Req
+
+    def picky(body: dict) -> object:
+        req = Req(json=body, start=0.0, headers={})
+        if image_urls(req):
+            return FakeOpenAI.error(400, "Invalid image: the image data could not be processed",
+                                    type="invalid_request_error")
+        return "echo: " + last_user_text(req).splitlines()[-1]
+
+    llm.default_responder = picky
+    async with running(settings):
+        tg.push_update(tg.photo_message(ALICE, data=jpeg(800, 600), caption="odd picture"))
+        [first] = await tg.wait_for("sendMessage", to_alice, timeout=20)
+        tg.push_update(tg.text_message(ALICE, "and now?", user_id=ALICE))
+        replies = await tg.wait_for("sendMessage", to_alice, count=2, timeout=20)
+    # the turn was answered (without the picture), not an apology
+    assert "sorry" not in first.params["text"].lower()
+    assert "model refused this image" in last_user_text(llm.requests[1]) or \
+        "model refused this image" in json.dumps(llm.requests[1].json)
+    assert replies[1].params["text"] == "echo: and now?"
+    # the refused photo is not sent again with later messages
+    assert image_urls(llm.requests[-1]) == []
+    assert len(llm.requests) == 3

@@ -33,10 +33,12 @@ from talon.agent.provider import (
     ToolSpec,
     Usage,
     block_text,
+    has_images,
     image_placeholder,
+    mentions_image,
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
-from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
+from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +209,8 @@ class AnthropicProvider(Provider):
         except anthropic.BadRequestError as exc:
             if is_prompt_too_long(exc):
                 raise ContextOverflow(f"the model's context window was exceeded: {exc.message}") from exc
+            if self.vision and has_images(request.messages) and mentions_image(str(exc.message or "")):
+                raise ImageRejected(f"the model refused an image (400): {exc.message}") from exc
             raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
         except anthropic.APIStatusError as exc:
             if exc.status_code == 413:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from talon.agent.profiles import ModelProfile
+from talon.agent.provider import image_placeholder
 from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, is_checkpoint
 from talon.agent.summary import append_archive
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
@@ -376,6 +377,18 @@ def tombstone(ref: AttachmentRef) -> str:
         f"[image {name} ({dims}{_size(ref.bytes)}, sha256 {ref.id[:12]}) was shown earlier and is no "
         f"longer attached; {again}]"
     )
+
+
+def withhold_images(messages: Sequence[Message], ids: set[str], reason: str) -> list[Message]:
+    """Replace the images whose attachment id is in ``ids`` by a line saying why they are not shown."""
+    out = list(messages)
+    for i, message in enumerate(out):
+        if any(isinstance(b, ImageBlock) and b.ref.id in ids for b in message.content):
+            out[i] = _with_content(message, [
+                TextBlock(text=image_placeholder(b, reason)) if isinstance(b, ImageBlock) and b.ref.id in ids else b
+                for b in message.content
+            ])
+    return out
 
 
 def tombstone_images(messages: Sequence[Message], *, keep_turns: int = 3, max_images: int = 20) -> list[Message]:

@@ -39,10 +39,11 @@ from talon.agent.context import (
     shrink_budget,
     tombstone_images,
     truncate_tool_arguments,
+    withhold_images,
 )
 from talon.agent.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
 from talon.agent.profiles import ModelProfile, lookup_profile
-from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage
+from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage, has_images
 from talon.agent.session import ChatKey, SessionStore, is_checkpoint
 from talon.agent.summary import Summarizer, mechanical_summary
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
@@ -50,7 +51,7 @@ from talon.agent.tools import ToolContext, ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import WorkspaceTool
 from talon.content import ImageBlock, Message
-from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
+from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,15 @@ def _wire(messages: list[Message]) -> list[Message]:
     return [m.model_copy(update={"meta": {"error": True} if m.meta.get("error") else {}}) for m in messages]
 
 
-def _has_images(messages: list[Message]) -> bool:
-    return any(isinstance(b, ImageBlock) for m in messages for b in m.content)
+def _image_ids(messages: list[Message], *, newest_only: bool) -> set[str]:
+    """Attachment ids of the images in the request, or only in the newest message that has any."""
+    ids: set[str] = set()
+    for message in reversed(messages):
+        found = {b.ref.id for b in message.content if isinstance(b, ImageBlock)}
+        ids |= found
+        if found and newest_only:
+            break
+    return ids
 
 
 def _kb(n: int) -> str:
@@ -134,6 +142,8 @@ class Agent:
         self.memory = Memory(self.workspace, max_chars=memory_chars) if self.workspace is not None else None
         self.last_usage: dict[ChatKey, Usage] = {}
         self.token_scale = 1.0
+        # Attachment ids of images the provider refused, per chat (see ``_complete``).
+        self.refused_images: dict[ChatKey, set[str]] = {}
 
     # --- prompt and budget --------------------------------------------------------------------
     @property
@@ -239,8 +249,9 @@ class Agent:
         tools = self.tools.specs()
         budget = self.budget
         ctx = self._request_context(chat, history, system, tools, budget)
-        messages = await self.pipeline.apply(conversation_view(history), ctx)
+        messages = self._withhold_refused(chat, await self.pipeline.apply(conversation_view(history), ctx))
         refusals = 0
+        image_refusals = 0
         while True:
             request = ModelRequest(
                 system=system.text,
@@ -251,6 +262,17 @@ class Agent:
             )
             try:
                 response = await self.provider.complete(request)
+            except ImageRejected as exc:
+                # One bad picture must not break the conversation: withhold the newest images,
+                # then all of them, and remember which were refused for this chat's next requests.
+                image_refusals += 1
+                suspects = _image_ids(messages, newest_only=image_refusals == 1)
+                if image_refusals > 2 or not suspects:
+                    raise
+                self.refused_images.setdefault(chat, set()).update(suspects)
+                log.warning("chat %s: %s; retrying without %d image(s)", chat, exc, len(suspects))
+                messages = self._withhold_refused(chat, messages)
+                continue
             except ContextOverflow as exc:
                 refusals += 1
                 self._learn_window(exc)
@@ -277,6 +299,12 @@ class Agent:
             self._calibrate(request, response)
             return request, response
 
+    def _withhold_refused(self, chat: ChatKey, messages: list[Message]) -> list[Message]:
+        refused = self.refused_images.get(chat)
+        if not refused:
+            return messages
+        return withhold_images(messages, refused, "the model refused this image")
+
     def _learn_window(self, exc: ContextOverflow) -> None:
         limit = overflow_limit(str(exc))
         if limit is not None and limit < self.profile.context_window:
@@ -287,7 +315,7 @@ class Agent:
 
     def _calibrate(self, request: ModelRequest, response: ModelResponse) -> None:
         """Learn how the provider's count compares with the estimate (text-only requests)."""
-        if response.usage is None or _has_images(request.messages):
+        if response.usage is None or has_images(request.messages):
             return
         estimate = estimate_request(request)
         if estimate < _SCALE_MIN_TOKENS or response.usage.input_tokens <= 0:

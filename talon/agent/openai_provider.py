@@ -25,10 +25,12 @@ from talon.agent.provider import (
     ToolSpec,
     Usage,
     block_text,
+    has_images,
     image_placeholder,
+    mentions_image,
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
-from talon.errors import ContextOverflow, ProviderError, ProviderUnavailable
+from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +148,6 @@ def refuses_images(exc: openai.APIStatusError) -> bool:
     )
 
 
-def _has_images(messages: list[Message]) -> bool:
-    return any(isinstance(b, ImageBlock) for m in messages for b in m.content)
-
-
 def is_context_overflow(exc: openai.APIStatusError) -> bool:
     body = exc.body if isinstance(exc.body, dict) else {}
     code = str(body.get("code") or getattr(exc, "code", "") or "")
@@ -213,11 +211,13 @@ class OpenAIProvider(Provider):
                 log.warning("model %s wants max_completion_tokens; using it from now on", self.model)
                 self.reasoning = True
                 return await self.complete(request)
-            if self.vision and self.vision_fallback and refuses_images(exc) and _has_images(request.messages):
+            if self.vision and self.vision_fallback and refuses_images(exc) and has_images(request.messages):
                 log.warning("model %s refused images (%s); sending text placeholders from now on",
                             self.model, exc.message)
                 self.vision = False
                 return await self.complete(request)
+            if self.vision and has_images(request.messages) and mentions_image(str(exc.message or "")):
+                raise ImageRejected(f"the model refused an image (400): {exc.message}") from exc
             raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
             raise ProviderUnavailable(f"could not reach the model server: {exc}") from exc

@@ -83,3 +83,13 @@ class Provider(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release network resources."""
+
+
+def mentions_image(message: str) -> bool:
+    """Whether a provider's 400 message is about an image in the request."""
+    text = message.lower()
+    return "image" in text or "vision" in text
+
+
+def has_images(messages: list[Message]) -> bool:
+    return any(isinstance(b, ImageBlock) for m in messages for b in m.content)
