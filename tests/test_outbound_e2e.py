@@ -533,3 +533,20 @@ async def test_console_shows_media_kinds_and_paths(tmp_path: Path) -> None:
     assert lines[1].startswith(f"[image] {media.resolve() / 'chart.png'} (image/png")
     assert lines[2].startswith(f"[document] {media.resolve() / 'report.pdf'} (application/pdf")
     assert lines[3] == "! Could not attach secret.txt: paths with '..' are not allowed"
+
+
+async def test_file_the_agent_writes_arrives_in_the_chat(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    """The whole promise in one turn: the agent writes a file with its tool, references it, and the
+    person receives exactly those bytes as a document."""
+    csv = "city,temp\nOslo,-3\nLisbon,17\n"
+    llm.queue(FakeOpenAI.tool_call("write_file", {"path": "out/weather.csv", "content": csv}))
+    llm.queue("Here is the table.\n\n![weather](out/weather.csv)")
+    async with running(settings):
+        tg.push_update(tg.text_message(ALICE, "make me a csv", user_id=ALICE))
+        [doc] = await tg.wait_for("sendDocument", to_alice, timeout=20)
+    upload = doc.files["document"]
+    assert upload.filename == "weather.csv"
+    assert upload.data == csv.encode()
+    assert doc.params.get("caption") == "Here is the table."
+    tool_reply = [m for m in llm.requests[1].json["messages"] if m["role"] == "tool"][0]
+    assert "weather.csv" in tool_reply["content"]
