@@ -1,8 +1,17 @@
-"""Telegram channel on python-telegram-bot: long polling in, Bot API out.
+"""Telegram channel on python-telegram-bot: long polling (or a webhook) in, Bot API out.
 
 Inbound: private messages from allowed users become ``InboundMessage``s (albums are gathered
 into one), files are referenced by file_id and downloaded during the turn, streamed and capped.
 A watchdog restarts polling when getUpdates has not succeeded for too long.
+
+Webhook mode (``TALON_TELEGRAM_WEBHOOK_URL`` set): no polling. At start Talon calls setWebhook
+with that URL and the secret token, and Telegram POSTs each update to
+``TALON_TELEGRAM_WEBHOOK_PATH`` on Talon's own HTTP server. A request without the exact
+``X-Telegram-Bot-Api-Secret-Token`` gets 403 and is not looked at; a body that is not an update
+gets 400. An update is answered 200 only after its message is in the durable inbox (an album:
+after the album was gathered and submitted), so a crash before that makes Telegram retry, and the
+inbox drops the duplicate a retry may bring. Starting in polling mode again deletes the webhook
+(python-telegram-bot's start_polling does, keeping pending updates), else getUpdates would get 409.
 
 Outbound: a reply becomes an ordered list of parts, each sent with retries; progress is reported
 after every part so a restart resumes at the first undelivered part and never resends one.
@@ -41,8 +50,11 @@ after every part so a restart resumes at the first undelivered part and never re
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import functools
+import hmac
+import json
 import logging
 import time
 import warnings
@@ -53,6 +65,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import httpx
+from aiohttp import web
 from telegram import InputFile, InputMediaPhoto, Update
 from telegram import Message as TgMessage
 from telegram.constants import ChatAction, ParseMode
@@ -77,6 +90,7 @@ from talon.render.telegram import (
 )
 
 from channels.base import Channel, PartCallback, deliver_parts, store_response
+from channels.http import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +99,13 @@ T = TypeVar("T")
 SEND_TRIES = 3
 MAX_RETRY_AFTER_S = 120.0
 ALBUM_WAIT_S = 1.2
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+# How long a webhook request for an album item may wait for the album to reach the inbox.
+WEBHOOK_ALBUM_WAIT_S = 30.0
+# Set while a webhook update is processed; the error handler records handler failures in it.
+_webhook_errors: contextvars.ContextVar[list[BaseException] | None] = contextvars.ContextVar(
+    "telegram_webhook_errors", default=None)
 
 
 class _PollingRequest(HTTPXRequest):
@@ -108,18 +129,14 @@ def _retry_seconds(exc: RetryAfter) -> float:
     return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
-def is_allowed(allowlist: set[str], user_id: int, username: str | None) -> bool:
-    if str(user_id) in allowlist:
-        return True
-    return username is not None and f"@{username.lower()}" in allowlist
-
-
 @dataclass
 class _Album:
     first: TgMessage
     files: list[RemoteFile] = field(default_factory=list)
     caption: str = ""
     timer: asyncio.TimerHandle | None = None
+    submitted: asyncio.Event = field(default_factory=asyncio.Event)  # set when flushed
+    error: BaseException | None = None  # why submitting it failed
 
 
 @dataclass(frozen=True)
@@ -165,12 +182,13 @@ class TelegramChannel(Channel):
     name = "telegram"
 
     def __init__(self, settings: Settings, *, watchdog_interval_s: float = 15.0,
-                 stall_after_s: float | None = None) -> None:
+                 stall_after_s: float | None = None, http: HttpServer | None = None,
+                 webhook_check_s: float = 300.0) -> None:
         if not settings.telegram_bot_token:
             raise ConfigError("TELEGRAM_BOT_TOKEN is not set", ["TELEGRAM_BOT_TOKEN"])
+        settings.check_telegram_webhook()
         self.settings = settings
         self.limits: Limits = settings.limits()
-        self.allowlist = settings.telegram_allowlist
         base = settings.telegram_api_base_url.rstrip("/")
         self._poll_request = _PollingRequest(
             connection_pool_size=1, read_timeout=settings.telegram_poll_timeout_s + 10.0
@@ -194,6 +212,19 @@ class TelegramChannel(Channel):
         self._stall_after = stall_after_s or (settings.telegram_poll_timeout_s + 60.0)
         self.polling_restarts = 0
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
+        # Webhook mode: Telegram posts updates to a route on Talon's shared HTTP server.
+        self.webhook_url = settings.telegram_webhook_url.strip()
+        self.webhook_path = settings.telegram_webhook_path.rstrip("/") or "/"
+        self._webhook_secret = settings.telegram_webhook_secret.encode()
+        self._webhook_check_s = webhook_check_s
+        self._webhook_lock = asyncio.Lock()  # one update at a time, in arrival order, as polling does
+        self._webhook_error_seen: dt.datetime | None = None
+        self._owns_http = False
+        self.http: HttpServer | None = None
+        if self.webhook_url:
+            self._owns_http = http is None
+            self.http = http or HttpServer(settings.http_host, settings.http_port)
+            self.http.add_route("POST", self.webhook_path, self._on_webhook)
 
     @property
     def bot(self) -> Any:
@@ -209,12 +240,37 @@ class TelegramChannel(Channel):
             raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN (401 Unauthorized): check the token "
                               "from @BotFather", ["TELEGRAM_BOT_TOKEN"]) from None
         await self.app.start()
+        if self.http is not None:
+            await self._start_webhook()
+            return
         await self._start_polling()
         log.info("telegram: polling as @%s", self.bot.username)
         self._watchdog = asyncio.create_task(self._watch_polling(), name="telegram-watchdog")
 
+    async def _start_webhook(self) -> None:
+        """Listen (if the server is ours), then point Telegram at us; never poll in this mode."""
+        assert self.http is not None
+        if self._owns_http:
+            await self.http.start()
+        try:
+            await self.bot.set_webhook(
+                url=self.webhook_url,
+                secret_token=self._webhook_secret.decode(),
+                allowed_updates=["message"],
+                drop_pending_updates=False,  # what arrived while we were away is still wanted
+            )
+        except BadRequest as exc:
+            raise ConfigError(f"Telegram refused the webhook TALON_TELEGRAM_WEBHOOK_URL="
+                              f"{self.webhook_url!r}: {exc.message}", ["TALON_TELEGRAM_WEBHOOK_URL"]) from None
+        log.info("telegram: webhook mode as @%s: Telegram posts to %s (route %s on %s:%s)",
+                 self.bot.username, self.webhook_url, self.webhook_path, self.http.host,
+                 self.http.port if self.http.running else self.http.requested_port)
+        self._watchdog = asyncio.create_task(self._watch_webhook(), name="telegram-webhook-check")
+
     async def _start_polling(self) -> None:
         assert self.app.updater is not None
+        # start_polling calls deleteWebhook first (drop_pending_updates unset, so pending updates
+        # stay), so a webhook left from webhook mode cannot make getUpdates fail with 409.
         self._poll_request.last_ok = time.monotonic()
         await self.app.updater.start_polling(
             timeout=self.settings.telegram_poll_timeout_s,
@@ -226,6 +282,10 @@ class TelegramChannel(Channel):
         if self._watchdog:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self._owns_http and self.http is not None:
+            # Before the application: requests in flight finish (an album may still be flushed).
+            # The webhook stays set, so Telegram keeps new updates until we are back.
+            await self.http.stop()
         for album in self._albums.values():
             if album.timer:
                 album.timer.cancel()
@@ -241,6 +301,9 @@ class TelegramChannel(Channel):
 
     async def _on_handler_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         log.error("telegram: handler error: %s", context.error, exc_info=context.error)
+        failures = _webhook_errors.get()
+        if failures is not None and context.error is not None:
+            failures.append(context.error)  # the webhook answers 500, so Telegram retries
 
     async def _watch_polling(self) -> None:
         """Polling must never stop quietly: restart it when it died or has gone silent."""
@@ -261,6 +324,76 @@ class TelegramChannel(Channel):
             except Exception:
                 log.exception("telegram: could not restart polling; will try again")
 
+    async def _watch_webhook(self) -> None:
+        """Telegram reports failed webhook deliveries only through getWebhookInfo: log them."""
+        while True:
+            await asyncio.sleep(self._webhook_check_s)
+            try:
+                info = await self.bot.get_webhook_info()
+            except TelegramError as exc:
+                log.warning("telegram: getWebhookInfo failed (%s)", exc)
+                continue
+            if info.url != self.webhook_url:
+                log.error("telegram: the webhook is %r, not %s: another process with this bot token changed "
+                          "it, and no updates reach Talon until it is set again (restart Talon)",
+                          info.url or "<none>", self.webhook_url)
+            elif info.last_error_date is not None and info.last_error_date != self._webhook_error_seen:
+                self._webhook_error_seen = info.last_error_date
+                log.warning("telegram: Telegram could not deliver updates to %s (last error at %s: %s); "
+                            "%d update(s) waiting", self.webhook_url, info.last_error_date,
+                            info.last_error_message or "no message", info.pending_update_count)
+
+    async def _on_webhook(self, request: web.Request) -> web.StreamResponse:
+        """One update from Telegram, answered 200 only after its message is in the inbox."""
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, self._webhook_secret):
+            log.warning("telegram: webhook request with a missing or wrong %s refused (403, peer=%s)",
+                        SECRET_HEADER, request.remote)
+            raise web.HTTPForbidden(text="wrong secret token")
+        if self._bridge is None or not self.app.running:
+            raise web.HTTPServiceUnavailable(text="not ready")  # Telegram tries again later
+        try:
+            data = json.loads(await request.read())
+        except ValueError as exc:  # includes JSONDecodeError and UnicodeDecodeError
+            log.warning("telegram: webhook body is not JSON (%s); answered 400", exc)
+            raise web.HTTPBadRequest(text="body is not JSON") from None
+        if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
+            log.warning("telegram: webhook body is not an update (no update_id); answered 400")
+            raise web.HTTPBadRequest(text="not an update")
+        try:
+            update = Update.de_json(data, self.bot)
+        except Exception as exc:  # whatever PTB raises for a shape it cannot read
+            log.warning("telegram: webhook update %s could not be read (%r); answered 400",
+                        data["update_id"], exc)
+            raise web.HTTPBadRequest(text="malformed update") from None
+        errors: list[BaseException] = []
+        token = _webhook_errors.set(errors)  # _on_handler_error records failures here
+        try:
+            async with self._webhook_lock:
+                await self.app.process_update(update)
+        except RuntimeError as exc:  # the application stopped under us
+            log.warning("telegram: update %s arrived while stopping (%s); answered 503",
+                        update.update_id, exc)
+            raise web.HTTPServiceUnavailable(text="stopping") from None
+        finally:
+            _webhook_errors.reset(token)
+        msg = update.message
+        if not errors and msg is not None and msg.media_group_id:
+            # Outside the lock: the album's other items must be able to arrive meanwhile.
+            album = self._albums.get(f"{msg.chat.id}:{msg.media_group_id}")  # _collect_album's key
+            if album is not None:
+                try:
+                    await asyncio.wait_for(album.submitted.wait(), WEBHOOK_ALBUM_WAIT_S)
+                except TimeoutError:
+                    errors.append(TimeoutError(f"album {msg.media_group_id} was not submitted"))
+                if album.error is not None:
+                    errors.append(album.error)
+        if errors:
+            log.error("telegram: update %s was not stored (%s); answered 500 so that Telegram sends it "
+                      "again", update.update_id, errors[0])
+            raise web.HTTPInternalServerError(text="not stored; send again")
+        return web.Response(text="ok")
+
     # --- inbound ------------------------------------------------------------------------------
     async def _on_message(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         msg = update.message
@@ -271,11 +404,23 @@ class TelegramChannel(Channel):
             log.info("telegram: ignoring message in %s chat %s (only private chats are served)",
                      msg.chat.type, msg.chat.id)
             return
-        if not is_allowed(self.allowlist, user.id, user.username):
+        identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
+        if not self._bridge.gate.allowed(self.name, identities):
             handle = f" (@{user.username})" if user.username else ""
-            log.warning(
-                "telegram: message from user %s%s denied; to allow them add %s to "
-                "TALON_TELEGRAM_ALLOWED_USERS", user.id, handle, user.id)
+            pairing = self._bridge.gate.request_pairing(
+                self.name, str(user.id), f"@{user.username}" if user.username else user.full_name)
+            if pairing is None:
+                log.warning(
+                    "telegram: message from user %s%s denied; to allow them add %s to "
+                    "TALON_TELEGRAM_ALLOWED_USERS", user.id, handle, user.id)
+                return
+            log.warning("telegram: message from user %s%s denied; to allow them run `talon pair %s` "
+                        "(or add %s to TALON_TELEGRAM_ALLOWED_USERS)", user.id, handle, pairing.code, user.id)
+            if pairing.reply is not None:
+                try:
+                    await self.bot.send_message(chat_id=msg.chat.id, text=pairing.reply)
+                except TelegramError as exc:
+                    log.warning("telegram: could not send the pairing code to user %s: %s", user.id, exc)
             return
         files = _remote_files(msg)
         if msg.media_group_id:
@@ -300,7 +445,13 @@ class TelegramChannel(Channel):
     def _flush_album(self, key: str) -> None:
         album = self._albums.pop(key, None)
         if album is not None:
-            self._submit(album.first, album.caption, album.files)
+            try:
+                self._submit(album.first, album.caption, album.files)
+            except Exception as exc:
+                album.error = exc  # a webhook request waiting for the album answers 500
+                raise
+            finally:
+                album.submitted.set()
 
     def _submit(self, msg: TgMessage, text: str, files: list[RemoteFile]) -> None:
         reply = msg.reply_to_message

@@ -8,7 +8,8 @@ the channel refuses to start, unless ``TALON_WHATSAPP_INSECURE_NO_SIGNATURE=true
 experiments only; logged as a warning at start). A malformed webhook gets 400. A valid one is
 answered at once with empty TwiML and the turn runs in the background: Twilio gives up after 15 s.
 The durable inbox dedups by MessageSid, so a Twilio retry is answered once, also across restarts.
-Senders not in ``TALON_WHATSAPP_ALLOWED_NUMBERS`` are ignored (deny by default).
+Senders not in ``TALON_WHATSAPP_ALLOWED_NUMBERS`` (nor approved with ``talon pair``) are ignored
+(deny by default); with ``TALON_PAIRING=true`` they get one message with a pairing code instead.
 
 Media are named by URL in the webhook and downloaded during the turn (after the message is safe in
 the inbox): HTTP basic auth, streamed into the attachment store under the download cap, only from
@@ -385,6 +386,7 @@ class WhatsAppChannel(Channel):
         self._client: Client | None = None
         self._twilio_http: _TwilioHttp | None = None
         self._download: httpx.AsyncClient | None = None
+        self._pairing_sends: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, bridge: Any) -> None:
@@ -396,7 +398,7 @@ class WhatsAppChannel(Channel):
                 "allowed number. Use this only for local experiments.", self.webhook_path)
             if not self.auth_token:
                 log.warning("whatsapp: TWILIO_AUTH_TOKEN is not set: Twilio will refuse to send replies")
-        if not self.allowlist:
+        if not self.allowlist and not self.settings.pairing:
             log.warning("whatsapp: TALON_WHATSAPP_ALLOWED_NUMBERS is empty: nobody can chat yet "
                         "(deny by default); add E.164 numbers such as +14155550123")
         if self.links is None:
@@ -418,6 +420,9 @@ class WhatsAppChannel(Channel):
     async def stop(self) -> None:
         if self._owns_http:
             await self.http.stop()
+        for task in self._pairing_sends:
+            task.cancel()
+        await asyncio.gather(*self._pairing_sends, return_exceptions=True)
         if self._twilio_http is not None:
             await self._twilio_http.close()
             self._twilio_http = None
@@ -479,9 +484,17 @@ class WhatsAppChannel(Channel):
             log.warning("whatsapp: ignoring a non-WhatsApp message from %s (MessageSid=%s); point only "
                         "the WhatsApp sender's webhook at Talon", message.chat_id, message.message_id)
             return _twiml()
-        if message.chat_id not in self.allowlist:
-            log.warning("whatsapp: message from %s denied (MessageSid=%s); to allow them add %s to "
-                        "TALON_WHATSAPP_ALLOWED_NUMBERS", message.chat_id, message.message_id, message.chat_id)
+        if not self._bridge.gate.allowed(self.name, [message.chat_id]):
+            pairing = self._bridge.gate.request_pairing(self.name, message.chat_id, message.sender_name or "")
+            if pairing is None:
+                log.warning("whatsapp: message from %s denied (MessageSid=%s); to allow them add %s to "
+                            "TALON_WHATSAPP_ALLOWED_NUMBERS", message.chat_id, message.message_id, message.chat_id)
+                return _twiml()
+            log.warning("whatsapp: message from %s denied (MessageSid=%s); to allow them run `talon pair %s` "
+                        "(or add %s to TALON_WHATSAPP_ALLOWED_NUMBERS)", message.chat_id, message.message_id,
+                        pairing.code, message.chat_id)
+            if pairing.reply is not None:
+                self._send_pairing_code(message.chat_id, pairing.reply)
             return _twiml()
         if not message.text.strip() and not message.files:
             log.info("whatsapp: chat=%s: message %s has no text or media (MessageType=%s); nothing to do",
@@ -494,6 +507,19 @@ class WhatsAppChannel(Channel):
             log.info("whatsapp: chat=%s: message %s already received (Twilio retry); not answered again",
                      message.chat_id, message.message_id)
         return _twiml()
+
+    def _send_pairing_code(self, chat_id: str, text: str) -> None:
+        """Send in the background: Twilio must have its answer to the webhook at once."""
+
+        async def send() -> None:
+            try:
+                await self._send(chat_id, body=text, what="pairing code")
+            except DeliveryError as exc:
+                log.warning("whatsapp: could not send the pairing code to %s: %s", chat_id, exc)
+
+        task = asyncio.create_task(send(), name=f"whatsapp-pairing-{chat_id}")
+        self._pairing_sends.add(task)
+        task.add_done_callback(self._pairing_sends.discard)
 
     async def _on_status(self, request: web.Request) -> web.StreamResponse:
         form = await self._read_form(request)

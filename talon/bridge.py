@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from talon.access import AccessGate
 from talon.agent.loop import Agent
 from talon.agent.session import ChatKey
 from talon.attachments import AttachmentStore
@@ -57,6 +58,8 @@ class Bridge:
     store: AttachmentStore
     limits: Limits
     media_root: Path
+    # Who may talk to the agent; channels ask it per message, before anything reaches the inbox.
+    gate: AccessGate
     normalize: Normalizer = text_only
     channels: dict[str, "Channel"] = field(default_factory=dict)
     model_label: str = ""

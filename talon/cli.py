@@ -1,4 +1,4 @@
-"""``talon run | chat | doctor``."""
+"""``talon run | chat | doctor | pair``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import asyncio
 import logging
 import signal
 import sys
+import time
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 
 from talon.config import Settings
-from talon.errors import ConfigError
+from talon.errors import ConfigError, PairingError
 
 log = logging.getLogger("talon")
 
@@ -38,10 +40,11 @@ def _load_settings() -> Settings:
 
 
 async def _run(settings: Settings) -> int:
-    from talon.runtime import build_runtime, configured_channels, serve
+    from talon.runtime import build_runtime, configured_channels, serve, shared_http_server
 
-    channels = configured_channels(settings)
-    runtime = build_runtime(settings, channels)
+    http = shared_http_server(settings)  # one server for every channel's webhooks
+    channels = configured_channels(settings, http)
+    runtime = build_runtime(settings, channels, http=http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -107,20 +110,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append(("model", f"ok: {settings.model}"))
     except ConfigError as exc:
         rows.append(("model", f"MISSING: {exc}"))
+    empty_allowlist = ("EMPTY (only senders approved with `talon pair`)" if settings.pairing
+                       else "EMPTY (nobody is allowed)")
     rows.append(("telegram", "configured" if settings.telegram_configured() else "not configured"))
     if settings.telegram_configured():
+        try:
+            settings.check_telegram_webhook()
+            mode = (f"webhook {settings.telegram_webhook_url.strip()} -> {settings.telegram_webhook_path} on "
+                    f"{settings.http_host}:{settings.http_port}" if settings.telegram_webhook_mode
+                    else "long polling")
+        except ConfigError as exc:
+            mode = f"INVALID: {exc}"
+        rows.append(("telegram mode", mode))
         rows.append(("telegram allowlist",
-                     ", ".join(sorted(settings.telegram_allowlist)) or "EMPTY (nobody is allowed)"))
+                     ", ".join(sorted(settings.telegram_allowlist)) or empty_allowlist))
     rows.append(("whatsapp", "configured" if settings.whatsapp_configured() else "not configured"))
     if settings.whatsapp_configured():
         rows.append(("whatsapp allowlist",
-                     ", ".join(sorted(settings.whatsapp_allowlist)) or "EMPTY (nobody is allowed)"))
+                     ", ".join(sorted(settings.whatsapp_allowlist)) or empty_allowlist))
         webhook = (settings.public_base_url.rstrip("/") + settings.whatsapp_webhook_path
                    if settings.public_base_url else "MISSING: set TALON_PUBLIC_BASE_URL")
         rows.append(("whatsapp webhook", webhook))
         rows.append(("http server", f"{settings.http_host}:{settings.http_port}"))
         if not settings.twilio_auth_token and not settings.whatsapp_insecure_no_signature:
             rows.append(("twilio auth token", "MISSING: webhooks cannot be verified; the channel will not start"))
+    rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
+                 else "off (TALON_PAIRING=false)"))
     rows.append(("media root", str(settings.media_root.resolve())))
     rows.append(("data dir", str(settings.data_dir.resolve())))
     transcriber = Transcriber.from_settings(settings)
@@ -134,6 +149,77 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.0f} h ago"
+    return f"{seconds / 86400:.0f} days ago"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def cmd_pair(args: argparse.Namespace) -> int:
+    """List pairing requests and approvals, approve a code, or revoke an approval."""
+    from talon.access import CODE_TTL_S, AccessGate
+    from talon.config import normalize_whatsapp_number
+
+    settings = _load_settings()
+    gate = AccessGate.from_settings(settings)
+    try:
+        if args.revoke:
+            channel, _, sender = args.revoke.partition(":")
+            channel = channel.strip().lower()
+            sender = normalize_whatsapp_number(sender) if channel == "whatsapp" else sender.strip()
+            if channel not in gate.allowlists or not sender:
+                print(f"talon: --revoke takes CHANNEL:ID, e.g. telegram:123456789 or whatsapp:+14155550123 "
+                      f"(got {args.revoke!r})", file=sys.stderr)
+                return 2
+            revoked = gate.revoke(channel, sender)
+            if revoked is None:
+                print(f"talon: {channel}:{sender} was not approved through pairing (`talon pair` lists "
+                      "approvals)", file=sys.stderr)
+                return 1
+            print(f"revoked {revoked.who}: their next message is denied")
+            if gate.in_allowlist(channel, sender):
+                print(f"note: {channel}:{sender} is still allowed by the {channel} allowlist setting")
+            return 0
+        if args.code:
+            try:
+                approved = gate.approve(args.code)
+            except PairingError as exc:
+                print(f"talon: {exc}", file=sys.stderr)
+                return 1
+            print(f"approved {approved.who}: they can chat with the agent now")
+            return 0
+        now = time.time()
+        if not settings.pairing:
+            print("pairing is off (TALON_PAIRING=false): unknown senders get no code")
+        pending = gate.pending()
+        if pending:
+            print(f"pending requests (codes expire {CODE_TTL_S / 3600:.0f} hour after they are given; "
+                  "approve one with `talon pair CODE`):")
+            _table([("channel", "who", "code", "asked")] + [
+                (p.channel, p.sender_id + (f" ({p.name})" if p.name else ""), p.code, _age(now - p.created))
+                for p in pending])
+        else:
+            print("no pending requests")
+        approvals = gate.approvals()
+        if approvals:
+            print("approved through pairing (remove with `talon pair --revoke CHANNEL:ID`):")
+            _table([("who", "approved")] + [(a.who, _age(now - a.approved_at)) for a in approvals])
+        return 0
+    finally:
+        gate.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("-v", "--verbose", action="store_true", help="show logs")
     chat.set_defaults(func=cmd_chat)
     sub.add_parser("doctor", help="show what is configured").set_defaults(func=cmd_doctor)
+    pair = sub.add_parser("pair", help="list pairing requests, approve a code, or revoke an approval")
+    which = pair.add_mutually_exclusive_group()
+    which.add_argument("code", nargs="?", help="the code the newcomer was sent, e.g. K7Q-4MX2")
+    which.add_argument("--revoke", metavar="CHANNEL:ID", help="remove an approval, e.g. telegram:123456789")
+    pair.set_defaults(func=cmd_pair)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

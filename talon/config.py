@@ -7,9 +7,11 @@ to the stages that need it; nothing reads limits from module globals.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +19,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from talon.errors import ConfigError
 
 MB = 1_000_000
+
+# Telegram's rule for setWebhook's secret_token (sent back as X-Telegram-Bot-Api-Secret-Token).
+_WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
 def _env(name: str) -> AliasChoices:
@@ -87,6 +92,12 @@ class Settings(BaseSettings):
     )
     telegram_allowed_users: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_USERS"))
     telegram_poll_timeout_s: int = Field(default=30, validation_alias=_env("TALON_TELEGRAM_POLL_TIMEOUT"))
+    # Webhook mode: empty URL means long polling (the default).
+    telegram_webhook_url: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_URL"))
+    telegram_webhook_secret: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_SECRET"))
+    telegram_webhook_path: str = Field(
+        default="/telegram/webhook", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_PATH")
+    )
 
     # --- speech ------------------------------------------------------------------------------
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
@@ -144,6 +155,10 @@ class Settings(BaseSettings):
         default=Limits.video_decode_seconds, validation_alias=_env("TALON_VIDEO_DECODE_SECONDS")
     )
 
+    # --- access (see talon.access) -----------------------------------------------------------
+    # Unknown senders get a pairing code the owner approves with `talon pair CODE`.
+    pairing: bool = Field(default=False, validation_alias=_env("TALON_PAIRING"))
+
     # --- logging -----------------------------------------------------------------------------
     log_level: str = Field(default="INFO", validation_alias=_env("TALON_LOG_LEVEL"))
 
@@ -183,6 +198,35 @@ class Settings(BaseSettings):
 
     def telegram_configured(self) -> bool:
         return bool(self.telegram_bot_token)
+
+    @property
+    def telegram_webhook_mode(self) -> bool:
+        return bool(self.telegram_webhook_url.strip())
+
+    def check_telegram_webhook(self) -> None:
+        """In webhook mode, raise ConfigError naming the setting that is missing or invalid.
+
+        Fails closed: without a secret token anyone who finds the URL could talk to the agent.
+        """
+        if not self.telegram_webhook_mode:
+            return
+        url = self.telegram_webhook_url.strip()
+        parts = urlsplit(url)
+        if parts.scheme != "https" or not parts.hostname or parts.fragment:
+            raise ConfigError(f"TALON_TELEGRAM_WEBHOOK_URL={url!r} must be the public https URL Telegram "
+                              "should post to, e.g. https://talon.example.com/telegram/webhook",
+                              ["TALON_TELEGRAM_WEBHOOK_URL"])
+        if not self.telegram_webhook_secret:
+            raise ConfigError("TALON_TELEGRAM_WEBHOOK_URL is set but TALON_TELEGRAM_WEBHOOK_SECRET is not: "
+                              "webhook mode needs a secret token (1-256 characters of A-Z, a-z, 0-9, _ "
+                              "and -) so that only Telegram can post updates",
+                              ["TALON_TELEGRAM_WEBHOOK_SECRET"])
+        if not _WEBHOOK_SECRET.fullmatch(self.telegram_webhook_secret):
+            raise ConfigError("TALON_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z, a-z, 0-9, _ "
+                              "and - (Telegram's rule for secret tokens)",
+                              ["TALON_TELEGRAM_WEBHOOK_SECRET"])
+        if not self.telegram_webhook_path.startswith("/"):
+            raise ConfigError("TALON_TELEGRAM_WEBHOOK_PATH must start with '/'", ["TALON_TELEGRAM_WEBHOOK_PATH"])
 
     def whatsapp_configured(self) -> bool:
         return bool(self.twilio_account_sid and self.twilio_whatsapp_from)

@@ -12,7 +12,8 @@
     │   ├── ProviderUnavailable     network, timeout, 5xx, rate limit after retries
     │   ├── ContextOverflow         the request was longer than the model's window
     │   └── ImageRejected           the model refused an image in the request (400)
-    └── DeliveryError               a reply or file could not be delivered to the chat
+    ├── DeliveryError               a reply or file could not be delivered to the chat
+    └── PairingError                `talon pair`: no live request has that code
 """
 
 from __future__ import annotations
@@ -79,3 +80,7 @@ class DeliveryError(TalonError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class PairingError(TalonError):
+    """A pairing code that names no live request (mistyped, expired or dropped)."""

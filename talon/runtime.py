@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from talon.access import AccessGate
 from talon.agent.anthropic_provider import AnthropicProvider
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.openai_provider import OpenAIProvider
@@ -27,6 +28,7 @@ from talon.speech import Transcriber
 
 if TYPE_CHECKING:
     from channels.base import Channel
+    from channels.http import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +88,22 @@ class Runtime:
     bridge: Bridge
     channels: list["Channel"] = field(default_factory=list)
     transcriber: Transcriber | None = None
+    http: "HttpServer | None" = None  # shared by the channels' webhooks; routes added already
 
     async def start(self) -> None:
         for channel in self.channels:
             self.bridge.add_channel(channel)
         # Pending messages from an earlier run go first, before new ones can arrive.
         self.bridge.recover()
+        if self.http is not None:
+            # Listening before the channels start: a webhook that comes early gets 503 and is retried.
+            await self.http.start()
         for channel in self.channels:
             await channel.start(self.bridge)
 
     async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.stop()  # no new webhooks; those in flight finish first
         for channel in self.channels:
             try:
                 await channel.stop()
@@ -106,9 +114,11 @@ class Runtime:
         if self.transcriber is not None:
             self.transcriber.close()
         self.inbox.close()
+        self.bridge.gate.close()
 
 
-def build_runtime(settings: Settings, channels: list["Channel"] | None = None) -> Runtime:
+def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *,
+                  http: "HttpServer | None" = None) -> Runtime:
     settings.ensure_dirs()
     store = AttachmentStore(settings.data_dir / "attachments")
     sessions = SessionStore(settings.data_dir)
@@ -138,10 +148,11 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None) -
         store=store,
         limits=settings.limits(),
         media_root=settings.media_root,
+        gate=AccessGate.from_settings(settings),
         normalize=inbound_normalizer(settings, store, transcriber),
         model_label=settings.model,
     )
-    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber)
+    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http)
 
 
 def inbound_vision(settings: Settings) -> bool:
@@ -173,18 +184,30 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
     return normalize
 
 
-def configured_channels(settings: Settings) -> list["Channel"]:
-    """Every platform channel whose settings are present."""
+def shared_http_server(settings: Settings) -> "HttpServer | None":
+    """Talon's one HTTP server, when a configured channel takes webhooks (WhatsApp, or Telegram
+    in webhook mode); the runtime starts it. None when nothing needs to listen."""
+    if settings.whatsapp_configured() or (settings.telegram_configured() and settings.telegram_webhook_mode):
+        from channels.http import HttpServer
+
+        return HttpServer(settings.http_host, settings.http_port)
+    return None
+
+
+def configured_channels(settings: Settings, http: "HttpServer | None" = None) -> list["Channel"]:
+    """Every platform channel whose settings are present. Channels that take webhooks add their
+    routes to ``http`` (see ``shared_http_server``); without it each brings its own server."""
     channels: list[Channel] = []
     if settings.telegram_configured():
         from channels.telegram import TelegramChannel
 
-        channels.append(TelegramChannel(settings))
+        # Raises ConfigError (naming the setting) when webhook mode lacks a valid secret.
+        channels.append(TelegramChannel(settings, http=http))
     if settings.whatsapp_configured():
         from channels.whatsapp import WhatsAppChannel
 
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
-        channels.append(WhatsAppChannel(settings))
+        channels.append(WhatsAppChannel(settings, http=http))
     return channels
 
 

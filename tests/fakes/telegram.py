@@ -312,6 +312,9 @@ class FakeTelegram(LoopbackServer):
         self.downloads: list[str] = []  # file paths served, in order
         self.messages: dict[tuple[int | str, int], dict[str, Any]] = {}  # (chat_id, message_id)
         self.webhook_url = ""
+        self.webhook_secret: str | None = None  # setWebhook's secret_token, as sent
+        self.webhook_allowed_updates: list[str] | None = None
+        self.webhook_last_error: str | None = None  # getWebhookInfo's last_error_message, scripted
         self._updates: deque[dict[str, Any]] = deque()
         self._next_update_id = 1
         self._allowed_updates: frozenset[str] = frozenset()
@@ -957,12 +960,15 @@ class FakeTelegram(LoopbackServer):
                               files: dict[str, UploadedFile]) -> Any:
         with self._cond:
             self.webhook_url = params.get("url", "")
+            self.webhook_secret = params.get("secret_token")
+            self.webhook_allowed_updates = params.get("allowed_updates")
         return True
 
     async def _api_deleteWebhook(self, params: dict[str, Any],
                                  files: dict[str, UploadedFile]) -> Any:
         with self._cond:
             self.webhook_url = ""
+            self.webhook_secret = None
             if params.get("drop_pending_updates"):
                 self._updates.clear()
         return True
@@ -970,8 +976,12 @@ class FakeTelegram(LoopbackServer):
     async def _api_getWebhookInfo(self, params: dict[str, Any],
                                   files: dict[str, UploadedFile]) -> Any:
         with self._cond:
-            return {"url": self.webhook_url, "has_custom_certificate": False,
-                    "pending_update_count": len(self._updates)}
+            info: dict[str, Any] = {"url": self.webhook_url, "has_custom_certificate": False,
+                                    "pending_update_count": len(self._updates)}
+            if self.webhook_url and self.webhook_last_error:
+                info.update(last_error_date=int(time.time()),
+                            last_error_message=self.webhook_last_error)
+            return info
 
     async def _api_getUpdates(self, params: dict[str, Any],
                               files: dict[str, UploadedFile]) -> Any:
