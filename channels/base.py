@@ -68,6 +68,9 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None: ...
 
+    async def drain(self) -> None:  # noqa: B027 - optional
+        """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""
+
     @abc.abstractmethod
     async def deliver(
         self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0, on_part: PartCallback | None = None

@@ -9,9 +9,11 @@ same "Could not attach NAME: reason" line a chat would get.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,6 +36,16 @@ _KIND_BY_EXT: dict[str, InboundKind] = {
     ".ogg": "voice", ".oga": "voice", ".opus": "voice", ".mp3": "audio", ".m4a": "audio",
     ".wav": "audio", ".amr": "audio", ".mp4": "video", ".mov": "video", ".webm": "video",
 }
+
+
+def _valid_text(line: str) -> str:
+    """Undecodable input bytes (surrogate escapes in a C/POSIX locale) as U+FFFD: such text could
+    not be stored in the inbox or the session (JSON is UTF-8)."""
+    try:
+        line.encode("utf-8")
+        return line
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 class ConsoleChannel(Channel):
@@ -64,16 +76,30 @@ class ConsoleChannel(Channel):
         self.stdout.flush()
 
     async def _read_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        try:
+            await self._read_lines()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Never leave `talon chat` waiting for a reader that is gone.
+            log.exception("console: reading input failed")
+            self._print(f"! the console stopped reading input: {exc}\n")
+        finally:
+            self.finished.set()
+
+    async def _read_lines(self) -> None:
         self._print("Talon console. Type a message; /attach PATH [caption] sends a file; Ctrl-D quits.\n")
         while True:
             self._print("you> ")
-            line = await loop.run_in_executor(None, self.stdin.readline)
+            try:
+                line = await self._readline()
+            except UnicodeDecodeError:
+                self._print("! that line is not valid UTF-8 text; not sent\n")
+                continue
             if not line:
                 await self._bridge.idle()
-                self.finished.set()
                 return
-            line = line.rstrip("\n")
+            line = _valid_text(line.rstrip("\n"))
             if not line.strip():
                 continue
             message = self._parse(line)
@@ -82,6 +108,31 @@ class ConsoleChannel(Channel):
             self._bridge.submit(message)
             # One exchange at a time keeps the prompt readable.
             await self._bridge.idle()
+
+    def _readline(self) -> "asyncio.Future[str]":
+        """The next line of input, read in a daemon thread: a thread blocked on the terminal
+        must not keep the process alive after Ctrl-C (the default executor would be joined)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+
+        def settle(line: str | None, exc: BaseException | None) -> None:
+            if future.done():
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(line or "")
+
+        def read() -> None:
+            try:
+                line, exc = self.stdin.readline(), None
+            except Exception as error:
+                line, exc = None, error
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, line, exc)
+
+        threading.Thread(target=read, name="console-stdin", daemon=True).start()
+        return future
 
     def _parse(self, line: str) -> InboundMessage | None:
         self._counter += 1

@@ -75,6 +75,7 @@ class MediaLinks:
         self.ttl_s = ttl_s
         self.clock = clock
         self._links: dict[str, _Link] = {}
+        self._unfetched: set[str] = set()  # tokens Twilio has not fetched yet
 
     route = f"{ROUTE_PREFIX}/{{token}}/{{name}}"
 
@@ -92,16 +93,36 @@ class MediaLinks:
         self._prune()
         token = secrets.token_urlsafe(32)
         self._links[token] = link
+        self._unfetched.add(token)
         return f"{self.public_base_url}{ROUTE_PREFIX}/{token}/{quote(link.name, safe='')}"
+
+    def forget(self, url: str) -> None:
+        """Withdraw a link that was never handed to Twilio (its message was refused)."""
+        token = url.rsplit("/", 2)[-2] if url.count("/") >= 2 else ""
+        self._links.pop(token, None)
+        self._unfetched.discard(token)
 
     def _prune(self) -> None:
         now = self.clock()
         for token in [t for t, link in self._links.items() if link.expires <= now]:
             del self._links[token]
+            self._unfetched.discard(token)
 
     def __len__(self) -> int:
         self._prune()
         return len(self._links)
+
+    async def wait_fetched(self, timeout_s: float) -> int:
+        """Wait, at most ``timeout_s``, until every live link was fetched at least once; the
+        number still waiting. Twilio fetches a file after the message naming it was created,
+        so stopping the server at once would lose a file sent just before."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            self._prune()
+            if not self._unfetched or loop.time() >= deadline:
+                return len(self._unfetched)
+            await asyncio.sleep(0.05)
 
     # --- serving --------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -121,9 +142,14 @@ class MediaLinks:
             "X-Content-Type-Options": "nosniff",
         }
         if link.data is not None:
-            return web.Response(body=None if request.method == "HEAD" else link.data,
-                                headers={**headers, "Content-Length": str(len(link.data))})
-        return await self._serve_file(request, link, headers)
+            response: web.StreamResponse = web.Response(
+                body=None if request.method == "HEAD" else link.data,
+                headers={**headers, "Content-Length": str(len(link.data))})
+        else:
+            response = await self._serve_file(request, link, headers)
+        if request.method != "HEAD":
+            self._unfetched.discard(token)
+        return response
 
     async def _serve_file(self, request: web.Request, link: _Link,
                           headers: dict[str, str]) -> web.StreamResponse:

@@ -211,6 +211,7 @@ class TelegramChannel(Channel):
         self._watchdog_interval = watchdog_interval_s
         self._stall_after = stall_after_s or (settings.telegram_poll_timeout_s + 60.0)
         self.polling_restarts = 0
+        self.startup_retry_max_s = 60.0
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
         # Webhook mode: Telegram posts updates to a route on Talon's shared HTTP server.
         self.webhook_url = settings.telegram_webhook_url.strip()
@@ -233,12 +234,7 @@ class TelegramChannel(Channel):
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, bridge: Any) -> None:
         self._bridge = bridge
-        try:
-            await self.app.initialize()
-        except InvalidToken:
-            # PTB's message repeats the token; ours must not.
-            raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN (401 Unauthorized): check the token "
-                              "from @BotFather", ["TELEGRAM_BOT_TOKEN"]) from None
+        await self._initialize()
         await self.app.start()
         if self.http is not None:
             await self._start_webhook()
@@ -246,6 +242,25 @@ class TelegramChannel(Channel):
         await self._start_polling()
         log.info("telegram: polling as @%s", self.bot.username)
         self._watchdog = asyncio.create_task(self._watch_polling(), name="telegram-watchdog")
+
+    async def _initialize(self) -> None:
+        """getMe, waiting out a network that is not up yet (a server booting) instead of dying."""
+        delay = 1.0
+        while True:
+            try:
+                await self.app.initialize()
+                return
+            except InvalidToken:
+                # PTB's message repeats the token; ours must not.
+                raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN (401 Unauthorized): check the "
+                                  "token from @BotFather", ["TELEGRAM_BOT_TOKEN"]) from None
+            except NetworkError as exc:
+                if isinstance(exc, BadRequest):
+                    raise
+                log.warning("telegram: cannot reach the Bot API at %s (%s); retrying in %.0fs",
+                            self.settings.telegram_api_base_url, type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.startup_retry_max_s)
 
     async def _start_webhook(self) -> None:
         """Listen (if the server is ours), then point Telegram at us; never poll in this mode."""
@@ -286,13 +301,20 @@ class TelegramChannel(Channel):
             # Before the application: requests in flight finish (an album may still be flushed).
             # The webhook stays set, so Telegram keeps new updates until we are back.
             await self.http.stop()
-        for album in self._albums.values():
-            if album.timer:
-                album.timer.cancel()
         if self.app.updater and self.app.updater.running:
             await self.app.updater.stop()
         if self.app.running:
-            await self.app.stop()
+            await self.app.stop()  # handles the updates already fetched first
+        # Polling confirmed every update it fetched, so Telegram will not send an album that is
+        # still being gathered again: submit what arrived of it (the inbox keeps it for the next
+        # start) rather than dropping it.
+        for key, album in list(self._albums.items()):
+            if album.timer:
+                album.timer.cancel()
+            try:
+                self._flush_album(key)
+            except Exception:
+                log.exception("telegram: album %s could not be stored at stop", key)
         await self.app.shutdown()
         await self._http.aclose()
 
@@ -426,7 +448,16 @@ class TelegramChannel(Channel):
         if msg.media_group_id:
             self._collect_album(msg, files)
             return
-        self._submit(msg, msg.text or msg.caption or "", files)
+        text = msg.text or msg.caption or ""
+        if not text and not files:
+            described = _described_content(msg)
+            if described is None:
+                # A service message (a pin, a timer change...): nobody said anything to answer.
+                log.info("telegram: chat=%s: message %s has no text or media; nothing to answer",
+                         msg.chat.id, msg.message_id)
+                return
+            text = described
+        self._submit(msg, text, files)
 
     def _collect_album(self, msg: TgMessage, files: list[RemoteFile]) -> None:
         """Telegram sends an album as one message per item; gather them into one turn."""
@@ -533,6 +564,11 @@ class TelegramChannel(Channel):
             await self._send_media_part(chat_id, part)
 
     async def _send_text(self, chat_id: str, markdown: str) -> None:
+        if not plain_text_fallback(markdown).strip():
+            # Markup with no words in it (a bare "#", an empty code block): Telegram refuses an
+            # empty message, and that refusal would end the whole reply, files and all.
+            log.info("telegram: chat=%s: a reply part renders to no text; skipped", chat_id)
+            return
         html = markdown_to_telegram_html(markdown)
         try:
             await self._with_retries(
@@ -767,6 +803,31 @@ def _remote_files(msg: TgMessage) -> list[RemoteFile]:
         files.append(RemoteFile(kind="sticker", source=s.file_id, name=f"sticker_{msg.message_id}.webp",
                                 mime="image/webp", size=s.file_size, emoji=s.emoji, animated=animated))
     return files
+
+
+def _described_content(msg: TgMessage) -> str | None:
+    """Words for the agent about a message that carries neither text nor a file (a location, a
+    contact...); None for a service message, which is not something a person said."""
+    if msg.venue:
+        v = msg.venue
+        place = ", ".join(p for p in (v.title, v.address) if p)
+        return f"[Shared a place: {v.location.latitude}, {v.location.longitude} ({place})]"
+    if msg.location:
+        return f"[Shared a location: {msg.location.latitude}, {msg.location.longitude}]"
+    if msg.contact:
+        c = msg.contact
+        name = " ".join(p for p in (c.first_name, c.last_name) if p)
+        return f"[Shared a contact: {name}, {c.phone_number}]"
+    if msg.poll:
+        options = "; ".join(o.text for o in msg.poll.options)
+        return f"[Sent a poll: {msg.poll.question} (options: {options})]"
+    if msg.dice:
+        return f"[Rolled a {msg.dice.emoji}: {msg.dice.value}]"
+    attachment = msg.effective_attachment
+    if attachment:
+        kind = type(attachment[0] if isinstance(attachment, tuple) else attachment).__name__
+        return f"[Sent something Talon cannot show: a Telegram {kind}]"
+    return None
 
 
 # --- outbound planning (pure) -----------------------------------------------------------------

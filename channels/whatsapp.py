@@ -78,6 +78,8 @@ SEND_TRIES = 3
 DOWNLOAD_TRIES = 3
 MAX_REDIRECTS = 5
 SEND_TIMEOUT_S = 60.0
+# At stop, how long to keep serving files Twilio has not fetched yet (it does so within seconds).
+MEDIA_DRAIN_S = 10.0
 CAPTION_MAX = 1024  # WhatsApp shows at most this much under a photo or video
 MAX_NUM_MEDIA = 10  # Twilio's own maximum per inbound message
 # Twilio's media URLs are on api.twilio.com and redirect to a short-lived URL on mms.twiliocdn.com
@@ -357,7 +359,7 @@ class WhatsAppChannel(Channel):
     name = "whatsapp"
 
     def __init__(self, settings: Settings, *, http: HttpServer | None = None,
-                 retry_base_s: float = 1.0) -> None:
+                 retry_base_s: float = 1.0, media_drain_s: float = MEDIA_DRAIN_S) -> None:
         check_whatsapp_settings(settings)
         self.settings = settings
         self.limits: Limits = settings.limits()
@@ -371,6 +373,7 @@ class WhatsAppChannel(Channel):
         self.insecure = settings.whatsapp_insecure_no_signature
         self.media_hosts = MediaHosts(settings.twilio_media_hosts, settings.twilio_api_base_url)
         self.retry_base_s = retry_base_s
+        self.media_drain_s = media_drain_s
         self._validator = RequestValidator(self.auth_token) if self.auth_token else None
         self._owns_http = http is None
         self.http = http or HttpServer(settings.http_host, settings.http_port)
@@ -416,6 +419,15 @@ class WhatsAppChannel(Channel):
         log.info("whatsapp: webhook at %s%s (listening on %s:%s), sending as %s",
                  self.public_base_url or "<no public URL>", self.webhook_path, self.http.host,
                  self.http.port if self.http.running else self.http.requested_port, self.sender)
+
+    async def drain(self) -> None:
+        if self.links is None or self.media_drain_s <= 0:
+            return
+        waiting = await self.links.wait_fetched(self.media_drain_s)
+        if waiting:
+            log.warning("whatsapp: stopping although Twilio has not fetched %d file(s) sent in the last "
+                        "%gs; those will not arrive (Twilio reports error 11200)", waiting,
+                        self.settings.media_url_ttl_s)
 
     async def stop(self) -> None:
         if self._owns_http:
@@ -643,13 +655,18 @@ class WhatsAppChannel(Channel):
             if caption and not body:  # documents and audio carry no caption on WhatsApp
                 await self._send(chat_id, body=caption, what="caption")
                 caption = ""
+            sent = False
             try:
                 await self._send(chat_id, body=body, media_url=url, what=f"{fitted.kind} {fitted.name}")
+                sent = True
                 caption = ""
             except TwilioRefused as exc:
                 if exc.chat_level:
                     raise
                 failures.append(attach_failure_line(fitted.name, exc.reason))
+            finally:
+                if not sent and self.links is not None:
+                    self.links.forget(url)  # nobody will fetch it: stop need not wait for it
         if caption:  # the file did not go out: the words still must
             await self._send(chat_id, body=caption, what="caption")
         if failures:

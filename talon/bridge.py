@@ -65,14 +65,32 @@ class Bridge:
     model_label: str = ""
     # Waits between in-run retries of a reply whose delivery failed for a transient reason.
     delivery_backoff_s: tuple[float, ...] = (5.0, 20.0, 60.0)
+    # How long stop waits for a reply already being delivered before cutting it off.
+    stop_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, asyncio.Queue[InboxItem]] = {}
         self._workers: dict[ChatKey, asyncio.Task[None]] = {}
+        # Channels whose messages may be handled now. A chat's worker starts only once its channel
+        # has started: a message recovered at start-up must not be downloaded or answered
+        # through a channel whose clients do not exist yet.
+        self._started: set[str] = set()
+        self._stopped = False
+        self._delivering: set[ChatKey] = set()  # chats whose reply is being sent right now
         self.turns_started = 0
 
-    def add_channel(self, channel: "Channel") -> None:
+    def add_channel(self, channel: "Channel", *, started: bool = True) -> None:
+        """Register a channel; with ``started=False`` its messages wait in their queues until
+        ``channel_started`` (the runtime recovers the inbox before the channels start)."""
         self.channels[channel.name] = channel
+        if started:
+            self.channel_started(channel.name)
+
+    def channel_started(self, name: str) -> None:
+        self._started.add(name)
+        for chat in list(self._queues):
+            if chat.channel == name:
+                self._start_worker(chat)
 
     # --- intake ---------------------------------------------------------------------------
     def submit(self, message: InboundMessage) -> bool:
@@ -101,6 +119,13 @@ class Bridge:
         chat = ChatKey(item.message.channel, item.message.chat_id)
         queue = self._queues.setdefault(chat, asyncio.Queue())
         queue.put_nowait(item)
+        self._start_worker(chat)
+
+    def _start_worker(self, chat: ChatKey) -> None:
+        # After stop, a message that still arrives (a webhook in flight, an album flushed by its
+        # channel) is only stored: it is in the inbox and is answered at the next start.
+        if self._stopped or chat.channel not in self._started:
+            return
         worker = self._workers.get(chat)
         if worker is None or worker.done():
             self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
@@ -109,6 +134,8 @@ class Bridge:
         queue = self._queues[chat]
         while True:
             try:
+                if self._stopped:  # the rest stays pending in the inbox for the next start
+                    raise asyncio.QueueEmpty
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
                 # No await between the empty check and the removal: a new message cannot
@@ -129,9 +156,20 @@ class Bridge:
             await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
 
     async def stop(self) -> None:
-        for task in list(self._workers.values()):
+        """Start no new turns; cancel those in flight (their messages stay pending and are
+        resumed at the next start), but let a reply that is being delivered finish, for up to
+        ``stop_grace_s``: cut off between a send and its record, a part would be sent twice."""
+        self._stopped = True
+        workers = dict(self._workers)
+        delivering = [task for chat, task in workers.items() if chat in self._delivering]
+        for chat, task in workers.items():
+            if chat not in self._delivering:
+                task.cancel()
+        if delivering:
+            await asyncio.wait(delivering, timeout=self.stop_grace_s)
+        for task in workers.values():
             task.cancel()
-        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        await asyncio.gather(*workers.values(), return_exceptions=True)
         self._workers.clear()
 
     # --- one message ----------------------------------------------------------------------
@@ -183,6 +221,15 @@ class Bridge:
         resumed at the next start. A permanent refusal (the user blocked the bot, the chat is
         gone) is logged and the message closed: retrying could never succeed.
         """
+        chat = ChatKey(message.channel, message.chat_id)
+        self._delivering.add(chat)
+        try:
+            await self._deliver_reply(channel, message, reply, skip_parts)
+        finally:
+            self._delivering.discard(chat)
+
+    async def _deliver_reply(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
+                             skip_parts: int) -> None:
         key = message.key
         ids = f"channel={message.channel} chat={message.chat_id} message={message.message_id}"
 

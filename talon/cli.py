@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import ValidationError
 
@@ -18,11 +18,41 @@ from talon.errors import ConfigError, PairingError
 log = logging.getLogger("talon")
 
 
-def _setup_logging(level: str) -> None:
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_REDACTED = "[REDACTED]"
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Formats as usual, then blanks out every secret: third-party libraries log what they like
+    at DEBUG (python-telegram-bot logs its API URLs, which hold the bot token)."""
+
+    def __init__(self, fmt: str, secrets: Iterable[str]) -> None:
+        super().__init__(fmt)
+        # Longest first, so that a secret containing another is blanked whole. Very short values
+        # are skipped: they are not real credentials and would blank ordinary words.
+        self._secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for secret in self._secrets:
+            text = text.replace(secret, _REDACTED)
+        return text
+
+
+def _secrets(settings: Settings) -> list[str]:
+    return [value.strip() for value in (settings.telegram_bot_token, settings.twilio_auth_token,
+                                        settings.openai_api_key, settings.anthropic_api_key,
+                                        settings.telegram_webhook_secret) if value.strip()]
+
+
+def _setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=_LOG_FORMAT,
     )
+    formatter = _RedactingFormatter(_LOG_FORMAT, secrets)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     # httpx logs every request URL, which for Telegram contains the bot token.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
@@ -69,7 +99,7 @@ async def _chat(settings: Settings) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _load_settings()
-    _setup_logging(settings.log_level)
+    _setup_logging(settings.log_level, _secrets(settings))
     missing: list[str] = []
     problems: list[str] = []
     try:
@@ -91,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     settings = _load_settings()
-    _setup_logging(settings.log_level if args.verbose else "WARNING")
+    _setup_logging(settings.log_level if args.verbose else "WARNING", _secrets(settings))
     try:
         settings.check_model()
         return asyncio.run(_chat(settings))

@@ -92,16 +92,26 @@ class Runtime:
 
     async def start(self) -> None:
         for channel in self.channels:
-            self.bridge.add_channel(channel)
-        # Pending messages from an earlier run go first, before new ones can arrive.
+            self.bridge.add_channel(channel, started=False)
+        # Pending messages from an earlier run go first, before new ones can arrive; each chat's
+        # messages are handled once its channel has started.
         self.bridge.recover()
         if self.http is not None:
             # Listening before the channels start: a webhook that comes early gets 503 and is retried.
             await self.http.start()
         for channel in self.channels:
             await channel.start(self.bridge)
+            self.bridge.channel_started(channel.name)
 
     async def stop(self) -> None:
+        # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
+        # against channels that are shutting down. What still arrives is stored, not started.
+        await self.bridge.stop()
+        for channel in self.channels:
+            try:
+                await channel.drain()
+            except Exception:
+                log.exception("draining channel %s failed", channel.name)
         if self.http is not None:
             await self.http.stop()  # no new webhooks; those in flight finish first
         for channel in self.channels:
@@ -109,7 +119,6 @@ class Runtime:
                 await channel.stop()
             except Exception:
                 log.exception("stopping channel %s failed", channel.name)
-        await self.bridge.stop()
         await self.agent.aclose()
         if self.transcriber is not None:
             self.transcriber.close()

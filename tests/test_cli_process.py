@@ -132,3 +132,20 @@ def test_doctor_reports_configuration_without_secrets(tmp_path: Path) -> None:
     assert "telegram allowlist  42" in result.stdout
     assert "transcriber" in result.stdout and "ok (faster-whisper)" in result.stdout
     assert "secret" not in result.stdout
+
+
+def test_debug_log_never_shows_the_bot_token_or_api_key(tmp_path: Path, fakes) -> None:
+    # python-telegram-bot logs its API URLs (which hold the token) at DEBUG.
+    tg, llm = fakes
+    env = settings_env(tmp_path, tg.base_url, llm.base_url, TALON_LOG_LEVEL="DEBUG",
+                       OPENAI_API_KEY="sk-test-secret-key")
+    proc, log_path = start_talon(tmp_path, env, "debug.log")
+    try:
+        tg.push_update(tg.text_message(ALICE, "hello", user_id=ALICE))
+        tg.wait_for_sync("sendMessage", to_chat(ALICE), timeout=30)
+    finally:
+        code = stop_talon(proc)
+    log = log_path.read_text()
+    assert "DEBUG telegram" in log and "[REDACTED]" in log, log
+    assert TOKEN not in log and "sk-test-secret-key" not in log
+    assert code == 0, log

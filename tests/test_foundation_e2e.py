@@ -275,3 +275,12 @@ async def test_new_and_status_commands(tg: FakeTelegram, llm: FakeOpenAI, settin
     assert len(llm.requests) == 2  # commands never reach the model
     assert "Tom" not in json.dumps(llm.requests[1].json)  # the fresh thread starts empty
     assert "Tom" in old.read_text()  # and the old one is kept on disk
+
+
+async def test_bot_api_unreachable_at_start_is_waited_out(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    tg.drop_connection_next("getMe", times=2)  # the network is not up yet when Talon boots
+    async with running(settings):
+        tg.push_update(tg.text_message(ALICE, "morning", user_id=ALICE))
+        [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE))
+    assert reply.params["text"] == "echo: morning"
+    assert len([c for c in tg.calls if c.method == "getMe"]) >= 3

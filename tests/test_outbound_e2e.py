@@ -550,3 +550,16 @@ async def test_file_the_agent_writes_arrives_in_the_chat(tg: FakeTelegram, llm: 
     assert doc.params.get("caption") == "Here is the table."
     tool_reply = [m for m in llm.requests[1].json["messages"] if m["role"] == "tool"][0]
     assert "weather.csv" in tool_reply["content"]
+
+
+async def test_text_that_renders_to_nothing_does_not_stop_the_files(
+    tg: FakeTelegram, llm: FakeOpenAI, settings: Settings
+) -> None:
+    # A bare "#" (an empty heading) renders to no text at all, which Telegram refuses to send.
+    a = pdf(root(settings) / "a.pdf")
+    b = pdf(root(settings) / "b.pdf")
+    llm.queue("#\n\n![a](a.pdf)\n\n![b](b.pdf)")
+    async with running(settings) as runtime:
+        await ask(tg, runtime)
+    docs = [upload(c).file.data for c in sends(tg) if c.method == "sendDocument"]
+    assert docs == [a, b]

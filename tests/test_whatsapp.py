@@ -82,8 +82,9 @@ def settings(tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[tuple[Runtime, WhatsAppChannel]]:
-    channel = WhatsAppChannel(settings, retry_base_s=0.01)
+async def running(settings: Settings, *, media_drain_s: float = 0.0) -> AsyncIterator[tuple[Runtime, WhatsAppChannel]]:
+    # No wait at stop for media links nobody fetches (the fake Twilio does not fetch them itself).
+    channel = WhatsAppChannel(settings, retry_base_s=0.01, media_drain_s=media_drain_s)
     runtime = build_runtime(settings, [channel])
     await runtime.start()
     try:
@@ -434,6 +435,52 @@ async def test_media_token_expires_and_made_up_tokens_are_404(
         assert (await fetch(channel, f"{PUBLIC}/media/{secrets.token_urlsafe(32)}/chart.png"))[0] == 404
         await asyncio.sleep(1.2)
         assert (await fetch(channel, url))[0] == 404
+
+
+async def test_file_sent_just_before_stop_is_still_served_to_twilio(
+    twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings
+) -> None:
+    # Twilio fetches a MediaUrl after the message was created; Talon stopping right then must not
+    # leave it a refused connection (error 11200, a file that silently never arrives).
+    settings.media_root.mkdir(parents=True, exist_ok=True)
+    chart = png()
+    (settings.media_root / "chart.png").write_bytes(chart)
+    llm.queue("![c](chart.png)")
+    async with contextlib.AsyncExitStack() as stack:
+        runtime, channel = await stack.enter_async_context(running(settings, media_drain_s=10.0))
+        await post(channel, twilio.inbound_params(ALICE, "chart"), sign_with=twilio)
+        [msg] = await twilio.wait_for_messages(1, to=ALICE)
+        base = channel.http.local_url
+        stopping = asyncio.create_task(runtime.stop())
+        await asyncio.sleep(0.3)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base + urlsplit(msg.media_urls[0]).path) as resp:
+                status, body = resp.status, await resp.read()
+        started = time.monotonic()
+        await stopping
+        assert time.monotonic() - started < 5  # fetched: no need to wait any longer
+        stack.pop_all()  # stopped already
+    assert (status, body) == (200, chart)
+
+
+async def test_file_in_a_refused_message_is_not_waited_for_at_stop(
+    twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings
+) -> None:
+    settings.media_root.mkdir(parents=True, exist_ok=True)
+    (settings.media_root / "chart.png").write_bytes(png())
+    twilio.fail_next(400, 63016, "Failed to send freeform message because you are outside the allowed window.")
+    llm.queue("![c](chart.png)")
+    async with contextlib.AsyncExitStack() as stack:
+        runtime, channel = await stack.enter_async_context(running(settings, media_drain_s=10.0))
+        await post(channel, twilio.inbound_params(ALICE, "chart"), sign_with=twilio)
+        await asyncio.sleep(0.2)
+        await runtime.bridge.idle()
+        assert [m.status for m in twilio.messages] == [400]
+        assert channel.links is not None and len(channel.links) == 0  # the link was withdrawn
+        started = time.monotonic()
+        stack.pop_all()
+        await runtime.stop()
+        assert time.monotonic() - started < 5
 
 
 async def test_file_swapped_after_sending_is_not_served(

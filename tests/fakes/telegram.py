@@ -324,6 +324,8 @@ class FakeTelegram(LoopbackServer):
         self._file_seq = itertools.count(1)
         self._message_ids: dict[int | str, int] = {}
         self._chats: dict[int | str, dict[str, Any]] = {}
+        # Seconds to hold a method's successful answer after the call was recorded (a slow API).
+        self.response_delay: dict[str, float] = {}
 
     @property
     def base_url(self) -> str:
@@ -909,6 +911,8 @@ class FakeTelegram(LoopbackServer):
             record(500)
             return self._error(500, f"Internal Server Error: fake failed: {exc!r}")
         record(200, result)
+        if self.response_delay.get(method):
+            await asyncio.sleep(self.response_delay[method])
         return web.json_response({"ok": True, "result": result})
 
     @staticmethod
