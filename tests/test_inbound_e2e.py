@@ -214,3 +214,25 @@ async def test_photo_the_model_refuses_does_not_break_the_chat(
     # the refused photo is not sent again with later messages
     assert image_urls(llm.requests[-1]) == []
     assert len(llm.requests) == 3
+
+
+async def test_location_and_contact_reach_the_model_and_service_messages_get_no_turn(
+    tg: FakeTelegram, llm: FakeOpenAI, settings: Settings
+) -> None:
+    async with running(settings) as runtime:
+        # Pinning a message in the chat is a service message: nobody said anything to answer.
+        tg.push_update(tg._incoming(ALICE, {"pinned_message": {"message_id": 1, "date": 0,
+                                                               "chat": {"id": ALICE, "type": "private"}}}))
+        tg.push_update(tg._incoming(ALICE, {"location": {"latitude": 48.8584, "longitude": 2.2945}}))
+        tg.push_update(tg._incoming(ALICE, {"venue": {"location": {"latitude": 51.5, "longitude": -0.12},
+                                                      "title": "Big Ben", "address": "Westminster"},
+                                            "location": {"latitude": 51.5, "longitude": -0.12}}))
+        tg.push_update(tg._incoming(ALICE, {"contact": {"phone_number": "+15550001111", "first_name": "Ann",
+                                                        "last_name": "Lee"}}))
+        await tg.wait_for("sendMessage", to_alice, count=3, timeout=20)
+        await runtime.bridge.idle()
+    seen = [last_user_text(r) for r in llm.requests]
+    assert len(seen) == 3, seen
+    assert "48.8584, 2.2945" in seen[0] and "location" in seen[0].lower()
+    assert "Big Ben" in seen[1] and "Westminster" in seen[1] and "51.5, -0.12" in seen[1]
+    assert "Ann Lee" in seen[2] and "+15550001111" in seen[2]
