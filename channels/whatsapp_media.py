@@ -25,12 +25,12 @@ from pathlib import PurePosixPath
 from typing import BinaryIO, Literal
 
 import av
-from PIL import Image, ImageOps
+from PIL import Image
 
 from talon.config import MB, Limits
 from talon.errors import MediaError
 from talon.media import OutboundMedia
-from talon.media.images import encode_to_fit
+from talon.media.images import encode_to_fit, upright
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +128,8 @@ def reencode_image(media: OutboundMedia, limits: Limits) -> WhatsAppMedia:
         if pixels > limits.image_max_pixels:
             raise MediaError(f"{pixels / 1e6:.0f} MP is over the {limits.image_max_pixels / 1e6:.0f} MP decode limit")
         im.load()
-        upright = ImageOps.exif_transpose(im)
         data, mime, (w, h) = encode_to_fit(
-            upright, max_side=IMAGE_MAX_SIDE, max_bytes=limits.whatsapp_image_max_bytes
+            upright(im), max_side=IMAGE_MAX_SIDE, max_bytes=limits.whatsapp_image_max_bytes
         )
     name = _renamed(media.name, ".png" if mime == "image/png" else ".jpg")
     return WhatsAppMedia(kind="image", name=name, mime=mime, size=len(data), data=data,

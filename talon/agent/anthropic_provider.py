@@ -26,6 +26,7 @@ from typing import Any
 import anthropic
 
 from talon.agent.provider import (
+    MISSING_BYTES,
     Hydrate,
     ModelRequest,
     ModelResponse,
@@ -36,6 +37,7 @@ from talon.agent.provider import (
     has_images,
     image_placeholder,
     mentions_image,
+    try_hydrate,
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
@@ -78,7 +80,10 @@ def _image(block: ImageBlock, hydrate: Hydrate, vision: bool) -> dict[str, Any]:
         return {"type": "text", "text": image_placeholder(block, "this model takes no images")}
     if block.ref.mime not in ANTHROPIC_IMAGE_TYPES:
         return {"type": "text", "text": image_placeholder(block, f"{block.ref.mime} is not an image type this model takes")}
-    match = _DATA_URL.match(hydrate(block))
+    url = try_hydrate(hydrate, block)
+    if url is None:
+        return {"type": "text", "text": image_placeholder(block, MISSING_BYTES)}
+    match = _DATA_URL.match(url)
     if match is None:
         return {"type": "text", "text": image_placeholder(block, "its bytes could not be read")}
     return {"type": "image", "source": {"type": "base64", "media_type": match["mime"], "data": match["data"]}}
@@ -89,7 +94,9 @@ def _content(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[str
     for block in blocks:
         if isinstance(block, ImageBlock):
             out.append(_image(block, hydrate, vision))
-        elif text := block_text(block):
+        elif (text := block_text(block)) and text.strip():
+            # The API refuses whitespace-only text (Claude itself often writes "\n\n" before a
+            # tool call); the caller's placeholder covers a message left with nothing.
             out.append({"type": "text", "text": text})
     return out
 
@@ -149,7 +156,7 @@ def from_anthropic_message(resp: Any) -> Message:
         elif kind == "tool_use":
             calls.append(ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input or {})))
     text = "".join(texts)
-    return Message(role="assistant", content=[TextBlock(text=text)] if text else [], tool_calls=calls)
+    return Message(role="assistant", content=[TextBlock(text=text)] if text.strip() else [], tool_calls=calls)
 
 
 def is_prompt_too_long(exc: anthropic.APIStatusError) -> bool:
@@ -214,6 +221,9 @@ class AnthropicProvider(Provider):
             raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
         except anthropic.APIStatusError as exc:
             if exc.status_code == 413:
+                if self.vision and has_images(request.messages):  # 32 MB of request: images
+                    raise ImageRejected(f"the request with its images is too large for the API (413): "
+                                        f"{exc.message}") from exc
                 raise ContextOverflow(f"the request is too large for the API (413): {exc.message}") from exc
             if exc.status_code in (408, 429) or exc.status_code >= 500:
                 raise ProviderUnavailable(f"the model server is unavailable ({exc.status_code}): {exc.message}") from exc

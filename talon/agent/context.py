@@ -467,6 +467,9 @@ async def summarize_step(messages: list[Message], ctx: RequestContext) -> list[M
     covers = int(messages[cut].meta[IDX])
     previous_text = previous.text if previous is not None else None
     summary = await ctx.summarize(_strip_header(previous_text), list(fresh))
+    request = _folded_request(fresh, messages[cut:])
+    if request is not None:
+        summary = f"{summary.rstrip()}\n\n{request}"
     if ctx.archive is not None:
         append_archive(ctx.archive, fresh, first=first, last=covers - 1, title=ctx.archive_title)
     record = checkpoint_record(summary, covers=covers, archive=ctx.archive)
@@ -474,6 +477,26 @@ async def summarize_step(messages: list[Message], ctx: RequestContext) -> list[M
     log.info("summarized log messages %d-%d (%d in this request) into a checkpoint", first, covers - 1, len(fresh))
     head = record.model_copy(update={"meta": {SUMMARY: True}})
     return [head] + list(messages[cut:])
+
+
+REQUEST_CLIP_CHARS = 2000
+
+
+def _folded_request(fresh: Sequence[Message], kept: Sequence[Message]) -> str | None:
+    """The user's latest message, verbatim, when the cut fell inside its turn (long tool chains).
+
+    The summary model is asked to quote it, but whether the request being worked on survives must
+    not depend on that.
+    """
+    if any(_is_turn_start(m) for m in kept):
+        return None
+    latest = next((m for m in reversed(fresh) if _is_turn_start(m)), None)
+    if latest is None or not latest.text.strip():
+        return None
+    text = latest.text.strip()
+    if len(text) > REQUEST_CLIP_CHARS:
+        text = _clip_text(text, REQUEST_CLIP_CHARS)
+    return f"The request being worked on (the user's latest message, verbatim):\n{text}"
 
 
 _HEADER = re.compile(r"^\[Summary of the earlier conversation[^\]]*\]\s*", re.DOTALL)

@@ -15,6 +15,7 @@ import io
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +60,33 @@ def sniff_kind(path: Path, head: bytes) -> FileKind:
     return "text"
 
 
-def _cut_line(line: str) -> str:
-    if len(line) <= MAX_LINE_CHARS:
+def _cut_line(line: str, more: int = 0) -> str:
+    more += max(0, len(line) - MAX_LINE_CHARS)
+    if not more:
         return line
-    return line[:MAX_LINE_CHARS] + f" [... line cut, {len(line) - MAX_LINE_CHARS:,} more characters]"
+    return line[:MAX_LINE_CHARS] + f" [... line cut, {more:,} more characters]"
+
+
+def _bounded_lines(fh: io.TextIOWrapper, cap: int) -> Iterator[tuple[str, int]]:
+    """Each line (newline stripped) cut to ``cap`` characters, with how many were left out.
+
+    A file that is one 100 MB line must not become one 100 MB string: the rest of a long line is
+    read in pieces and only counted.
+    """
+    while True:
+        line = fh.readline(cap + 1)
+        if not line:
+            return
+        more = 0
+        if not line.endswith("\n") and len(line) > cap:
+            while piece := fh.readline(1 << 16):
+                if piece.endswith("\n"):
+                    more += len(piece) - 1
+                    break
+                more += len(piece)
+            more += len(line) - cap
+            line = line[:cap]
+        yield line.rstrip("\n").rstrip("\r"), more
 
 
 def _encoding(head: bytes) -> str:
@@ -82,7 +106,7 @@ def read_text(path: Path, *, shown: str, offset: int, limit: int, max_chars: int
     counted_all = True
     cut_by_chars = False
     with open(path, "rb") as raw, io.TextIOWrapper(raw, encoding=_encoding(head), errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
+        for number, (line, more) in enumerate(_bounded_lines(fh, MAX_LINE_CHARS), 1):
             total = number
             if number < offset:
                 continue
@@ -91,7 +115,7 @@ def read_text(path: Path, *, shown: str, offset: int, limit: int, max_chars: int
                     counted_all = False
                     break
                 continue
-            text = f"{number:>6}\t{_cut_line(line.rstrip(chr(10)).rstrip(chr(13)))}"
+            text = f"{number:>6}\t{_cut_line(line, more)}"
             if used + len(text) + 1 > max_chars and out:
                 cut_by_chars = True
                 continue

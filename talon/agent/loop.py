@@ -98,6 +98,13 @@ def _image_ids(messages: list[Message], *, newest_only: bool) -> set[str]:
     return ids
 
 
+def _empty_reply_text(finish_reason: str | None) -> str:
+    if finish_reason in ("length", "max_tokens"):
+        return ("I ran out of room before writing an answer (the model's output limit was reached). "
+                "Please ask again, perhaps for something shorter.")
+    return "The model returned an empty reply. Please ask again or rephrase."
+
+
 def _kb(n: int) -> str:
     return f"{n / 1024:.1f} KB" if n < 1024 * 1024 else f"{n / (1024 * 1024):.1f} MB"
 
@@ -290,7 +297,8 @@ class Agent:
                                 "retrying under a smaller budget", chat)
                     budget = shrink_budget(budget, self.profile, _OVERFLOW_SHRINK, self.policy)
                     ctx = self._request_context(chat, history, system, tools, budget, force_summary=True)
-                    messages = await self.pipeline.apply(conversation_view(history), ctx)
+                    messages = self._withhold_refused(
+                        chat, await self.pipeline.apply(conversation_view(history), ctx))
                     messages, _ = clip_trailing_tool_results(messages, max_tokens=clip_tokens, results=results)
                     continue
                 raise ContextOverflow(
@@ -365,6 +373,10 @@ class Agent:
             reply = response.message
             if not reply.tool_calls:
                 meta["final"] = True
+                if not reply.text.strip():
+                    # The channels send nothing for empty text: without this the person would get
+                    # silence (typically a reasoning model that spent its whole output budget).
+                    reply = Message.assistant(_empty_reply_text(response.finish_reason))
             reply = reply.model_copy(update={"meta": meta})
             self.sessions.append(chat, reply)
             history.append(reply)

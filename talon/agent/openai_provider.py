@@ -12,12 +12,15 @@ for the rest of the process and sends the request again, once.
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
 from typing import Any
 
 import openai
 
 from talon.agent.provider import (
+    MISSING_BYTES,
     Hydrate,
     ModelRequest,
     ModelResponse,
@@ -28,6 +31,7 @@ from talon.agent.provider import (
     has_images,
     image_placeholder,
     mentions_image,
+    try_hydrate,
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
@@ -38,10 +42,12 @@ def _user_parts(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[
     parts: list[dict[str, Any]] = []
     for block in blocks:
         if isinstance(block, ImageBlock):
-            if vision:
-                parts.append({"type": "image_url", "image_url": {"url": hydrate(block)}})
+            url = try_hydrate(hydrate, block) if vision else None
+            if url is not None:
+                parts.append({"type": "image_url", "image_url": {"url": url}})
             else:
-                parts.append({"type": "text", "text": image_placeholder(block, "this model takes no images")})
+                reason = MISSING_BYTES if vision else "this model takes no images"
+                parts.append({"type": "text", "text": image_placeholder(block, reason)})
             continue
         text = block_text(block)
         if text:
@@ -59,6 +65,22 @@ def _plain(blocks: list[Any], vision_note: str) -> str:
             if text:
                 out.append(text)
     return "\n".join(out)
+
+
+def _json_arguments(call: ToolCall) -> str:
+    """The call's arguments as a JSON object text, as servers that parse them require.
+
+    A model cut off by its output limit (or a small local one) can write arguments that are not
+    JSON; vLLM and llama.cpp parse every call in the history and would refuse each later request.
+    The raw text is kept inside a JSON object, as the Anthropic adapter does.
+    """
+    try:
+        value = json.loads(call.arguments or "{}")
+    except ValueError:
+        return json.dumps({"_unparsed_arguments": call.arguments}, ensure_ascii=False)
+    if isinstance(value, dict):
+        return call.arguments or "{}"
+    return json.dumps({"_arguments": value}, ensure_ascii=False)
 
 
 def to_openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -103,7 +125,7 @@ def to_openai_messages(
             entry: dict[str, Any] = {"role": "assistant", "content": msg.text or None}
             if msg.tool_calls:
                 entry["tool_calls"] = [
-                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_arguments(c)}}
                     for c in msg.tool_calls
                 ]
             elif entry["content"] is None:
@@ -114,28 +136,63 @@ def to_openai_messages(
                 [b for b in msg.content if not isinstance(b, ImageBlock)], "not attached"
             )
             images = msg.images()
+            urls = [try_hydrate(hydrate, b) for b in images] if vision else []
+            if vision and any(url is None for url in urls):
+                text = (text + "\n" if text else "") + "\n".join(
+                    image_placeholder(b, MISSING_BYTES) for b, url in zip(images, urls) if url is None
+                )
+                images = [b for b, url in zip(images, urls) if url is not None]
+                urls = [url for url in urls if url is not None]
             if images:
                 if vision:
                     names = ", ".join(b.ref.name or b.ref.id[:12] for b in images)
                     text = (text + "\n" if text else "") + f"[{len(images)} image(s) follow in the next message: {names}]"
-                    pending_images.extend(
-                        {"type": "image_url", "image_url": {"url": hydrate(b)}} for b in images
-                    )
+                    pending_images.extend({"type": "image_url", "image_url": {"url": url}} for url in urls)
                 else:
                     text = (text + "\n" if text else "") + "\n".join(
                         image_placeholder(b, "this model takes no images") for b in images
                     )
             wire.append({"role": "tool", "tool_call_id": msg.tool_call_id or "", "content": text or "(no output)"})
     flush_tool_images()
-    return wire
+    return _merge_user_runs(wire)
+
+
+def _merge_user_runs(wire: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One user message per run of them.
+
+    A run happens when a message went unanswered (the model was down), after a summary, or
+    after the images of tool results. OpenAI accepts it, but the chat templates of many local
+    servers (Gemma's, Mistral's under vLLM or llama.cpp) refuse anything but strict alternation,
+    which would fail every later request of the chat.
+    """
+    out: list[dict[str, Any]] = []
+    for entry in wire:
+        last = out[-1] if out else None
+        if last is None or last["role"] != "user" or entry["role"] != "user":
+            out.append(entry)
+            continue
+        if isinstance(last["content"], str) and isinstance(entry["content"], str):
+            merged: str | list[dict[str, Any]] = f"{last['content']}\n\n{entry['content']}"
+        else:
+            merged = _parts(last["content"]) + _parts(entry["content"])
+        out[-1] = {"role": "user", "content": merged}
+    return out
+
+
+def _parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
 def from_openai_message(choice_message: Any) -> Message:
-    calls = [
-        ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
-        for c in (choice_message.tool_calls or [])
-        if getattr(c, "function", None) is not None
-    ]
+    calls: list[ToolCall] = []
+    for c in choice_message.tool_calls or []:
+        if getattr(c, "function", None) is None:
+            continue
+        # Some OpenAI-compatible servers (Gemini's, LM Studio) give every call the id "" or none;
+        # each call needs its own id, or results pair with the wrong call (or are dropped).
+        call_id = c.id if isinstance(c.id, str) and c.id and all(c.id != k.id for k in calls) else None
+        calls.append(ToolCall(id=call_id or f"call_{uuid.uuid4().hex[:24]}", name=c.function.name or "",
+                              arguments=c.function.arguments or "{}"))
     text = choice_message.content or ""
     return Message(role="assistant", content=[TextBlock(text=text)] if text else [], tool_calls=calls)
 
@@ -224,6 +281,12 @@ class OpenAIProvider(Provider):
         except openai.RateLimitError as exc:
             raise ProviderUnavailable(f"the model server is rate limiting us (429): {exc.message}") from exc
         except openai.APIStatusError as exc:
+            if exc.status_code == 413:
+                # Typically a proxy's body limit (nginx: 1 MB): the images are what makes it big.
+                if self.vision and has_images(request.messages):
+                    raise ImageRejected(f"the request with its images is too large for the server (413): "
+                                        f"{exc.message}") from exc
+                raise ContextOverflow(f"the request is too large for the server (413): {exc.message}") from exc
             if exc.status_code >= 500:
                 raise ProviderUnavailable(
                     f"the model server failed ({exc.status_code}): {exc.message}"

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import abc
 import base64
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock
+from talon.errors import AttachmentError
+
+log = logging.getLogger(__name__)
 
 Hydrate = Callable[[ImageBlock], str]
 """Turns an image block into a data: URL (reads the attachment store)."""
@@ -21,6 +25,19 @@ Hydrate = Callable[[ImageBlock], str]
 
 def data_url(mime: str, data: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+MISSING_BYTES = "its bytes are missing from the attachment store"
+
+
+def try_hydrate(hydrate: Hydrate, block: ImageBlock) -> str | None:
+    """The block's data URL, or None when its bytes cannot be read (a store restored from an
+    older backup, a blob deleted by hand). One lost file must not fail every request."""
+    try:
+        return hydrate(block)
+    except (AttachmentError, OSError) as exc:
+        log.warning("image %s not sent: %s", block.ref.id[:12], exc)
+        return None
 
 
 def image_placeholder(block: ImageBlock, reason: str) -> str:

@@ -66,7 +66,9 @@ def safe_path_part(part: str) -> str:
 
 class SessionStore:
     def __init__(self, data_dir: Path) -> None:
-        self.root = Path(data_dir) / "sessions"
+        # Absolute: the archive and saved-output paths are shown to the agent, whose file tools
+        # resolve a relative path inside the workspace, not the process's working directory.
+        self.root = Path(data_dir).absolute() / "sessions"
         self.root.mkdir(parents=True, exist_ok=True)
         self._parsed: OrderedDict[Path, _Parsed] = OrderedDict()
 

@@ -217,7 +217,7 @@ class ReadFileTool(WorkspaceTool):
         if kind == "image":
             return await self._image(where.real, where.shown, where.in_workspace)
         if kind == "video":
-            return await self._video(where.real, where.shown, args)
+            return await self._video(where.real, where.shown, args, in_workspace=where.in_workspace)
         size = where.real.stat().st_size
         if kind == "audio":
             raise ToolError(f"{where.shown} is an audio file ({_size(size)}); read_file cannot play or transcribe audio")
@@ -243,7 +243,7 @@ class ReadFileTool(WorkspaceTool):
             note += f" (shown downscaled to {ref.width}x{ref.height})"
         return ToolResult(content=[TextBlock(text=note), ImageBlock(ref=ref)])
 
-    async def _video(self, real: Path, shown: str, args: dict[str, Any]) -> ToolResult:
+    async def _video(self, real: Path, shown: str, args: dict[str, Any], *, in_workspace: bool = True) -> ToolResult:
         store = self._need_store()
         start = _num_arg(args, "offset", 0.0) or 0.0
         length = _num_arg(args, "limit", None, minimum=0.001)
@@ -265,7 +265,9 @@ class ReadFileTool(WorkspaceTool):
         for frame in window.frames:
             ref = store.put_bytes(frame.jpeg, mime="image/jpeg", name=f"{real.stem}@{frame.timestamp_s:.1f}s.jpg",
                                   width=frame.width, height=frame.height)
-            content.append(ImageBlock(ref=ref))
+            # The frame's path is the video's, as for inbound videos: an old frame's tombstone then
+            # says how to look again (read_file the video) instead of "ask the user to resend".
+            content.append(ImageBlock(ref=ref.model_copy(update={"path": shown if in_workspace else None})))
         return ToolResult(content=content)
 
 

@@ -11,8 +11,9 @@ The order of checks matters:
    common case). The decoder still walks the whole stream, so truncation is still caught.
 3. The pixels are fully decoded (``load``): that, not the extension, is the proof of an image.
 4. Downscale to ``image_max_side``, apply the EXIF orientation, re-encode stepping quality and
-   then size down until the bytes fit ``image_max_bytes``. A large photo is made smaller, never
-   dropped.
+   then size down until the bytes fit ``image_max_bytes`` once base64-encoded (providers count
+   their per-image cap on the base64 they receive). A large photo is made smaller, never
+   dropped. Deep-colour pixels (16-bit, float) are scaled to 8 bits, not clipped.
 
 The re-encoded image carries no EXIF block: the orientation is already applied to the pixels, and
 camera metadata such as GPS position has no business going to a model provider.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from talon.attachments import AttachmentStore
 from talon.config import Limits
@@ -44,6 +45,12 @@ _MIN_SIDE = 16
 # ``warnings.catch_warnings`` swaps process-wide state; the lock keeps our own worker threads from
 # interleaving while Pillow's header parse runs (it is cheap, so this costs nothing measurable).
 _OPEN_LOCK = threading.Lock()
+# EXIF orientation -> the transpose that makes the picture upright (as ImageOps.exif_transpose).
+_ORIENT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 _PIXELS_IN_MESSAGE = re.compile(r"\((\d+) pixels\)")
 
 
@@ -113,7 +120,7 @@ def prepare_image(
             and not getattr(im, "is_animated", False)
             and im.mode in ("RGB", "L", "RGBA", "LA", "P")
             and (fmt != "JPEG" or im.mode in ("RGB", "L"))
-            and source.stat().st_size <= limits.image_max_bytes
+            and source.stat().st_size <= raw_byte_budget(limits.image_max_bytes)
         ):
             # Already acceptable: keep the sender's bytes (no generation loss, no extra work).
             meta = {"mime": _PASSTHROUGH[fmt], "name": name, "width": orig_w, "height": orig_h}
@@ -124,16 +131,26 @@ def prepare_image(
                 )
             return PreparedImage(source_ref.model_copy(update=meta), orig_w, orig_h, resized=False)
 
-    out = im
+    out = _to_8bit(im)
     if max(out.size) > limits.image_max_side:
         out = out.resize(_target_size(out.size, limits.image_max_side), Image.Resampling.LANCZOS)
-    if orientation not in (None, 1):
-        # After the resize, so the transpose moves 4 MP, not 24; exif_transpose reads the tag
-        # from the image info, which resize() carries over.
-        out = ImageOps.exif_transpose(out)
-    data, mime, size = encode_to_fit(out, max_side=limits.image_max_side, max_bytes=limits.image_max_bytes)
+    turn = _ORIENT.get(orientation or 1)
+    if turn is not None:
+        # After the resize, so the transpose moves 4 MP, not 24. Not ImageOps.exif_transpose:
+        # it also rewrites the EXIF block, which raises on blocks Pillow can read but not write
+        # (odd tag types from some cameras), and the output carries no EXIF anyway.
+        out = out.transpose(turn)
+    data, mime, size = encode_to_fit(
+        out, max_side=limits.image_max_side, max_bytes=raw_byte_budget(limits.image_max_bytes)
+    )
     ref = store.put_bytes(data, mime=mime, name=_renamed(name, mime), width=size[0], height=size[1])
     return PreparedImage(ref, orig_w, orig_h, resized=max(size) < max(orig_w, orig_h))
+
+
+def raw_byte_budget(encoded_max: int) -> int:
+    """The most image bytes whose base64 form (what a provider receives and counts: Anthropic's
+    5 MB per image is 5 MB of base64) stays within ``encoded_max``."""
+    return encoded_max // 4 * 3
 
 
 def encode_to_fit(
@@ -202,6 +219,16 @@ def _decode(im: Image.Image, limits: Limits) -> None:
         raise CorruptImage(f"the image is truncated or corrupt ({exc})") from exc
 
 
+def upright(im: Image.Image) -> Image.Image:
+    """The image turned the way its EXIF orientation says (the image itself when no turn is needed).
+
+    Not ImageOps.exif_transpose: that also rewrites the EXIF block, and raises on blocks Pillow
+    can read but not write.
+    """
+    turn = _ORIENT.get(_orientation(im) or 1)
+    return im.transpose(turn) if turn is not None else im
+
+
 def _orientation(im: Image.Image) -> int | None:
     try:
         value = im.getexif().get(0x0112)
@@ -216,6 +243,30 @@ def _target_size(size: tuple[int, int], max_side: int) -> tuple[int, int]:
     if scale >= 1:
         return size
     return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def _to_8bit(im: Image.Image) -> Image.Image:
+    """Deep-colour pixels (16/32-bit integer, float) scaled into 0-255.
+
+    Pillow's own conversion to 8 bits clips instead of scaling, so a 16-bit grayscale PNG would
+    come out all white and a float image all black.
+    """
+    if im.mode.startswith("I;16"):
+        lo, hi, scale = 0.0, 65535.0, 255 / 65535
+    elif im.mode in ("I", "F"):
+        extrema = im.getextrema()  # (min, max) for a single-band image
+        lo, hi = float(extrema[0]), float(extrema[1])  # type: ignore[arg-type]
+        if lo >= 0 and hi <= 255 and im.mode == "I":
+            return im.convert("L")
+        if lo >= 0 and hi <= 1 and im.mode == "F":
+            lo, hi = 0.0, 1.0
+        elif lo >= 0 and hi <= 65535:
+            lo, hi = 0.0, 65535.0
+        scale = 255 / (hi - lo) if hi > lo else 0.0
+    else:
+        return im
+    wide = im if im.mode == "F" else im.convert("I")
+    return wide.point(lambda v: v * scale - lo * scale).convert("L")
 
 
 def _has_alpha(im: Image.Image) -> bool:

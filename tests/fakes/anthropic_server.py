@@ -10,7 +10,7 @@ user text). Every request is recorded (``fake.requests[i].json``) as it arrives.
 With ``strict`` on (the default) the fake rejects what the real API rejects and an adapter can
 easily get wrong: a first message that is not the user's, a ``tool_use`` not answered by a
 ``tool_result`` at the start of the next user message, a ``tool_result`` answering nothing, empty
-text blocks, images that are not base64 JPEG/PNG/GIF/WebP, more than 4 ``cache_control``
+text blocks, a message whose only text is whitespace, images that are not base64 JPEG/PNG/GIF/WebP or whose base64 is over 5 MB, more than 4 ``cache_control``
 breakpoints, and a missing ``max_tokens``.
 """
 
@@ -33,6 +33,7 @@ from tests.fakes import MAX_BODY_BYTES, LoopbackServer
 __all__ = ["AnthropicReq", "ErrorReply", "FakeAnthropic", "Reply", "ToolUse"]
 
 _MEDIA_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}
+_MAX_IMAGE_BASE64 = 5 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,9 @@ class FakeAnthropic(LoopbackServer):
                 pending = set()
             elif results:
                 return f"messages.{index}.content.0: unexpected `tool_use_id` found in `tool_result` blocks"
+            problem = _whitespace_only(index, blocks)
+            if problem:
+                return problem
             for block in blocks:
                 breakpoints += "cache_control" in block
                 problem = _check_block(index, role, block)
@@ -244,6 +248,15 @@ class FakeAnthropic(LoopbackServer):
         return None
 
 
+def _whitespace_only(index: int, blocks: list[dict[str, Any]]) -> str | None:
+    """The API refuses a message (or tool result) whose text blocks are all whitespace."""
+    for group in [blocks] + [_blocks(b.get("content")) for b in blocks if b.get("type") == "tool_result"]:
+        texts = [b.get("text") or "" for b in group if b.get("type") == "text"]
+        if texts and any(texts) and not any(t.strip() for t in texts):
+            return f"messages.{index}: text content blocks must contain non-whitespace text"
+    return None
+
+
 def _check_block(index: int, role: str, block: dict[str, Any]) -> str | None:
     kind = block.get("type")
     if kind == "text" and not block.get("text"):
@@ -260,6 +273,10 @@ def _check_block(index: int, role: str, block: dict[str, Any]) -> str | None:
             return f"messages.{index}: image data is not valid base64"
         if not data:
             return f"messages.{index}: image data is empty"
+        encoded = len(source.get("data", ""))
+        if encoded > _MAX_IMAGE_BASE64:  # the API's 5 MB per image counts the base64 text
+            return (f"messages.{index}.content.0.image.source.base64: image exceeds 5 MB maximum: "
+                    f"{encoded} bytes > {_MAX_IMAGE_BASE64} bytes")
     if kind == "tool_use" and role != "assistant":
         return f"messages.{index}: tool_use blocks are only allowed in assistant messages"
     return None
