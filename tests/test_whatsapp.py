@@ -159,15 +159,15 @@ def media_messages(messages: list[SentMessage]) -> list[SentMessage]:
 
 async def test_signed_text_message_gets_a_reply(twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings) -> None:
     llm.queue("Hello *Alice*, nice to meet you.")
-    llm.delay = 1.0  # the webhook must be answered long before the model is
+    llm.delay = 3.0  # the webhook must be answered long before the model is
     async with running(settings) as (_, channel):
         params = twilio.inbound_params(ALICE, "hi, I am Alice", profile_name="Alice")
-        started = time.monotonic()
         status, ctype, body = await post(channel, params, sign_with=twilio)
-        answered_in = time.monotonic() - started
+        # Twilio already has its answer while the turn is still waiting for the model.
+        answered_before_the_turn = not twilio.messages and all(r.end is None for r in llm.requests)
         [reply] = await twilio.wait_for_messages(1, to=ALICE)
     assert status == 200 and ctype.startswith("text/xml") and "<Response/>" in body
-    assert answered_in < 0.8, answered_in
+    assert answered_before_the_turn
     assert last_user_text(llm.requests[0]).endswith("hi, I am Alice")
     assert reply.to == f"whatsapp:{ALICE}" and reply.from_ == twilio.whatsapp_from
     assert reply.body == "Hello _Alice_, nice to meet you."  # markdown italic -> WhatsApp italic
@@ -447,7 +447,7 @@ async def test_file_sent_just_before_stop_is_still_served_to_twilio(
     (settings.media_root / "chart.png").write_bytes(chart)
     llm.queue("![c](chart.png)")
     async with contextlib.AsyncExitStack() as stack:
-        runtime, channel = await stack.enter_async_context(running(settings, media_drain_s=10.0))
+        runtime, channel = await stack.enter_async_context(running(settings, media_drain_s=120.0))
         await post(channel, twilio.inbound_params(ALICE, "chart"), sign_with=twilio)
         [msg] = await twilio.wait_for_messages(1, to=ALICE)
         base = channel.http.local_url
@@ -458,7 +458,8 @@ async def test_file_sent_just_before_stop_is_still_served_to_twilio(
                 status, body = resp.status, await resp.read()
         started = time.monotonic()
         await stopping
-        assert time.monotonic() - started < 5  # fetched: no need to wait any longer
+        # fetched: no need to wait out the 120 s drain (not a speed test)
+        assert time.monotonic() - started < 60
         stack.pop_all()  # stopped already
     assert (status, body) == (200, chart)
 
@@ -471,7 +472,7 @@ async def test_file_in_a_refused_message_is_not_waited_for_at_stop(
     twilio.fail_next(400, 63016, "Failed to send freeform message because you are outside the allowed window.")
     llm.queue("![c](chart.png)")
     async with contextlib.AsyncExitStack() as stack:
-        runtime, channel = await stack.enter_async_context(running(settings, media_drain_s=10.0))
+        runtime, channel = await stack.enter_async_context(running(settings, media_drain_s=120.0))
         await post(channel, twilio.inbound_params(ALICE, "chart"), sign_with=twilio)
         await asyncio.sleep(0.2)
         await runtime.bridge.idle()
@@ -480,7 +481,8 @@ async def test_file_in_a_refused_message_is_not_waited_for_at_stop(
         started = time.monotonic()
         stack.pop_all()
         await runtime.stop()
-        assert time.monotonic() - started < 5
+        # Not a speed test: waiting for the withdrawn link would take the whole 120 s drain.
+        assert time.monotonic() - started < 60
 
 
 async def test_file_swapped_after_sending_is_not_served(
