@@ -81,6 +81,13 @@ class Settings(BaseSettings):
     system_prompt: str = Field(default="", validation_alias=_env("TALON_SYSTEM_PROMPT"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
 
+    # --- context management (shares of the model's window) ------------------------------------
+    context_trigger: float = Field(default=0.85, gt=0.1, le=0.98,
+                                   validation_alias=_env("TALON_CONTEXT_TRIGGER"))
+    context_keep_tail: float = Field(default=0.10, gt=0.0, le=0.5,
+                                     validation_alias=_env("TALON_CONTEXT_KEEP_TAIL"))
+    context_image_turns: int = Field(default=3, ge=0, validation_alias=_env("TALON_CONTEXT_IMAGE_TURNS"))
+
     # --- storage -----------------------------------------------------------------------------
     media_root: Path = Field(default=Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))

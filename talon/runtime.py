@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from talon.access import AccessGate
 from talon.agent.anthropic_provider import AnthropicProvider
+from talon.agent.context import ContextPolicy
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.openai_provider import OpenAIProvider
 from talon.agent.profiles import settings_profile, split_summary_model
@@ -144,6 +145,11 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         system_prompt=settings.system_prompt or DEFAULT_SYSTEM_PROMPT,
         max_steps=settings.max_steps,
         profile=settings_profile(settings),
+        policy=ContextPolicy(
+            trigger_ratio=settings.context_trigger,
+            keep_tail_ratio=settings.context_keep_tail,
+            image_keep_turns=settings.context_image_turns,
+        ),
         summary_provider=summary_provider,
         summary_window=settings_profile(settings, settings.summary_model).context_window
         if summary_provider is not None else None,

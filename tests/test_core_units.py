@@ -140,3 +140,22 @@ def test_settings_model_checks_name_missing() -> None:
     assert "OPENAI_API_KEY" in info.value.missing
     assert split_model("anthropic:claude-x") == ("anthropic", "claude-x")
     assert normalize_whatsapp_number("whatsapp:+1 (415) 555-0100") == "+14155550100"
+
+
+async def test_context_settings_reach_the_agent(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from talon.runtime import build_runtime
+
+    settings = Settings(_env_file=None, TALON_MODEL="openai:gpt-4.1-mini", OPENAI_BASE_URL="http://127.0.0.1:9/v1",
+                        TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m"),
+                        TALON_CONTEXT_TRIGGER="0.5", TALON_CONTEXT_KEEP_TAIL="0.2", TALON_CONTEXT_IMAGE_TURNS="1")
+    runtime = build_runtime(settings)
+    try:
+        budget = runtime.agent.budget
+        assert runtime.agent.policy.image_keep_turns == 1
+        assert budget.trigger <= 0.5 * budget.window and budget.keep_tail == int(0.2 * budget.window)
+    finally:
+        await runtime.stop()
+    with pytest.raises(ValidationError):
+        Settings(_env_file=None, TALON_CONTEXT_TRIGGER="1.5")
