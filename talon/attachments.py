@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -40,6 +41,17 @@ class AttachmentStore:
         self.root = Path(root)
         self._tmp = self.root / "tmp"
         self._tmp.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temps()
+
+    def _remove_stale_temps(self, older_than_s: float = 3600.0) -> None:
+        """Partial downloads a crash left behind (an hour old: no live download is that slow)."""
+        cutoff = time.time() - older_than_s
+        for leftover in self._tmp.iterdir():
+            try:
+                if leftover.stat().st_mtime < cutoff:
+                    leftover.unlink()
+            except OSError:
+                continue
 
     def path_for(self, sha256: str) -> Path:
         if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):

@@ -159,3 +159,18 @@ async def test_context_settings_reach_the_agent(tmp_path: Path) -> None:
         await runtime.stop()
     with pytest.raises(ValidationError):
         Settings(_env_file=None, TALON_CONTEXT_TRIGGER="1.5")
+
+
+def test_partial_downloads_left_by_a_crash_are_removed_at_start(tmp_path: Path) -> None:
+    import os
+    import time
+
+    AttachmentStore(tmp_path)
+    stale = tmp_path / "tmp" / "in-stale"
+    fresh = tmp_path / "tmp" / "in-fresh"
+    stale.write_bytes(b"half a download")
+    fresh.write_bytes(b"a download in progress")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    AttachmentStore(tmp_path)
+    assert not stale.exists() and fresh.exists()
