@@ -65,6 +65,9 @@ class Bridge:
     model_label: str = ""
     # Waits between in-run retries of a reply whose delivery failed for a transient reason.
     delivery_backoff_s: tuple[float, ...] = (5.0, 20.0, 60.0)
+    # Longest a turn (downloads, transcription, every model call and tool) may take before the
+    # person gets an apology instead of waiting forever.
+    turn_timeout_s: float = 900.0
     # How long stop waits for a reply already being delivered before cutting it off.
     stop_grace_s: float = 10.0
 
@@ -195,12 +198,12 @@ class Bridge:
         self.turns_started += 1
         async with channel.typing(message.chat_id):
             try:
-                files = [await channel.download(remote, self.store, self.limits) for remote in message.files]
-                content = await self.normalize(message, quoted_text(message), files)
-                user = Message(role="user", content=content,
-                               meta={"message_id": message.message_id, "sender": message.sender_id})
-                result = await self.agent.run_turn(chat, user, turn_id=message.key)
-                reply = prepare_reply(result.text)
+                reply = await asyncio.wait_for(self._turn(channel, chat, message), self.turn_timeout_s)
+            except TimeoutError:
+                log.error("%s: turn stopped after %.0fs (TALON_TURN_TIMEOUT)", ids, self.turn_timeout_s)
+                reply = OutboundReply(
+                    text=f"Sorry, that took too long (over {self.turn_timeout_s / 60:.0f} min), so I stopped "
+                         "working on it. Please try again, or ask for a smaller piece at a time.")
             except ProviderError as exc:
                 log.error("%s: model failed: %s", ids, exc)
                 reply = OutboundReply(text=apology(exc))
@@ -211,6 +214,15 @@ class Bridge:
                          "Please try again.")
         await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
         log.info("%s: answered in %.1fs", ids, time.monotonic() - started)
+
+    async def _turn(self, channel: "Channel", chat: ChatKey, message: InboundMessage) -> OutboundReply:
+        """Download, normalize, run the agent: everything between a message and its reply."""
+        files = [await channel.download(remote, self.store, self.limits) for remote in message.files]
+        content = await self.normalize(message, quoted_text(message), files)
+        user = Message(role="user", content=content,
+                       meta={"message_id": message.message_id, "sender": message.sender_id})
+        result = await self.agent.run_turn(chat, user, turn_id=message.key)
+        return prepare_reply(result.text)
 
     async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
                        skip_parts: int = 0) -> None:

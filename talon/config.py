@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     model_context_window: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
     model_max_output: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
     summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
+    turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
     max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
     system_prompt: str = Field(default="", validation_alias=_env("TALON_SYSTEM_PROMPT"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))

@@ -166,6 +166,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         gate=AccessGate.from_settings(settings),
         normalize=inbound_normalizer(settings, store, transcriber),
         model_label=settings.model,
+        turn_timeout_s=settings.turn_timeout_s,
     )
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http)
 

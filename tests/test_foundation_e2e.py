@@ -284,3 +284,22 @@ async def test_bot_api_unreachable_at_start_is_waited_out(tg: FakeTelegram, llm:
         [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE))
     assert reply.params["text"] == "echo: morning"
     assert len([c for c in tg.calls if c.method == "getMe"]) >= 3
+
+
+async def test_a_turn_that_never_ends_gets_an_apology(tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TURN_TIMEOUT=1.5, TALON_MODEL_TIMEOUT=600)
+    llm.hang = True  # the model server accepts the request and never answers
+    async with running(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "are you stuck?", user_id=ALICE))
+        [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE), timeout=30)
+        assert "took too long" in reply.params["text"]
+        llm.hang = False
+        llm.release()
+        tg.push_update(tg.text_message(ALICE, "and now?", user_id=ALICE))
+        replies = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE), count=2)
+        # (the unanswered message travels with it: consecutive user messages are merged)
+        assert replies[1].params["text"].endswith("and now?")
+        await runtime.bridge.idle()
+        assert runtime.inbox.pending() == []
