@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.pdfs import pdf_bytes
 from talon.agent.tools import ToolContext, ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
@@ -25,33 +26,6 @@ def png_bytes(color: tuple[int, int, int] = (200, 30, 30), size: tuple[int, int]
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, "PNG")
     return buf.getvalue()
-
-
-def make_pdf(pages: list[str]) -> bytes:
-    """A small valid PDF with one line of Helvetica text per page."""
-    objects: list[bytes] = []
-    kids = " ".join(f"{3 + 2 * i} 0 R" for i in range(len(pages)))
-    objects.append(b"<< /Type /Catalog /Pages 2 0 R >>")
-    objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>".encode())
-    font_id = 3 + 2 * len(pages)
-    for i, text in enumerate(pages):
-        stream = f"BT /F1 18 Tf 72 700 Td ({text}) Tj ET".encode()
-        objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {4 + 2 * i} 0 R "
-            f"/Resources << /Font << /F1 {font_id} 0 R >> >> >>".encode()
-        )
-        objects.append(b"<< /Length " + str(len(stream)).encode() + b" >>\nstream\n" + stream + b"\nendstream")
-    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return bytes(out)
 
 
 def make_video(path: Path, seconds: int = 6, fps: int = 10) -> None:
@@ -192,7 +166,7 @@ async def test_read_image_returns_an_image_block(tools: ToolRegistry, ws: Path, 
 
 
 async def test_read_pdf_pages(tools: ToolRegistry, ws: Path) -> None:
-    (ws / "doc.pdf").write_bytes(make_pdf(["Alpha page", "Bravo page", "Charlie page"]))
+    (ws / "doc.pdf").write_bytes(pdf_bytes(["Alpha page", "Bravo page", "Charlie page"]))
     result = await call(tools, "read_file", path="doc.pdf", offset=2, limit=1)
     text = result.content[0].text
     assert "PDF, pages 2-2 of 3" in text and "Bravo page" in text and "Alpha" not in text

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.pdfs import pdf_bytes
 from talon.attachments import AttachmentStore
 from talon.config import Limits, Settings
 from talon.content import AttachmentRef, ImageBlock, InboundFile, TextBlock
@@ -103,27 +104,6 @@ def fox_mp4(path: Path, seconds: int = 5) -> Path:
     return path
 
 
-def simple_pdf(text: str) -> bytes:
-    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 5 0 R >> >> "
-        b"/Contents 4 0 R >>",
-        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for n, obj in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % n + obj + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 6\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size 6 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref
-    return bytes(out)
-
-
 def png_bomb(width: int, height: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
@@ -181,7 +161,7 @@ async def test_document_routes_by_content(ctx: InboundContext) -> None:
     files = [
         put(ctx, log, "document", "server.log", "text/plain"),
         put(ctx, "\ufeffunicode ✓ text".encode("utf-16-le"), "document", "wide.txt", "text/plain"),
-        put(ctx, simple_pdf("Invoice total 1234 EUR"), "document", "invoice.pdf", "application/pdf"),
+        put(ctx, pdf_bytes(["Invoice total 1234 EUR"]), "document", "invoice.pdf", "application/pdf"),
         put(ctx, jpeg((50, 50)), "document", "scan.bin", "application/octet-stream"),
         put(ctx, bytes(range(256)) * 100, "document", "data.bin", "application/octet-stream"),
     ]
@@ -200,7 +180,7 @@ async def test_document_routes_by_content(ctx: InboundContext) -> None:
 
 async def test_pdf_without_text_layer_gives_a_notice(ctx: InboundContext) -> None:
     # Same length as the text operators, so the xref offsets stay right.
-    scan = simple_pdf("x").replace(b"BT /F1 12 Tf 72 720 Td (x) Tj ET", b"0.5 g 72 72 300 300 re f      ")
+    scan = pdf_bytes([None])
     blocks = await normalize_inbound("", [put(ctx, scan, "document", "scan.pdf", "application/pdf")], ctx)
     assert "[Attachment scan.pdf (" in first_text(blocks) and "no text layer" in first_text(blocks)
 

@@ -16,6 +16,7 @@ from PIL import Image
 
 from channels.console import ConsoleChannel
 from channels.telegram import MediaPart, NoticePart, TelegramChannel, TextPart, plan_parts
+from tests.pdfs import pdf_bytes
 from talon.bridge import prepare_reply
 from talon.config import Limits, Settings
 from talon.envelope import OutboundReply
@@ -50,19 +51,10 @@ def gif(path: Path) -> bytes:
 
 
 def pdf(path: Path) -> bytes:
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 200] >>"]
-    out = io.BytesIO(b"")
-    out.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, obj in enumerate(objects, start=1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n%s\nendobj\n" % (number, obj))
-    xref = out.tell()
-    out.write(b"xref\n0 4\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets))
-    out.write(b"trailer\n<< /Size 4 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref)
-    path.write_bytes(out.getvalue())
-    return path.read_bytes()
+    data = pdf_bytes([None])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
 
 
 def _tone(rate: int, seconds: float = 0.6) -> np.ndarray:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import wave
 from collections.abc import Callable
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.pdfs import pdf_bytes
 from talon.errors import MediaPathError
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 
@@ -76,23 +76,7 @@ def _wav(path: Path) -> None:
 
 
 def _pdf(path: Path) -> None:
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 200] >>",
-    ]
-    body = io.BytesIO()
-    body.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, obj in enumerate(objects, start=1):
-        offsets.append(body.tell())
-        body.write(b"%d 0 obj\n%s\nendobj\n" % (number, obj))
-    xref = body.tell()
-    body.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    for offset in offsets:
-        body.write(b"%010d 00000 n \n" % offset)
-    body.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
-    path.write_bytes(body.getvalue())
+    path.write_bytes(pdf_bytes([None]))
 
 
 def _bytes(data: bytes) -> Callable[[Path], None]:

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from PIL import Image
-from pypdf import PdfWriter
 
 from channels.whatsapp import (
     MalformedWebhook,
@@ -32,6 +31,7 @@ from channels.whatsapp import (
     parse_inbound,
     plan_parts,
 )
+from tests.pdfs import pdf_bytes
 from talon.config import Limits, Settings
 from talon.envelope import OutboundReply
 from talon.errors import ConfigError
@@ -127,11 +127,7 @@ def png(width: int = 64, height: int = 48) -> bytes:
 
 
 def pdf() -> bytes:
-    writer = PdfWriter()
-    writer.add_blank_page(width=200, height=200)
-    buf = io.BytesIO()
-    writer.write(buf)
-    return buf.getvalue()
+    return pdf_bytes([None])
 
 
 def wav(seconds: float = 1.0, rate: int = 16_000) -> bytes:
