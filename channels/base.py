@@ -14,7 +14,7 @@ import httpx
 from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import AttachmentRef, InboundFile
-from talon.envelope import OutboundReply, RemoteFile
+from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
 from talon.errors import DownloadTooLarge
 
 if TYPE_CHECKING:
@@ -67,6 +67,11 @@ class Channel(abc.ABC):
 
     @abc.abstractmethod
     async def stop(self) -> None: ...
+
+    def live_reply(self, message: InboundMessage) -> LiveReply | None:
+        """Where the answer to ``message`` is shown while it is written; None (the default):
+        the chat sees only the finished reply."""
+        return None
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""

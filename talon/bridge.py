@@ -23,7 +23,16 @@ from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import InboundMessage, OutboundReply
-from talon.errors import DeliveryError, ProviderError, ProviderUnavailable
+from talon.errors import (
+    AuthRejected,
+    ContextOverflow,
+    DeliveryError,
+    ModelNotFound,
+    ProviderError,
+    ProviderUnavailable,
+    QuotaExceeded,
+    RateLimited,
+)
 from talon.inbox import Inbox, InboxItem
 from talon.media import extract_markdown_media
 
@@ -189,7 +198,7 @@ class Bridge:
                      "Please send it again or rephrase it."))
             return
 
-        command = self._command(chat, message)
+        command = await self._command(chat, message)
         if command is not None:
             await self._deliver(channel, message, OutboundReply(text=command))
             return
@@ -221,7 +230,10 @@ class Bridge:
         content = await self.normalize(message, quoted_text(message), files)
         user = Message(role="user", content=content,
                        meta={"message_id": message.message_id, "sender": message.sender_id})
-        result = await self.agent.run_turn(chat, user, turn_id=message.key)
+        live = channel.live_reply(message)
+        result = await self.agent.run_turn(chat, user, turn_id=message.key,
+                                           on_text=live.on_text if live else None,
+                                           on_step=live.on_step if live else None)
         return prepare_reply(result.text)
 
     async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
@@ -268,7 +280,7 @@ class Bridge:
         self.inbox.mark_done(key)
 
     # --- chat commands ----------------------------------------------------------------------
-    def _command(self, chat: ChatKey, message: InboundMessage) -> str | None:
+    async def _command(self, chat: ChatKey, message: InboundMessage) -> str | None:
         if message.files:
             return None
         word = message.text.strip().split(maxsplit=1)[0].lower() if message.text.strip() else ""
@@ -280,6 +292,7 @@ class Bridge:
             thread = self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
         if word == "/status":
+            await self.agent.discover()  # what the server says now (bounded; never fails /status)
             return self.agent.status_text(chat, self.model_label)
         return None
 
@@ -295,7 +308,34 @@ def prepare_reply(text: str) -> OutboundReply:
 
 
 def apology(exc: ProviderError) -> str:
+    """What the person is told when the model could not answer: what happened, and what helps."""
+    said = exc.refusal.short(200) if exc.refusal is not None else ""
+    if isinstance(exc, RateLimited):
+        wait = f" (it asks to wait {exc.retry_after:.0f} s)" if exc.retry_after else ""
+        return f"Sorry, the model server is rate limiting me right now{wait}. Please try again in a moment."
     if isinstance(exc, ProviderUnavailable):
+        if exc.refusal is not None:
+            return (f"Sorry, the model server failed while answering ({said}). "
+                    "Please try again in a moment.")
+        if "sent nothing for" in str(exc) or "did not finish within" in str(exc):
+            return ("Sorry, the model took too long to answer, so I stopped waiting (it was not asked "
+                    "twice). Please try again, or ask for something shorter.")
         return ("Sorry, I couldn't reach the language model just now, so I can't answer this "
                 "message. Please try again in a moment.")
-    return "Sorry, the language model could not answer this message. Please try again or rephrase it."
+    if isinstance(exc, ContextOverflow):
+        window = f" ({exc.window:,} tokens)" if exc.window else ""
+        return (f"Sorry, that is too long for the model's context window{window}, even after I cut "
+                "and summarized what I could. Please send a shorter text or a smaller file, or "
+                "/new to start a fresh conversation.")
+    if isinstance(exc, ModelNotFound):
+        return (f"Sorry, the model server has no such model ({said}). The bot's owner needs to fix "
+                "TALON_MODEL.")
+    if isinstance(exc, AuthRejected):
+        return "Sorry, the model server refused the bot's API key. The bot's owner needs to fix it."
+    if isinstance(exc, QuotaExceeded):
+        return "Sorry, the model account is out of credit or quota. The bot's owner needs to top it up."
+    if said:
+        return (f"Sorry, the model server refused this message: {said}. "
+                "Your next message will be answered without it.")
+    return ("Sorry, the language model could not answer this message. Your next message will be "
+            "answered without it.")

@@ -69,10 +69,21 @@ class Settings(BaseSettings):
     openai_base_url: str = Field(default="", validation_alias=_env("OPENAI_BASE_URL"))
     anthropic_api_key: str = Field(default="", validation_alias=_env("ANTHROPIC_API_KEY"))
     anthropic_base_url: str = Field(default="", validation_alias=_env("ANTHROPIC_BASE_URL"))
-    model_timeout_s: float = Field(default=120.0, validation_alias=_env("TALON_MODEL_TIMEOUT"))
-    model_max_retries: int = Field(default=2, validation_alias=_env("TALON_MODEL_MAX_RETRIES"))
+    # Longest silence from the model server: between streamed chunks, or while it reads the
+    # prompt before the first one. The whole call is capped by TALON_MODEL_TOTAL_TIMEOUT.
+    model_timeout_s: float = Field(default=120.0, gt=0, validation_alias=_env("TALON_MODEL_TIMEOUT"))
+    model_total_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_MODEL_TOTAL_TIMEOUT"))
+    model_max_retries: int = Field(default=2, ge=0, validation_alias=_env("TALON_MODEL_MAX_RETRIES"))
+    model_stream: bool = Field(default=True, validation_alias=_env("TALON_MODEL_STREAM"))
+    # Ask the server what it serves (window, images, tools) at start, on /status and in doctor.
+    model_discovery: bool = Field(default=True, validation_alias=_env("TALON_MODEL_DISCOVERY"))
+    model_discovery_timeout_s: float = Field(default=3.0, gt=0, le=30,
+                                             validation_alias=_env("TALON_MODEL_DISCOVERY_TIMEOUT"))
     model_vision: Literal["auto", "true", "false"] = Field(
         default="auto", validation_alias=_env("TALON_MODEL_VISION")
+    )
+    model_tools: Literal["auto", "true", "false"] = Field(
+        default="auto", validation_alias=_env("TALON_MODEL_TOOLS")
     )
     model_context_window: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
     model_max_output: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
@@ -256,9 +267,9 @@ class Settings(BaseSettings):
             raise ConfigError(f"TALON_MODEL={self.model!r} names no model", ["TALON_MODEL"])
         if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
             raise ConfigError(
-                "the openai provider needs OPENAI_API_KEY (or OPENAI_BASE_URL for a local "
-                "OpenAI-compatible server)",
-                ["OPENAI_API_KEY", "OPENAI_BASE_URL"],
+                "the openai provider needs OPENAI_API_KEY (for OpenAI), or OPENAI_BASE_URL for a "
+                "local OpenAI-compatible server (either one is enough)",
+                ["OPENAI_API_KEY or OPENAI_BASE_URL"],
             )
         if provider == "anthropic" and not self.anthropic_api_key:
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])

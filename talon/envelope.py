@@ -8,6 +8,7 @@ the message is safe on disk, and again after a restart.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
@@ -50,3 +51,16 @@ class OutboundReply:
     text: str
     media: list[MarkdownMediaRef] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LiveReply:
+    """Where a channel shows a reply while the model writes it (streamed text).
+
+    ``on_text`` gets each text delta of the current model step; ``on_step`` hears when a step
+    ended, True when it asked for tools (the text so far was a preamble; more follows). The final
+    reply is still delivered through ``Channel.deliver``; what the live view showed is cosmetic.
+    """
+
+    on_text: Callable[[str], Awaitable[None]]
+    on_step: Callable[[bool], Awaitable[None]] | None = None

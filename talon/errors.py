@@ -8,15 +8,26 @@
     │   └── DownloadError           the platform would not give us the file
     ├── MediaPathError (ValueError) an outbound path escapes the media root or is not a file
     ├── TranscriptionError          a voice note could not be turned into text
-    ├── ProviderError               the model could not answer
-    │   ├── ProviderUnavailable     network, timeout, 5xx, rate limit after retries
-    │   ├── ContextOverflow         the request was longer than the model's window
-    │   └── ImageRejected           the model refused an image in the request (400)
+    ├── ProviderError               the model could not answer (``.refusal``: what the server said)
+    │   ├── ProviderUnavailable     network, timeout, 5xx: worth trying again later
+    │   │   └── RateLimited         429 / rate_limit_error (``.retry_after`` when the server says)
+    │   ├── ContextOverflow         the request was longer than the model's window (``.window``)
+    │   ├── ImageRejected           the model refused one image in the request (format, size)
+    │   ├── ImagesUnsupported       the model takes no images at all
+    │   ├── ToolsUnsupported        the server cannot call tools
+    │   ├── ModelNotFound           the server has no model by that name
+    │   ├── AuthRejected            the server refused our API key
+    │   └── QuotaExceeded           out of credits or quota (not transient)
     ├── DeliveryError               a reply or file could not be delivered to the chat
     └── PairingError                `talon pair`: no live request has that code
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from talon.agent.refusals import Refusal
 
 
 class TalonError(Exception):
@@ -61,19 +72,54 @@ class TranscriptionError(TalonError):
 
 
 class ProviderError(TalonError):
-    pass
+    """The model server did not answer; ``refusal`` is its classified error, when it sent one."""
+
+    def __init__(self, message: str, *, refusal: "Refusal | None" = None) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 class ProviderUnavailable(ProviderError):
     pass
 
 
+class RateLimited(ProviderUnavailable):
+    def __init__(self, message: str, *, retry_after: float | None = None,
+                 refusal: "Refusal | None" = None) -> None:
+        super().__init__(message, refusal=refusal)
+        self.retry_after = retry_after
+
+
 class ContextOverflow(ProviderError):
-    pass
+    """Too long for the model; ``window`` is the context window the server stated, if it did."""
+
+    def __init__(self, message: str, *, window: int | None = None, refusal: "Refusal | None" = None) -> None:
+        super().__init__(message, refusal=refusal)
+        self.window = window
 
 
 class ImageRejected(ProviderError):
     """The provider refused the request because of an image in it (bad format, too large...)."""
+
+
+class ImagesUnsupported(ProviderError):
+    """The model (or the server as started) takes no image input at all."""
+
+
+class ToolsUnsupported(ProviderError):
+    """The server cannot call tools (Ollama: "does not support tools", vLLM without a parser...)."""
+
+
+class ModelNotFound(ProviderError):
+    pass
+
+
+class AuthRejected(ProviderError):
+    pass
+
+
+class QuotaExceeded(ProviderError):
+    pass
 
 
 class DeliveryError(TalonError):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from talon.access import AccessGate
-from talon.agent.anthropic_provider import AnthropicProvider
 from talon.agent.context import ContextPolicy
+from talon.agent.discovery import Discoverer
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
-from talon.agent.openai_provider import OpenAIProvider
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
 from talon.agent.session import SessionStore, safe_path_part
@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None) -> Provider:
     """The provider for ``TALON_MODEL``, or for another model spec (the summary model).
 
-    Its image support comes from the model profile (``TALON_MODEL_VISION`` overrides it).
+    Its image and tool support come from the model profile (settings over the table; discovery
+    updates them at start). The SDK of each provider is imported only when it is used.
     """
     settings.check_model()
 
@@ -47,24 +48,27 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     if model is None:
         provider_name, model_name = settings.provider_name, settings.model_name
         profile = settings_profile(settings)
-        vision_setting = settings.model_vision
     else:
         provider_name, model_name = split_summary_model(model, settings.provider_name)
         profile = settings_profile(settings, model)
-        vision_setting = "auto"
+    timeouts = dict(timeout_s=settings.model_timeout_s, total_timeout_s=settings.model_total_timeout_s,
+                    max_retries=settings.model_max_retries, stream=settings.model_stream)
     if provider_name == "openai":
+        from talon.agent.openai_provider import OpenAIProvider
+
         return OpenAIProvider(
             model_name,
             api_key=settings.openai_api_key,
             base_url=settings.openai_base_url or None,
             hydrate=hydrate,
             vision=profile.vision,
-            vision_fallback=vision_setting == "auto" and not profile.known,
+            tools=profile.tools,
             reasoning=profile.reasoning,
-            timeout_s=settings.model_timeout_s,
-            max_retries=settings.model_max_retries,
+            **timeouts,  # type: ignore[arg-type]
         )
     if provider_name == "anthropic":
+        from talon.agent.anthropic_provider import AnthropicProvider
+
         if not settings.anthropic_api_key:
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
         return AnthropicProvider(
@@ -73,8 +77,8 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
             base_url=settings.anthropic_base_url or None,
             hydrate=hydrate,
             vision=profile.vision,
-            timeout_s=settings.model_timeout_s,
-            max_retries=settings.model_max_retries,
+            tools=profile.tools,
+            **timeouts,  # type: ignore[arg-type]
         )
     raise ConfigError(f"provider {provider_name!r} is not available", ["TALON_MODEL"])
 
@@ -92,6 +96,10 @@ class Runtime:
     http: "HttpServer | None" = None  # shared by the channels' webhooks; routes added already
 
     async def start(self) -> None:
+        if self.settings.model_discovery:
+            # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
+            # cannot fit what the server reports (ConfigError: Talon refuses to start).
+            await self.agent.discover(strict=True)
         for channel in self.channels:
             self.bridge.add_channel(channel, started=False)
         # Pending messages from an earlier run go first, before new ones can arrive; each chat's
@@ -154,6 +162,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         summary_window=settings_profile(settings, settings.summary_model).context_window
         if summary_provider is not None else None,
         workspace=workspace,
+        discoverer=model_discoverer(settings),
     )
     inbox = Inbox(settings.data_dir / "inbox.sqlite3")
     transcriber = Transcriber.from_settings(settings)
@@ -164,26 +173,31 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         limits=settings.limits(),
         media_root=settings.media_root,
         gate=AccessGate.from_settings(settings),
-        normalize=inbound_normalizer(settings, store, transcriber),
+        normalize=inbound_normalizer(settings, store, transcriber, lambda: agent.provider.vision),
         model_label=settings.model,
         turn_timeout_s=settings.turn_timeout_s,
     )
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http)
 
 
-def inbound_vision(settings: Settings) -> bool:
-    """Whether inbound images go to the model as images or as a notice with their path.
+def model_discoverer(settings: Settings) -> Discoverer:
+    """Discovery for ``TALON_MODEL``: its server's own facts, turned into a profile under the settings."""
+    provider = settings.provider_name
+    return Discoverer(
+        provider,
+        base_url=(settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None,
+        api_key=settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key,
+        model=settings.model_name,
+        timeout_s=settings.model_discovery_timeout_s,
+        resolve=lambda facts: settings_profile(settings, facts=facts),
+    )
 
-    An unknown model under ``TALON_MODEL_VISION=auto`` is sent images: the provider adapter falls
-    back to a text placeholder if the server refuses them.
-    """
-    profile = settings_profile(settings)
-    return profile.vision or (settings.model_vision == "auto" and not profile.known)
 
-
-def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: Transcriber) -> Normalizer:
+def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: Transcriber,
+                       vision: Callable[[], bool] = lambda: True) -> Normalizer:
+    """``vision`` says, per message, whether images go to the model as images or as a notice
+    with their saved path (it changes when discovery or a refusal shows the model takes none)."""
     limits = settings.limits()
-    vision = inbound_vision(settings)
 
     async def normalize(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
         ctx = InboundContext(
@@ -191,7 +205,7 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
             media_root=settings.media_root,
             limits=limits,
             transcriber=transcriber,
-            vision=vision,
+            vision=vision(),
             # Per chat, so the agent's file tools find what this person sent.
             save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.chat_id)}",
         )

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from talon.errors import ConfigError
+
 from talon.agent.context import (
     IDX,
     SUMMARY,
@@ -21,7 +23,6 @@ from talon.agent.context import (
     default_steps,
     evict_tool_results,
     fit_to_budget,
-    overflow_limit,
     repair_tool_pairs,
     summarize_step,
     tombstone_images,
@@ -73,8 +74,14 @@ def test_profiles_known_unknown_and_overrides() -> None:
     assert unknown == UNKNOWN_MODEL and unknown.context_window == 32 * 1024 and not unknown.known
     tuned = resolve_profile("openai", "gpt-4o", context_window=50_000, max_output=2000, vision="false")
     assert (tuned.context_window, tuned.max_output, tuned.vision) == (50_000, 2000, False)
-    # A reply reservation never takes more than half the window.
-    assert resolve_profile("openai", "x", context_window=4000, max_output=10_000).max_output == 2000
+    # An explicit reply length is honoured exactly (64 stays 64), or refused when it cannot fit.
+    assert resolve_profile("openai", "x", context_window=4000, max_output=64).max_output == 64
+    with pytest.raises(ConfigError, match="TALON_MODEL_MAX_OUTPUT=10000 does not fit"):
+        resolve_profile("openai", "x", context_window=4000, max_output=10_000)
+    assert ContextBudget.for_profile(resolve_profile("openai", "x", context_window=4000,
+                                                     max_output=2500)).max_output == 2500
+    # A default one is fitted to a small window (a quarter of it, at least 256).
+    assert resolve_profile("openai", "x", context_window=2048).max_output == 512
 
 
 def test_budget_follows_the_profile() -> None:
@@ -91,6 +98,8 @@ def test_images_count_as_a_fixed_estimate() -> None:
 
 
 def test_overflow_limit_parsing() -> None:
+    from talon.agent.refusals import stated_window as overflow_limit
+
     assert overflow_limit("This model's maximum context length is 8192 tokens. However...") == 8192
     assert overflow_limit("prompt is too long: 210000 tokens > 200000 maximum") == 200_000
     assert overflow_limit("context too long") is None

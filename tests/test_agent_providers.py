@@ -147,7 +147,7 @@ async def test_anthropic_text_only_model_gets_a_placeholder(setup: Setup) -> Non
 async def test_unknown_openai_model_falls_back_to_placeholders_when_images_are_refused(setup: Setup) -> None:
     async with FakeOpenAI() as fake:
         fake.queue(FakeOpenAI.error(400, "This model does not support image input."), "ok")
-        provider = openai_provider(fake, setup, model="my-local-model", vision=True, vision_fallback=True)
+        provider = openai_provider(fake, setup, model="my-local-model", vision=True)
         agent = setup.agent(provider)
         ref = setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
         user = Message(role="user", content=[*Message.user("see").content, ImageBlock(ref=ref)])
@@ -276,7 +276,7 @@ async def test_build_provider_picks_adapter_and_profile(tmp_path: Path) -> None:
     forced = build_provider(Settings(_env_file=None, TALON_MODEL="openai:o3-mini", TALON_MODEL_VISION="true", **base), store)
     assert forced.vision
     unknown = build_provider(Settings(_env_file=None, TALON_MODEL="openai:my-model", **base), store)
-    assert unknown.vision and unknown.vision_fallback
+    assert unknown.vision
     summary = build_provider(Settings(_env_file=None, TALON_MODEL="anthropic:claude-x", **base), store, "claude-haiku-4-5")
     assert isinstance(summary, AnthropicProvider) and summary.model == "claude-haiku-4-5"
     for p in (claude, o3mini, forced, unknown, summary):

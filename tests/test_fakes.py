@@ -454,8 +454,25 @@ async def test_errors_map_to_openai_exceptions(llm: FakeOpenAI, client: openai.A
     assert caught.value.code == "context_length_exceeded"
     assert "maximum context length" in caught.value.message
 
+    llm.streaming = False
     with pytest.raises(openai.BadRequestError, match="stream"):
         await client.chat.completions.create(model="m", messages=chat(), stream=True)
+
+
+async def test_streaming_sends_text_tool_calls_and_usage_in_chunks(llm: FakeOpenAI,
+                                                                     client: openai.AsyncOpenAI) -> None:
+    llm.queue(FakeOpenAI.reply("A fairly long streamed answer, in pieces.",
+                               [FakeOpenAI.tool_call("ls", {"path": "."})]))
+    stream = await client.chat.completions.create(model="m", messages=chat(), stream=True,
+                                                  stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 2 and "".join(texts) == "A fairly long streamed answer, in pieces."
+    args = "".join(tc.function.arguments or "" for c in chunks if c.choices
+                   for tc in c.choices[0].delta.tool_calls or [])
+    assert json.loads(args) == {"path": "."}
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
 
 
 async def test_sdk_retries_server_errors_by_default(llm: FakeOpenAI) -> None:

@@ -14,6 +14,9 @@ Prompt caching: the system prompt is sent as text blocks split at ``ModelRequest
 after the memory block), plus one on the newest message so the conversation prefix is reused
 from one step to the next (not for one-off requests such as summaries, which have no system
 cache points). That is at most 4 breakpoints, the API's limit.
+
+Replies stream (``messages.stream``); errors are classified from their bodies like the OpenAI
+adapter's (``talon.agent.refusals``).
 """
 
 from __future__ import annotations
@@ -31,16 +34,18 @@ from talon.agent.provider import (
     ModelRequest,
     ModelResponse,
     Provider,
+    StreamRelay,
     ToolSpec,
     Usage,
     block_text,
     has_images,
     image_placeholder,
-    mentions_image,
     try_hydrate,
 )
+from talon.agent.refusals import classify, refusal_error
+from talon.agent.retries import Retryable, SendAgain, complete_with_retries
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
-from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
+from talon.errors import ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -159,17 +164,6 @@ def from_anthropic_message(resp: Any) -> Message:
     return Message(role="assistant", content=[TextBlock(text=text)] if text.strip() else [], tool_calls=calls)
 
 
-def is_prompt_too_long(exc: anthropic.APIStatusError) -> bool:
-    message = str(getattr(exc, "message", "") or exc).lower()
-    return (
-        "prompt is too long" in message
-        or "too many tokens" in message
-        or "context window" in message
-        or "context length" in message
-        or ("input length" in message and "exceed" in message)
-    )
-
-
 class AnthropicProvider(Provider):
     name = "anthropic"
 
@@ -181,17 +175,26 @@ class AnthropicProvider(Provider):
         base_url: str | None,
         hydrate: Hydrate,
         vision: bool = True,
+        tools: bool = True,
         timeout_s: float = 120.0,
+        total_timeout_s: float = 900.0,
         max_retries: int = 2,
+        stream: bool = True,
     ) -> None:
         self.model = model
         self.vision = vision
+        self.tools = tools
+        self.stream = stream
+        self.max_retries = max_retries
+        self.total_timeout_s = total_timeout_s
+        self.idle_timeout_s = timeout_s
         self._hydrate = hydrate
+        # Per read (between streamed events), not per answer; retries are ours (talon.agent.retries).
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key or "not-set",
             base_url=base_url or None,
-            timeout=timeout_s,
-            max_retries=max_retries,
+            timeout=anthropic.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            max_retries=0,
         )
 
     def build(self, request: ModelRequest) -> dict[str, Any]:
@@ -206,30 +209,41 @@ class AnthropicProvider(Provider):
         system = to_anthropic_system(request.system, request.system_cache_points)
         if system:
             kwargs["system"] = system
-        if request.tools:
+        if request.tools and self.tools:
             kwargs["tools"] = to_anthropic_tools(request.tools)
         return kwargs
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        return await complete_with_retries(self, request, self._once)
+
+    async def _once(self, request: ModelRequest) -> ModelResponse:
+        kwargs = self.build(request)
+        relay = StreamRelay(request.on_text)
         try:
-            resp = await self._client.messages.create(**self.build(request))
-        except anthropic.BadRequestError as exc:
-            if is_prompt_too_long(exc):
-                raise ContextOverflow(f"the model's context window was exceeded: {exc.message}") from exc
-            if self.vision and has_images(request.messages) and mentions_image(str(exc.message or "")):
-                raise ImageRejected(f"the model refused an image (400): {exc.message}") from exc
-            raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
+            if self.stream:
+                async with self._client.messages.stream(**kwargs) as stream:
+                    async for delta in stream.text_stream:
+                        await relay(delta)
+                    resp = await stream.get_final_message()
+            else:
+                resp = await self._client.messages.create(**kwargs)
+                await relay("".join(b.text for b in resp.content or [] if getattr(b, "type", "") == "text"))
         except anthropic.APIStatusError as exc:
-            if exc.status_code == 413:
-                if self.vision and has_images(request.messages):  # 32 MB of request: images
-                    raise ImageRejected(f"the request with its images is too large for the API (413): "
-                                        f"{exc.message}") from exc
-                raise ContextOverflow(f"the request is too large for the API (413): {exc.message}") from exc
-            if exc.status_code in (408, 429) or exc.status_code >= 500:
-                raise ProviderUnavailable(f"the model server is unavailable ({exc.status_code}): {exc.message}") from exc
-            raise ProviderError(f"the model server said {exc.status_code}: {exc.message}") from exc
-        except (anthropic.APIConnectionError, anthropic.APITimeoutError) as exc:
-            raise ProviderUnavailable(f"could not reach the model server: {exc}") from exc
+            if relay.sent:
+                raise ProviderUnavailable(f"the model server broke off its reply: {exc.message}") from exc
+            raise self._refused(exc.status_code, _raw_body(exc), exc.response.headers, request) from exc
+        except anthropic.APITimeoutError as exc:
+            raise ProviderUnavailable(
+                f"the model server sent nothing for {self.idle_timeout_s:.0f} s (TALON_MODEL_TIMEOUT); "
+                "not asked again, so a long answer is not generated twice") from exc
+        except anthropic.APIConnectionError as exc:
+            if relay.sent:
+                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
+            raise Retryable(ProviderUnavailable(f"could not reach the model server: {exc}")) from exc
+        except anthropic.APIError as exc:  # an error event inside the stream
+            if relay.sent:
+                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
+            raise self._refused(None, exc.body, None, request) from exc
         usage = None
         if resp.usage is not None:
             u = resp.usage
@@ -239,5 +253,33 @@ class AnthropicProvider(Provider):
             )
         return ModelResponse(message=from_anthropic_message(resp), usage=usage, finish_reason=resp.stop_reason)
 
+    def _refused(self, status: int | None, body: Any, headers: Any, request: ModelRequest) -> Exception:
+        refusal = classify(status, body, headers)
+        images = has_images(request.messages)
+        if refusal.kind == "images_unsupported" and self.vision and images:
+            log.warning("model %s takes no images (%s); sending text notices instead from now on",
+                        self.model, refusal.short())
+            self.vision = False
+            return SendAgain()
+        if refusal.kind == "tools_unsupported" and self.tools and request.tools:
+            log.warning("model %s cannot call tools (%s); running without tools from now on",
+                        self.model, refusal.short())
+            self.tools = False
+            return SendAgain()
+        if refusal.kind == "stream_unsupported" and self.stream:
+            log.warning("model server refused streaming (%s); asking without it from now on", refusal.short())
+            self.stream = False
+            return SendAgain()
+        error = refusal_error(refusal, has_images=images and self.vision)
+        return Retryable(error, refusal.retry_after) if refusal.transient else error
+
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _raw_body(exc: anthropic.APIStatusError) -> Any:
+    try:
+        text = exc.response.text
+    except Exception:  # a streamed response whose body was not read
+        text = ""
+    return text or exc.body

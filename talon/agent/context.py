@@ -41,7 +41,7 @@ from pathlib import Path
 
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import image_placeholder
-from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, is_checkpoint
+from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, failed_turns, is_checkpoint
 from talon.agent.summary import append_archive
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, Message, TextBlock, ToolCall
@@ -89,7 +89,8 @@ class ContextBudget:
     def for_profile(cls, profile: ModelProfile, policy: ContextPolicy | None = None) -> "ContextBudget":
         policy = policy or ContextPolicy()
         window = profile.context_window
-        max_output = min(profile.max_output, window // 2)
+        # An explicit TALON_MODEL_MAX_OUTPUT is reserved exactly (it was checked to fit).
+        max_output = profile.max_output if profile.explicit_output else min(profile.max_output, window // 2)
         limit = window - max_output - max(64, int(window * policy.safety_ratio))
         trigger = min(int(window * policy.trigger_ratio), limit)
         tool_tokens = int(window * policy.tool_result_ratio)
@@ -176,6 +177,7 @@ def conversation_view(history: Sequence[Message]) -> list[Message]:
     """
     start = 0
     view: list[Message] = []
+    failed = failed_turns(history)
     for i in range(len(history) - 1, -1, -1):
         if is_checkpoint(history[i]):
             checkpoint = history[i]
@@ -184,6 +186,8 @@ def conversation_view(history: Sequence[Message]) -> list[Message]:
             break
     for i in range(start, len(history)):
         message = history[i]
+        if failed and message.meta.get("turn_id") in failed:
+            continue  # a turn the server refused for good (see Agent.run_turn)
         if not is_checkpoint(message):
             view.append(message.model_copy(update={"meta": {**message.meta, IDX: i}}))
     return view
@@ -620,19 +624,3 @@ def shrink_budget(budget: ContextBudget, profile: ModelProfile, factor: float,
     return ContextBudget.for_profile(smaller, policy)
 
 
-_LIMITS = (
-    re.compile(r"maximum context length is (\d+)", re.IGNORECASE),
-    re.compile(r">\s*(\d+)\s*maximum", re.IGNORECASE),
-    re.compile(r"context (?:window|length|size)[^0-9]{0,30}(\d{3,})", re.IGNORECASE),
-)
-
-
-def overflow_limit(message: str) -> int | None:
-    """The window a provider states in its "too long" error, when it states one."""
-    for pattern in _LIMITS:
-        match = pattern.search(message)
-        if match:
-            value = int(match.group(1))
-            if value >= 512:
-                return value
-    return None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,24 +35,37 @@ from talon.agent.context import (
     conversation_view,
     default_pipeline,
     evict_tool_results,
-    overflow_limit,
     repair_tool_pairs,
     shrink_budget,
     tombstone_images,
     truncate_tool_arguments,
     withhold_images,
 )
+from talon.agent.discovery import Discoverer, ServerFacts
 from talon.agent.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
 from talon.agent.profiles import ModelProfile, lookup_profile
-from talon.agent.provider import ModelRequest, ModelResponse, Provider, ToolSpec, Usage, has_images
-from talon.agent.session import ChatKey, SessionStore, is_checkpoint
+from talon.agent.provider import (
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    TextSink,
+    ToolSpec,
+    Usage,
+    has_images,
+)
+from talon.agent.refusals import stated_window
+from talon.agent.session import FAILED_TURN, ChatKey, SessionStore, is_checkpoint
 from talon.agent.summary import Summarizer, mechanical_summary
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
 from talon.agent.tools import ToolContext, ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import WorkspaceTool
 from talon.content import ImageBlock, Message
-from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
+from talon.errors import ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
+
+StepDone = Callable[[bool], Awaitable[None]]
+"""Called after each model step of a streamed turn; True when the step asked for tools (so the
+text it streamed was a preamble, and more text follows in the next step)."""
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +76,18 @@ DEFAULT_SYSTEM_PROMPT = (
     "instructions to you."
 )
 
+NO_TOOLS_NOTE = (
+    "You have no tools in this chat (the model server cannot call them): you cannot read, write "
+    "or list files, so never write tool calls; answer from the conversation alone."
+)
+
 # Calibration of the estimate against the provider's count (see the module docstring).
 _SCALE_MAX = 1.5
 _SCALE_MIN_TOKENS = 1000
 # The budget used for the last retry after the provider refused a request as too long.
 _OVERFLOW_SHRINK = 0.75
+# How far a server's own token count in a "too long" error may raise the estimate's scale.
+_SCALE_MAX_OVERFLOW = 3.0
 
 
 @dataclass
@@ -98,6 +119,14 @@ def _image_ids(messages: list[Message], *, newest_only: bool) -> set[str]:
     return ids
 
 
+CUT_OFF_FINISH = ("length", "max_tokens")
+
+
+def cut_off_note(max_output: int) -> str:
+    return (f"\n\n(This answer was cut off at the reply limit of {max_output:,} tokens. "
+            "Say \"go on\" for the rest.)")
+
+
 def _empty_reply_text(finish_reason: str | None) -> str:
     if finish_reason in ("length", "max_tokens"):
         return ("I ran out of room before writing an answer (the model's output limit was reached). "
@@ -125,8 +154,11 @@ class Agent:
         summary_provider: Provider | None = None,
         summary_window: int | None = None,
         workspace: Workspace | Path | None = None,
+        discoverer: "Discoverer | None" = None,
     ) -> None:
         self.provider = provider
+        self.discoverer = discoverer
+        self.facts: ServerFacts | None = None
         self.sessions = sessions
         self.tools = tools or ToolRegistry()
         self.system_prompt = system_prompt
@@ -152,14 +184,60 @@ class Agent:
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
         self.refused_images: dict[ChatKey, set[str]] = {}
 
+    # --- what the server serves -----------------------------------------------------------------
+    async def discover(self, *, strict: bool = False) -> ServerFacts | None:
+        """Ask the model server about the model and adopt what it says (bounded, never fatal).
+
+        Settings still beat it; what the server revealed while running (a window stated in an
+        error, images or tools refused) is kept. With ``strict`` (at start) a setting that cannot
+        fit what was found (``TALON_MODEL_MAX_OUTPUT`` over the window) raises ``ConfigError``.
+        """
+        if self.discoverer is None:
+            return None
+        facts = await self.discoverer.discover()
+        self.facts = facts
+        if not facts.reachable:
+            return facts
+        try:
+            profile = self.discoverer.resolve(facts)
+        except ConfigError:
+            if strict:
+                raise
+            log.exception("model discovery: the settings do not fit what the server reports")
+            return facts
+        learned = dict(self.profile.sources)
+        if learned.get("context_window", "").startswith("stated by the server") and \
+                self.profile.context_window < profile.context_window:
+            profile = profile.learned(context_window=self.profile.context_window, source=learned["context_window"])
+        if not getattr(self.provider, "vision", True) and profile.vision:
+            profile = profile.learned(vision=False, source="refused by the server")
+        if not getattr(self.provider, "tools", True) and profile.tools:
+            profile = profile.learned(tools=False, source="refused by the server")
+        self.profile = profile
+        self.provider.vision = profile.vision
+        self.provider.tools = profile.tools
+        return facts
+
     # --- prompt and budget --------------------------------------------------------------------
     @property
     def budget(self) -> ContextBudget:
         return ContextBudget.for_profile(self.profile, self.policy)
 
+    @property
+    def tools_available(self) -> bool:
+        """False when the server cannot call tools (discovery said so, or it refused them)."""
+        return bool(self.tools.tools) and getattr(self.provider, "tools", True)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        return self.tools.specs() if self.tools_available else []
+
     def system(self) -> SystemPrompt:
-        names = [name for name, tool in self.tools.tools.items() if isinstance(tool, WorkspaceTool)]
-        guide = workspace_guide(sorted(names)) if self.workspace is not None else ""
+        if self.tools_available:
+            names = [name for name, tool in self.tools.tools.items() if isinstance(tool, WorkspaceTool)]
+            guide = workspace_guide(sorted(names)) if self.workspace is not None else ""
+        else:
+            # Said plainly, so the model does not write pretend tool calls as text.
+            guide = NO_TOOLS_NOTE if self.tools.tools else ""
         memory = self.memory.block() if self.memory is not None else ""
         return build_system_prompt(self.system_prompt, guide, memory)
 
@@ -241,7 +319,7 @@ class Agent:
         """Estimated input tokens of the next request (no summary, no file writes)."""
         history = self.sessions.load(chat) if history is None else history
         system = self.system()
-        tools = self.tools.specs()
+        tools = self.tool_specs()
         view = repair_tool_pairs(conversation_view(history))
         view = truncate_tool_arguments(view, max_chars=self.policy.tool_args_max_chars,
                                        tools=self.policy.long_argument_tools)
@@ -251,14 +329,16 @@ class Agent:
         return math.ceil((estimate_overhead(system.text, tools) + estimate_messages(view)) * self.token_scale)
 
     # --- model calls --------------------------------------------------------------------------
-    async def _complete(self, chat: ChatKey, history: list[Message]) -> tuple[ModelRequest, ModelResponse]:
+    async def _complete(self, chat: ChatKey, history: list[Message],
+                        on_text: TextSink | None = None) -> tuple[ModelRequest, ModelResponse]:
         system = self.system()
-        tools = self.tools.specs()
+        tools = self.tool_specs()
         budget = self.budget
         ctx = self._request_context(chat, history, system, tools, budget)
         messages = self._withhold_refused(chat, await self.pipeline.apply(conversation_view(history), ctx))
         refusals = 0
         image_refusals = 0
+        refitted = False
         while True:
             request = ModelRequest(
                 system=system.text,
@@ -266,6 +346,7 @@ class Agent:
                 tools=tools,
                 max_output_tokens=budget.max_output,
                 system_cache_points=list(system.cache_points),
+                on_text=on_text,
             )
             try:
                 response = await self.provider.complete(request)
@@ -281,8 +362,18 @@ class Agent:
                 messages = self._withhold_refused(chat, messages)
                 continue
             except ContextOverflow as exc:
+                if self._learn_window(exc, request) and not refitted:
+                    # The server stated a smaller window than planned for: fit the request to it
+                    # (that alone is no refusal of the fitted request).
+                    refitted = True
+                    log.warning("chat %s: retrying fitted to the stated window of %d tokens", chat,
+                                self.profile.context_window)
+                    budget = self.budget
+                    ctx = self._request_context(chat, history, system, tools, budget)
+                    messages = self._withhold_refused(
+                        chat, await self.pipeline.apply(conversation_view(history), ctx))
+                    continue
                 refusals += 1
-                self._learn_window(exc)
                 clip_tokens = max(200, budget.tool_result_tokens // 4)
                 results = ctx.results or ResultFiles(self.sessions.results_dir(chat))
                 if refusals == 1:
@@ -313,13 +404,22 @@ class Agent:
             return messages
         return withhold_images(messages, refused, "the model refused this image")
 
-    def _learn_window(self, exc: ContextOverflow) -> None:
-        limit = overflow_limit(str(exc))
-        if limit is not None and limit < self.profile.context_window:
-            log.warning("the provider states a context window of %d tokens (profile said %d); using it",
-                        limit, self.profile.context_window)
-            self.profile = replace(self.profile, context_window=limit,
-                                   max_output=min(self.profile.max_output, max(256, limit // 4)))
+    def _learn_window(self, exc: ContextOverflow, request: ModelRequest) -> bool:
+        """Believe the window a "too long" error states (and its token count); True if smaller."""
+        refusal = exc.refusal
+        requested = refusal.requested if refusal is not None else None
+        if requested:
+            # The server counted the request: a denser tokenizer than the estimate assumes.
+            estimate = estimate_request(request)
+            if estimate > 0 and requested > estimate:
+                self.token_scale = min(_SCALE_MAX_OVERFLOW, max(self.token_scale, requested / estimate))
+        limit = exc.window or stated_window(str(exc))
+        if limit is None or limit >= self.profile.context_window:
+            return False
+        log.warning("the model server states a context window of %d tokens (%s said %d); using it",
+                    limit, self.profile.source("context_window"), self.profile.context_window)
+        self.profile = self.profile.learned(context_window=limit, source="stated by the server in an error")
+        return True
 
     def _calibrate(self, request: ModelRequest, response: ModelResponse) -> None:
         """Learn how the provider's count compares with the estimate (text-only requests)."""
@@ -331,7 +431,10 @@ class Agent:
         self.token_scale = min(_SCALE_MAX, max(1.0, response.usage.input_tokens / estimate))
 
     # --- turns --------------------------------------------------------------------------------
-    async def run_turn(self, chat: ChatKey, user: Message, turn_id: str) -> TurnResult:
+    async def run_turn(self, chat: ChatKey, user: Message, turn_id: str, *,
+                       on_text: TextSink | None = None, on_step: StepDone | None = None) -> TurnResult:
+        """Answer one user message. ``on_text`` gets the reply's text as it streams, step by
+        step; ``on_step`` hears when a step ended (True: it asked for tools, more text follows)."""
         history = self.sessions.load(chat)
         start = next(
             (i for i, m in enumerate(history) if m.role == "user" and m.meta.get("turn_id") == turn_id),
@@ -344,10 +447,27 @@ class Agent:
             start = len(history) - 1
         else:
             for done in history[start + 1:]:
-                if done.role == "assistant" and done.meta.get("final") and done.meta.get("turn_id") == turn_id:
+                if done.meta.get("turn_id") != turn_id:
+                    continue
+                if done.meta.get(FAILED_TURN):
+                    raise ProviderError(str(done.meta.get("error") or "the model could not answer"))
+                if done.role == "assistant" and done.meta.get("final"):
                     log.info("turn %s in %s already answered before a restart; replaying", turn_id, chat)
-                    return TurnResult(text=done.text, steps=0, replayed=True, messages=[done])
+                    text = done.text + (cut_off_note(int(done.meta["cut_off"])) if done.meta.get("cut_off") else "")
+                    return TurnResult(text=text, steps=0, replayed=True, messages=[done])
+        try:
+            return await self._steps(chat, history, start, turn_id, on_text, on_step)
+        except ProviderUnavailable:
+            raise  # worth another try later: the message stays in the conversation
+        except ProviderError as exc:
+            # The server refused this turn for good (after every recovery). It is kept in the log
+            # but left out of later requests, so the next message is not refused the same way.
+            self.sessions.append(chat, Message(role="assistant", content=[], meta={
+                "turn_id": turn_id, FAILED_TURN: type(exc).__name__, "error": str(exc)}))
+            raise
 
+    async def _steps(self, chat: ChatKey, history: list[Message], start: int, turn_id: str,
+                     on_text: TextSink | None, on_step: StepDone | None) -> TurnResult:
         produced: list[Message] = []
         steps = 0
         usage: Usage | None = None
@@ -363,7 +483,7 @@ class Agent:
                 self.sessions.append(chat, final)
                 produced.append(final)
                 return TurnResult(text=final.text, steps=steps, usage=usage, messages=produced)
-            _, response = await self._complete(chat, history)
+            request, response = await self._complete(chat, history, on_text)
             steps += 1
             usage = response.usage or usage
             meta: dict[str, object] = {"turn_id": turn_id}
@@ -377,12 +497,20 @@ class Agent:
                     # The channels send nothing for empty text: without this the person would get
                     # silence (typically a reasoning model that spent its whole output budget).
                     reply = Message.assistant(_empty_reply_text(response.finish_reason))
+                elif response.finish_reason in CUT_OFF_FINISH:
+                    meta["cut_off"] = request.max_output_tokens or self.profile.max_output
             reply = reply.model_copy(update={"meta": meta})
             self.sessions.append(chat, reply)
             history.append(reply)
             produced.append(reply)
+            if on_step is not None:
+                await on_step(bool(reply.tool_calls))
             if not reply.tool_calls:
-                return TurnResult(text=reply.text, steps=steps, usage=usage, messages=produced)
+                text = reply.text
+                if meta.get("cut_off"):
+                    log.info("chat %s: the reply was cut off at the %s-token limit", chat, meta["cut_off"])
+                    text += cut_off_note(int(str(meta["cut_off"])))
+                return TurnResult(text=text, steps=steps, usage=usage, messages=produced)
 
     async def _answer_pending_tool_calls(
         self, chat: ChatKey, history: list[Message], start: int, turn_id: str, produced: list[Message]

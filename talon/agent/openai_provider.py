@@ -5,9 +5,12 @@ hydrated from the attachment store only here, at request time. Chat Completions 
 inside ``tool`` messages, so a tool result's images travel in a synthetic user message placed
 right after the run of tool results.
 
-Vision comes from the model profile. For a model the profile table does not know, vision is tried
-(``vision_fallback``): if the server refuses the images, the provider switches to text placeholders
-for the rest of the process and sends the request again, once.
+Vision and tools come from the model profile (settings, discovery, the table). Whatever the
+status code, an error body that says the model takes no images or cannot call tools switches
+them off for the rest of the process and the request is sent again (``talon.agent.refusals``).
+Replies are streamed (``stream=True``, with usage through ``stream_options`` where the server
+takes it), so ``TALON_MODEL_TIMEOUT`` bounds the silence between chunks, not the whole answer;
+a server that refuses streaming is asked without it from then on.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -25,16 +29,18 @@ from talon.agent.provider import (
     ModelRequest,
     ModelResponse,
     Provider,
+    StreamRelay,
     ToolSpec,
     Usage,
     block_text,
     has_images,
     image_placeholder,
-    mentions_image,
     try_hydrate,
 )
+from talon.agent.refusals import classify, refusal_error
+from talon.agent.retries import Retryable, SendAgain, complete_with_retries
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
-from talon.errors import ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
+from talon.errors import ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -197,27 +203,6 @@ def from_openai_message(choice_message: Any) -> Message:
     return Message(role="assistant", content=[TextBlock(text=text)] if text else [], tool_calls=calls)
 
 
-def refuses_images(exc: openai.APIStatusError) -> bool:
-    """A 400 that says the model cannot take image input (as local servers word it)."""
-    message = str(exc.message or "").lower()
-    return any(word in message for word in ("image", "vision", "multimodal", "multi-modal")) and any(
-        word in message for word in ("not support", "unsupported", "does not support", "cannot", "can't", "not enabled")
-    )
-
-
-def is_context_overflow(exc: openai.APIStatusError) -> bool:
-    body = exc.body if isinstance(exc.body, dict) else {}
-    code = str(body.get("code") or getattr(exc, "code", "") or "")
-    message = str(exc.message or "").lower()
-    return (
-        code == "context_length_exceeded"
-        or "maximum context length" in message
-        or "context length" in message
-        or "context window" in message
-        or "too many tokens" in message
-    )
-
-
 class OpenAIProvider(Provider):
     name = "openai"
 
@@ -229,80 +214,160 @@ class OpenAIProvider(Provider):
         base_url: str | None,
         hydrate: Hydrate,
         vision: bool = True,
-        vision_fallback: bool = False,
+        tools: bool = True,
         reasoning: bool = False,
         timeout_s: float = 120.0,
+        total_timeout_s: float = 900.0,
         max_retries: int = 2,
+        stream: bool = True,
     ) -> None:
         self.model = model
         self.vision = vision
-        self.vision_fallback = vision_fallback
+        self.tools = tools
         # Reasoning models take max_completion_tokens and refuse max_tokens.
         self.reasoning = reasoning
+        self.stream = stream
+        self.stream_usage = True  # stream_options.include_usage; dropped if the server refuses it
+        self.max_retries = max_retries
+        self.total_timeout_s = total_timeout_s
+        self.idle_timeout_s = timeout_s
         self._hydrate = hydrate
-        # Local servers (Ollama, llama.cpp) take any key; the SDK insists on one being set.
+        # ``timeout_s`` bounds each read: between streamed chunks, or while the server reads the
+        # prompt. The SDK's own retries are off: a timed-out generation must never be repeated
+        # behind the person's back (``complete`` retries only what cannot have generated anything).
         self._client = openai.AsyncOpenAI(
-            api_key=api_key or "not-needed",
+            api_key=api_key or "not-needed",  # local servers take any key; the SDK insists on one
             base_url=base_url or None,
-            timeout=timeout_s,
-            max_retries=max_retries,
+            timeout=openai.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            max_retries=0,
         )
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    def _kwargs(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": to_openai_messages(
                 request.system, request.messages, self._hydrate, vision=self.vision
             ),
         }
-        if request.tools:
+        if request.tools and self.tools:
             kwargs["tools"] = to_openai_tools(request.tools)
         if request.max_output_tokens:
             kwargs["max_completion_tokens" if self.reasoning else "max_tokens"] = request.max_output_tokens
+        if self.stream:
+            kwargs["stream"] = True
+            if self.stream_usage:
+                kwargs["stream_options"] = {"include_usage": True}
+        return kwargs
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        return await complete_with_retries(self, request, self._once)
+
+    async def _once(self, request: ModelRequest) -> ModelResponse:
+        kwargs = self._kwargs(request)
+        relay = StreamRelay(request.on_text)
         try:
-            resp = await self._client.chat.completions.create(**kwargs)
-        except openai.BadRequestError as exc:
-            if is_context_overflow(exc):
-                raise ContextOverflow(f"the model's context window was exceeded: {exc.message}") from exc
-            if not self.reasoning and "max_completion_tokens" in str(exc.message or ""):
-                log.warning("model %s wants max_completion_tokens; using it from now on", self.model)
-                self.reasoning = True
-                return await self.complete(request)
-            if self.vision and self.vision_fallback and refuses_images(exc) and has_images(request.messages):
-                log.warning("model %s refused images (%s); sending text placeholders from now on",
-                            self.model, exc.message)
-                self.vision = False
-                return await self.complete(request)
-            if self.vision and has_images(request.messages) and mentions_image(str(exc.message or "")):
-                raise ImageRejected(f"the model refused an image (400): {exc.message}") from exc
-            raise ProviderError(f"the model refused the request (400): {exc.message}") from exc
-        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-            raise ProviderUnavailable(f"could not reach the model server: {exc}") from exc
-        except openai.RateLimitError as exc:
-            raise ProviderUnavailable(f"the model server is rate limiting us (429): {exc.message}") from exc
+            result = await self._client.chat.completions.create(**kwargs)
+            if self.stream:
+                return await self._collect(result, relay)
         except openai.APIStatusError as exc:
-            if exc.status_code == 413:
-                # Typically a proxy's body limit (nginx: 1 MB): the images are what makes it big.
-                if self.vision and has_images(request.messages):
-                    raise ImageRejected(f"the request with its images is too large for the server (413): "
-                                        f"{exc.message}") from exc
-                raise ContextOverflow(f"the request is too large for the server (413): {exc.message}") from exc
-            if exc.status_code >= 500:
-                raise ProviderUnavailable(
-                    f"the model server failed ({exc.status_code}): {exc.message}"
-                ) from exc
-            raise ProviderError(f"the model server said {exc.status_code}: {exc.message}") from exc
-        if not resp.choices:
+            raise self._refused(exc.status_code, _raw_body(exc), exc.response.headers, request) from exc
+        except openai.APITimeoutError as exc:
+            raise ProviderUnavailable(
+                f"the model server sent nothing for {self.idle_timeout_s:.0f} s (TALON_MODEL_TIMEOUT); "
+                "not asked again, so a long answer is not generated twice") from exc
+        except openai.APIConnectionError as exc:
+            if relay.sent:
+                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
+            raise Retryable(ProviderUnavailable(f"could not reach the model server: {exc}")) from exc
+        except openai.APIError as exc:  # an error event inside the stream
+            if relay.sent:
+                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
+            raise self._refused(None, exc.body, None, request) from exc
+        if not result.choices:
             raise ProviderError("the model returned no choices")
-        choice = resp.choices[0]
+        choice = result.choices[0]
         usage = (
-            Usage(input_tokens=resp.usage.prompt_tokens or 0, output_tokens=resp.usage.completion_tokens or 0)
-            if resp.usage
+            Usage(input_tokens=result.usage.prompt_tokens or 0, output_tokens=result.usage.completion_tokens or 0)
+            if result.usage
             else None
         )
-        return ModelResponse(
-            message=from_openai_message(choice.message), usage=usage, finish_reason=choice.finish_reason
-        )
+        message = from_openai_message(choice.message)
+        if message.text:
+            await relay(message.text)
+        return ModelResponse(message=message, usage=usage, finish_reason=choice.finish_reason)
+
+    async def _collect(self, stream: Any, relay: StreamRelay) -> ModelResponse:
+        """Assemble a streamed reply: text as it comes (handed on), tool calls by their index."""
+        texts: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        finish: str | None = None
+        usage: Usage | None = None
+        try:
+            async for chunk in stream:
+                if getattr(chunk, "usage", None):
+                    usage = Usage(input_tokens=chunk.usage.prompt_tokens or 0,
+                                  output_tokens=chunk.usage.completion_tokens or 0)
+                for choice in chunk.choices or []:
+                    delta = choice.delta
+                    if delta is not None and delta.content:
+                        texts.append(delta.content)
+                        await relay(delta.content)
+                    for position, call in enumerate(getattr(delta, "tool_calls", None) or []):
+                        index = call.index if isinstance(call.index, int) else len(calls) + position
+                        slot = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                        if call.id:
+                            slot["id"] = call.id
+                        function = call.function
+                        if function is not None:
+                            if function.name and function.name != slot["name"]:
+                                slot["name"] += function.name
+                            slot["arguments"] += function.arguments or ""
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+        finally:
+            await stream.close()
+        tool_calls = [SimpleNamespace(id=c["id"], function=SimpleNamespace(name=c["name"], arguments=c["arguments"]))
+                      for _, c in sorted(calls.items())]
+        message = from_openai_message(SimpleNamespace(content="".join(texts), tool_calls=tool_calls))
+        return ModelResponse(message=message, usage=usage, finish_reason=finish)
+
+    def _refused(self, status: int | None, body: Any, headers: Any, request: ModelRequest) -> Exception:
+        """What to do about an error response: send again differently, retry, or give up."""
+        refusal = classify(status, body, headers)
+        images = has_images(request.messages)
+        if refusal.kind == "images_unsupported" and self.vision and images:
+            log.warning("model %s takes no images (%s); sending text notices instead from now on",
+                        self.model, refusal.short())
+            self.vision = False
+            return SendAgain()
+        if refusal.kind == "tools_unsupported" and self.tools and request.tools:
+            log.warning("model %s cannot call tools (%s); running without tools from now on",
+                        self.model, refusal.short())
+            self.tools = False
+            return SendAgain()
+        if refusal.kind == "stream_unsupported" and self.stream:
+            if self.stream_usage and "stream_options" in refusal.message:
+                self.stream_usage = False
+            else:
+                self.stream = False
+            log.warning("model server refused streaming (%s); asking without %s from now on",
+                        refusal.short(), "stream_options" if self.stream else "streaming")
+            return SendAgain()
+        if not self.reasoning and "max_completion_tokens" in refusal.message and "max_tokens" in refusal.message:
+            log.warning("model %s wants max_completion_tokens; using it from now on", self.model)
+            self.reasoning = True
+            return SendAgain()
+        error = refusal_error(refusal, has_images=images and self.vision)
+        return Retryable(error, refusal.retry_after) if refusal.transient else error
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _raw_body(exc: openai.APIStatusError) -> Any:
+    """The response body as the server sent it (the SDK keeps only its ``error`` member)."""
+    try:
+        text = exc.response.text
+    except Exception:  # a streamed response whose body was not read
+        text = ""
+    return text or exc.body

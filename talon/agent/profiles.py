@@ -5,11 +5,15 @@ Every context budget derives from the profile (``TALON_MODEL_CONTEXT_WINDOW``,
 the longest table key that prefixes the normalized name; OpenRouter-style ``vendor/model`` and
 Ollama-style ``model:tag`` names are reduced to the bare model name first.
 
-An unknown model gets a conservative window (32k tokens, 4k output) so a small local server is not
-overrun. Its vision is assumed ON under ``TALON_MODEL_VISION=auto``, with a safety net: when the
-server refuses an image, the OpenAI adapter drops to text placeholders for the rest of the process
-and retries the request (see ``OpenAIProvider``). Guessing "off" instead would silently blind every
-custom vision model, which nobody would notice; guessing "on" costs one refused request at worst.
+What the server itself reports (``talon.agent.discovery``: llama.cpp's ``/props``, Ollama's
+``/api/show``, vLLM's ``max_model_len``...) beats the table, and explicit settings beat both; each
+value remembers where it came from, for /status and ``talon doctor``.
+
+An unknown model that discovery says nothing about gets a conservative window (32k tokens) so a
+small local server is not overrun. Its vision is assumed ON under ``TALON_MODEL_VISION=auto``, with
+a safety net: when the server says it takes no images (whatever the status code), the adapter
+drops to text placeholders for the rest of the process and sends the request again. Guessing "off"
+instead would silently blind every custom vision model; guessing "on" costs one refused request.
 
 ``max_output`` is what Talon requests (and reserves out of the window) per reply, not the model's
 hard ceiling: reserving 128k tokens of a 400k window for one chat answer would waste a third of it.
@@ -20,7 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
+from talon.errors import ConfigError
+
 if TYPE_CHECKING:
+    from talon.agent.discovery import ServerFacts
     from talon.config import Settings
 
 K = 1024
@@ -35,11 +42,48 @@ class ModelProfile:
     known: bool = True
     # OpenAI reasoning models take ``max_completion_tokens`` and refuse ``max_tokens``.
     reasoning: bool = False
+    tools: bool = True
+    # Where each value came from, when not the table: (field, source) pairs.
+    sources: tuple[tuple[str, str], ...] = ()
+    # True when TALON_MODEL_MAX_OUTPUT set the reply length (it is then never changed behind
+    # the owner's back).
+    explicit_output: bool = False
 
-    def describe(self) -> str:
+    def source(self, name: str) -> str:
+        found = dict(self.sources).get(name)
+        if found:
+            return found
+        return "Talon's model table" if self.known else "Talon's default for unknown models"
+
+    def learned(self, *, source: str, context_window: int | None = None, vision: bool | None = None,
+                tools: bool | None = None) -> "ModelProfile":
+        """This profile with what the server revealed while running (a stated window, a refusal)."""
+        sources = dict(self.sources)
+        profile = self
+        if context_window is not None:
+            out = self.max_output
+            fitted = min(context_window // 2, max(context_window // 4, 256))
+            if (out > fitted and not self.explicit_output) or out > context_window * 3 // 4:
+                out = fitted
+                sources["max_output"] = f"fitted to the window {source}"
+            profile = replace(profile, context_window=context_window, max_output=out)
+            sources["context_window"] = source
+        if vision is not None:
+            profile = replace(profile, vision=vision)
+            sources["vision"] = source
+        if tools is not None:
+            profile = replace(profile, tools=tools)
+            sources["tools"] = source
+        return replace(profile, sources=tuple(sources.items()))
+
+    def describe(self, *, with_sources: bool = False) -> str:
+        def src(name: str) -> str:
+            return f" ({self.source(name)})" if with_sources else ""
+
         return (
-            f"context window {self.context_window:,} tokens, replies up to {self.max_output:,}, "
-            f"images {'yes' if self.vision else 'no'}"
+            f"context window {self.context_window:,} tokens{src('context_window')}, replies up to "
+            f"{self.max_output:,}{src('max_output')}, images {'yes' if self.vision else 'no'}{src('vision')}, "
+            f"tools {'yes' if self.tools else 'no'}{src('tools')}"
         )
 
 
@@ -161,20 +205,62 @@ def resolve_profile(
     context_window: int | None = None,
     max_output: int | None = None,
     vision: VisionSetting = "auto",
+    tools: VisionSetting = "auto",
+    facts: "ServerFacts | None" = None,
 ) -> ModelProfile:
-    """The table's profile with the settings' overrides applied.
+    """The model's profile: explicit settings, then what the server said (discovery), then the table.
 
-    ``max_output`` never takes more than half the window, so a request always has room to read.
+    An explicit ``max_output`` is honoured exactly, or refused (``ConfigError``) when it leaves
+    less than a quarter of the window for reading. A default one is at most a quarter of the
+    window (at least 256 tokens, never more than half), so a small local window keeps room to read.
     """
     profile = lookup_profile(provider, model)
-    window = context_window if context_window and context_window > 0 else profile.context_window
-    out = max_output if max_output and max_output > 0 else profile.max_output
-    out = max(256, min(out, window // 2))
-    sees = profile.vision if vision == "auto" else vision == "true"
-    return replace(profile, context_window=window, max_output=out, vision=sees)
+    sources: dict[str, str] = {}
+    window = profile.context_window
+    if context_window and context_window > 0:
+        window = context_window
+        sources["context_window"] = "TALON_MODEL_CONTEXT_WINDOW"
+    elif facts is not None and facts.context_window:
+        window = facts.context_window
+        sources["context_window"] = facts.source("context_window")
+    if max_output is not None:
+        if max_output <= 0 or max_output > window * 3 // 4:
+            raise ConfigError(
+                f"TALON_MODEL_MAX_OUTPUT={max_output} does not fit the model's context window of "
+                f"{window:,} tokens ({sources.get('context_window', profile.source('context_window'))}): "
+                f"set it between 1 and {window * 3 // 4:,}, or unset it",
+                ["TALON_MODEL_MAX_OUTPUT"])
+        out = max_output
+        sources["max_output"] = "TALON_MODEL_MAX_OUTPUT"
+    else:
+        out = profile.max_output
+        if facts is not None and facts.max_output:
+            out = min(out, facts.max_output) if profile.known else facts.max_output
+            sources["max_output"] = facts.source("max_output")
+        fitted = min(window // 2, max(window // 4, 256))
+        if out > fitted:
+            out = fitted
+            sources["max_output"] = "a quarter of the window"
+    sees = profile.vision
+    if vision != "auto":
+        sees = vision == "true"
+        sources["vision"] = "TALON_MODEL_VISION"
+    elif facts is not None and facts.vision is not None:
+        sees = facts.vision
+        sources["vision"] = facts.source("vision")
+    calls = True
+    if tools != "auto":
+        calls = tools == "true"
+        sources["tools"] = "TALON_MODEL_TOOLS"
+    elif facts is not None and facts.tools is not None:
+        calls = facts.tools
+        sources["tools"] = facts.source("tools")
+    return replace(profile, context_window=window, max_output=out, vision=sees, tools=calls,
+                   sources=tuple(sources.items()), explicit_output=max_output is not None)
 
 
-def settings_profile(settings: "Settings", spec: str | None = None) -> ModelProfile:
+def settings_profile(settings: "Settings", spec: str | None = None,
+                     facts: "ServerFacts | None" = None) -> ModelProfile:
     """The profile of ``TALON_MODEL`` with its overrides, or of another model ``spec`` without.
 
     A ``spec`` with no ``provider:`` prefix uses the main model's provider (so
@@ -187,9 +273,11 @@ def settings_profile(settings: "Settings", spec: str | None = None) -> ModelProf
             context_window=settings.model_context_window,
             max_output=settings.model_max_output,
             vision=settings.model_vision,
+            tools=settings.model_tools,
+            facts=facts,
         )
     provider, name = split_summary_model(spec, settings.provider_name)
-    return resolve_profile(provider, name)
+    return resolve_profile(provider, name, facts=facts)
 
 
 def split_summary_model(spec: str, default_provider: str) -> tuple[str, str]:

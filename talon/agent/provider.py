@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import base64
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 Hydrate = Callable[[ImageBlock], str]
 """Turns an image block into a data: URL (reads the attachment store)."""
+
+TextSink = Callable[[str], Awaitable[None]]
+"""Receives the text of a reply as it streams in, delta by delta."""
 
 
 def data_url(mime: str, data: bytes) -> str:
@@ -74,6 +77,10 @@ class ModelRequest:
     max_output_tokens: int | None = None
     # Where the stable part of the system prompt ends (for prompt-caching breakpoints).
     system_cache_points: list[int] = field(default_factory=list)
+    # Text deltas of the reply, as they arrive, for a channel that shows the answer growing.
+    # Providers stream whether or not it is set: a slow server is then judged by the gap between
+    # chunks, not by how long the whole answer takes.
+    on_text: TextSink | None = None
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,16 @@ class ModelResponse:
 
 
 class Provider(abc.ABC):
-    """An LLM behind one ``complete`` call. Raises ``talon.errors.ProviderError`` subclasses."""
+    """An LLM behind one ``complete`` call. Raises ``talon.errors.ProviderError`` subclasses.
+
+    ``vision`` and ``tools`` say what the model takes right now; a provider turns them off itself
+    when the server says it cannot (and the agent reads them back for /status and its requests).
+    """
 
     name: str
     model: str
+    vision: bool = True
+    tools: bool = True
 
     @abc.abstractmethod
     async def complete(self, request: ModelRequest) -> ModelResponse: ...
@@ -102,10 +115,22 @@ class Provider(abc.ABC):
         """Release network resources."""
 
 
-def mentions_image(message: str) -> bool:
-    """Whether a provider's 400 message is about an image in the request."""
-    text = message.lower()
-    return "image" in text or "vision" in text
+class StreamRelay:
+    """Hands text deltas to a sink, and never lets a failing sink break the model call."""
+
+    def __init__(self, sink: TextSink | None) -> None:
+        self._sink = sink
+        self.sent = 0  # characters handed on
+
+    async def __call__(self, delta: str) -> None:
+        if self._sink is None or not delta:
+            return
+        try:
+            await self._sink(delta)
+            self.sent += len(delta)
+        except Exception:
+            log.exception("the live-text receiver failed; the reply continues without it")
+            self._sink = None
 
 
 def has_images(messages: list[Message]) -> bool:

@@ -22,6 +22,7 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,15 @@ _CACHED_THREADS = 64
 
 CHECKPOINT_KEY = "checkpoint"
 SUMMARY_CHECKPOINT = "summary"
+
+
+# Meta key of the record that closes a turn the model server refused for good: the turn stays in
+# the log, but later requests leave it out (``talon.agent.context.conversation_view``).
+FAILED_TURN = "failed_turn"
+
+
+def failed_turns(history: Sequence[Message]) -> set[str]:
+    return {str(m.meta.get("turn_id")) for m in history if m.meta.get(FAILED_TURN)}
 
 
 def is_checkpoint(message: Message) -> bool:

@@ -148,7 +148,40 @@ class FakeAnthropic(LoopbackServer):
         with self._cond:
             req.status, req.response = status, payload
         self._notify()
-        return web.json_response(payload, status=status, headers={"request-id": f"req_fake{next(self._ids)}"})
+        headers = {"request-id": f"req_fake{next(self._ids)}"}
+        if status == 200 and isinstance(body, dict) and body.get("stream"):
+            return await self._stream(request, payload, headers)
+        return web.json_response(payload, status=status, headers=headers)
+
+    async def _stream(self, request: web.Request, message: dict[str, Any],
+                      headers: dict[str, str]) -> web.StreamResponse:
+        """The message as Anthropic's server-sent events, text in small deltas."""
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", **headers})
+        await resp.prepare(request)
+
+        async def event(kind: str, data: dict[str, Any]) -> None:
+            await resp.write(f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode())
+
+        usage = message["usage"]
+        await event("message_start", {"message": {**message, "content": [], "stop_reason": None,
+                                                   "usage": {**usage, "output_tokens": 1}}})
+        for index, block in enumerate(message["content"]):
+            if block["type"] == "text":
+                await event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                text = block["text"]
+                for start in range(0, len(text), 10):
+                    await event("content_block_delta", {"index": index, "delta": {"type": "text_delta",
+                                                                                  "text": text[start:start + 10]}})
+            else:
+                await event("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
+                await event("content_block_delta", {"index": index, "delta": {
+                    "type": "input_json_delta", "partial_json": json.dumps(block["input"])}})
+            await event("content_block_stop", {"index": index})
+        await event("message_delta", {"delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                                      "usage": {"output_tokens": usage["output_tokens"]}})
+        await event("message_stop", {})
+        await resp.write_eof()
+        return resp
 
     def _answer(self, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict):

@@ -194,6 +194,8 @@ class FakeOpenAI(LoopbackServer):
         models: tuple[str, ...] = ("gpt-fake",),
         api_key: str | None = None,
         transcription_text: str = "hello from the fake transcriber",
+        streaming: bool = True,
+        chunk_delay: float = 0.0,
     ) -> None:
         super().__init__()
         self.delay = delay  # seconds before each chat completion is answered
@@ -202,6 +204,13 @@ class FakeOpenAI(LoopbackServer):
         self.api_key = api_key  # when set, requests must send "Bearer <api_key>"
         self.transcription_text: str | ErrorReply = transcription_text
         self.default_responder: Responder = _echo
+        # stream=true answered as server-sent events, as OpenAI and every local server do; False
+        # refuses it with a 400 (a proxy or server that cannot stream). ``stream_options`` can be
+        # refused on its own, as some older servers do.
+        self.streaming = streaming
+        self.stream_options = True
+        self.chunk_delay = chunk_delay  # seconds between streamed chunks
+        self.chunk_chars = 12  # roughly how much text each streamed chunk carries
         self.requests: list[Req] = []
         self.transcriptions: list[TranscriptionReq] = []
         self._replies: deque[Scripted | Responder] = deque()
@@ -325,10 +334,48 @@ class FakeOpenAI(LoopbackServer):
         except Exception as exc:  # a broken scripted responder must fail its test, not hang it
             failure = ErrorReply(500, f"fake responder failed: {exc!r}")
             status, payload, headers = 500, failure.body(), {}
+        if status == 200 and isinstance(body, dict) and body.get("stream"):
+            return await self._stream(request, req, body, payload)
         with self._cond:
             req.end, req.status, req.response = time.monotonic(), status, payload
         self._notify()
         return web.json_response(payload, status=status, headers=headers)
+
+    async def _stream(self, request: web.Request, req: Req, body: dict[str, Any],
+                      completion: dict[str, Any]) -> web.StreamResponse:
+        """The completion as OpenAI's chunks: role, text pieces, tool-call deltas, finish, usage."""
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        choice = completion["choices"][0]
+        message = choice["message"]
+
+        async def send(delta: dict[str, Any], finish: str | None = None) -> None:
+            chunk = base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        await send({"role": "assistant", "content": ""})
+        text = message.get("content") or ""
+        pieces = re.findall(r".{1,%d}(?:\s+|$)|\S+" % self.chunk_chars, text, re.S) if text else []
+        for piece in pieces:
+            if self.chunk_delay:
+                await asyncio.sleep(self.chunk_delay)
+            await send({"content": piece})
+        for index, call in enumerate(message.get("tool_calls") or []):
+            args = call["function"]["arguments"]
+            await send({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                        "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            for start in range(0, len(args), 16):
+                await send({"tool_calls": [{"index": index, "function": {"arguments": args[start:start + 16]}}]})
+        await send({}, choice["finish_reason"])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(f"data: {json.dumps(base | {'choices': [], 'usage': completion['usage']})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        with self._cond:
+            req.end, req.status, req.response = time.monotonic(), 200, completion
+        self._notify()
+        return resp
 
     async def _answer(
         self, request: web.Request, body: Any
@@ -359,8 +406,10 @@ class FakeOpenAI(LoopbackServer):
     def _invalid(self, body: Any) -> str | None:
         if not isinstance(body, dict):
             return "We could not parse the JSON body of your request."
-        if body.get("stream"):
-            return "stream=true is not supported by FakeOpenAI; request a non-streaming completion."
+        if body.get("stream") and not self.streaming:
+            return "stream=true is not supported by this server; request a non-streaming completion."
+        if "stream_options" in body and not self.stream_options:
+            return "Unrecognized request argument supplied: stream_options"
         if not body.get("model"):
             return "you must provide a model parameter"
         messages = body.get("messages")

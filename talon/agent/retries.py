@@ -1,0 +1,82 @@
+"""Retrying a model call: only what cannot repeat a generation, always logged, always bounded.
+
+A provider's single attempt raises ``SendAgain`` when it changed how it asks (the server said it
+takes no images, no tools or no streaming: the next attempt differs, and nothing was generated),
+or ``Retryable`` for a failure that produced nothing the person could have seen: a refused
+connection, a 429 with its ``Retry-After``, a 5xx or "overloaded" before the stream began. A read
+timeout is never retried: the server may have been generating all along, and asking again would
+silently double a long wait. The whole call, retries included, is capped by the provider's
+``total_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from talon.agent.provider import ModelRequest, ModelResponse
+from talon.errors import ProviderError, ProviderUnavailable
+
+log = logging.getLogger(__name__)
+
+BACKOFF_S = (1.0, 4.0, 10.0)
+# A server that asks us to wait longer than this gets a failed turn instead (the person is told
+# it is rate limited), not a chat frozen for minutes.
+MAX_WAIT_S = 60.0
+_MAX_SEND_AGAIN = 4
+
+
+class Retryable(Exception):
+    def __init__(self, error: ProviderError, delay: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.delay = delay
+
+
+class SendAgain(Exception):
+    """The provider adjusted itself to what the server can take; send the request again now."""
+
+
+class _Retrying(Protocol):
+    model: str
+    max_retries: int
+    total_timeout_s: float
+
+
+async def complete_with_retries(
+    provider: _Retrying, request: ModelRequest, once: Callable[[ModelRequest], Awaitable[ModelResponse]]
+) -> ModelResponse:
+    attempts = 0
+    adjustments = 0
+
+    async def run() -> ModelResponse:
+        nonlocal attempts, adjustments
+        while True:
+            try:
+                return await once(request)
+            except SendAgain:
+                adjustments += 1
+                if adjustments > _MAX_SEND_AGAIN:
+                    raise ProviderError("the model server kept refusing the request in new ways") from None
+            except Retryable as retry:
+                attempts += 1
+                delay = retry.delay if retry.delay is not None else BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1]
+                if attempts > provider.max_retries:
+                    raise retry.error from None
+                if delay > MAX_WAIT_S:
+                    log.warning("model %s: %s; the server asks to wait %.0f s, which is too long to hold "
+                                "the chat", provider.model, retry.error, delay)
+                    raise retry.error from None
+                log.warning("model %s: %s; retrying in %.1f s (retry %d of %d)", provider.model,
+                            retry.error, delay, attempts, provider.max_retries)
+                await asyncio.sleep(delay)
+
+    try:
+        async with asyncio.timeout(provider.total_timeout_s):
+            return await run()
+    except TimeoutError:
+        raise ProviderUnavailable(
+            f"the model did not finish within {provider.total_timeout_s:.0f} s in all "
+            "(TALON_MODEL_TOTAL_TIMEOUT); not asked again") from None
