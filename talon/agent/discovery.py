@@ -238,6 +238,10 @@ def read_anthropic_model(facts: ServerFacts, body: Any) -> None:
     facts.listed = True
     facts.set("context_window", _int(body.get("max_input_tokens")), "/v1/models max_input_tokens")
     facts.set("max_output", _int(body.get("max_tokens")), "/v1/models max_tokens")
+    caps = body.get("capabilities")
+    image = caps.get("image_input") if isinstance(caps, Mapping) else None
+    if isinstance(image, Mapping) and "supported" in image:
+        facts.set("vision", bool(image["supported"]), "/v1/models capabilities.image_input")
 
 
 def family_of_models(base_url: str, body: Any) -> str:

@@ -106,6 +106,8 @@ def error_fields(body: Any) -> tuple[str, str, str, dict[str, Any]]:
 
 _WINDOW_PATTERNS = (
     re.compile(r"available context size \((\d+) tokens?\)", re.I),  # llama.cpp
+    re.compile(r"\bn_ctx[:=]\s*(\d+)", re.I),  # LM Studio (llama.cpp inside): "n_ctx: 4096"
+    re.compile(r"configured limit of (\d+)", re.I),  # OpenAI's input limit
     re.compile(r"maximum context length is (\d+)", re.I),  # OpenAI, vLLM, OpenRouter
     re.compile(r"maximum model length of (\d+)", re.I),  # vLLM (decoder prompt)
     re.compile(r"max(?:imum)?_model_len[^0-9]{0,10}(\d+)", re.I),
@@ -161,12 +163,15 @@ _OVERFLOW_WORDS = (
     "is longer than the maximum model length",
     "input is too long",
     "input length",
+    "max_model_len",
+    "configured limit of",
 )
 
 _NEGATION = r"(?:not supported|unsupported|not support|doesn'?t support|does not support|cannot|can'?t|" \
             r"not enabled|no support|isn'?t supported|is not a multimodal|not a multimodal|" \
             r"not capable|lacks? support|no endpoints found that support)"
 _IMAGES_UNSUPPORTED = re.compile(
+    r"not a multimodal model|required for image input|image_url is only supported by|"
     r"(?:(?:image|vision|multimodal|multi-modal|mmproj)[^.\n]{0,60}" + _NEGATION + r")|(?:" + _NEGATION +
     r"[^.\n]{0,60}(?:image|vision|multimodal|multi-modal))", re.I)
 _TOOLS_UNSUPPORTED = re.compile(
@@ -184,9 +189,10 @@ _INVALID_IMAGE = re.compile(
 _NOT_FOUND = re.compile(
     r"model[^.\n]{0,80}(?:not found|does not exist|doesn'?t exist|not available|is not a valid model)|"
     r"not found, try pulling|no such model|unknown model|invalid model identifier|model_not_found|"
-    r"the model `[^`]*` does not exist", re.I)
+    r"the model `[^`]*` does not exist|no models loaded|not a valid model", re.I)
 _QUOTA = re.compile(r"insufficient_quota|exceeded your current quota|insufficient credits|"
-                    r"credit balance is too low|out of credits|payment required|billing", re.I)
+                    r"credit balance is too low|out of credits|payment required|billing|"
+                    r"free-models-per-day|add \d+ credits", re.I)
 _AUTH = re.compile(r"invalid[ _]api[ _]key|incorrect api key|invalid x-api-key|authentication|"
                    r"unauthori[sz]ed|no auth credentials|api key (?:is )?(?:invalid|missing|not valid)",
                    re.I)
@@ -232,7 +238,7 @@ def classify(status: int | None, body: Any, headers: Mapping[str, str] | None = 
         # "context length" alone also appears in other errors; a stated number or an
         # explicit overflow phrase is what makes it one.
         if window is not None or etype or code or "exceed" in low or "too long" in low or "reduce" in low \
-                or "greater than" in low or "too many" in low or "longer than" in low:
+                or "greater than" in low or "too many" in low or "longer than" in low or "fewer" in low:
             return make("context_overflow", window=window, requested=_requested(message, err))
     if _IMAGES_UNSUPPORTED.search(text):
         return make("images_unsupported")
@@ -251,8 +257,9 @@ def classify(status: int | None, body: Any, headers: Mapping[str, str] | None = 
         return make("rate_limited", retry_after=retry_after_seconds(headers))
     if status in (401, 403) or etype in ("authentication_error", "permission_error") or _AUTH.search(text):
         return make("auth")
-    if etype in ("not_found_error", "NotFoundError") or code == "model_not_found" or _NOT_FOUND.search(text) \
-            or (status == 404 and "model" in low):
+    # A 404 that names no model is a wrong URL (e.g. OPENAI_BASE_URL without /v1), not a model.
+    if code == "model_not_found" or _NOT_FOUND.search(text) or (
+            (status == 404 or etype in ("not_found_error", "NotFoundError")) and "model" in low):
         return make("model_not_found")
     if status == 529 or etype in ("overloaded_error", "unavailable_error") or status == 503:
         return make("overloaded", retry_after=retry_after_seconds(headers))
