@@ -96,10 +96,9 @@ class Runtime:
     http: "HttpServer | None" = None  # shared by the channels' webhooks; routes added already
 
     async def start(self) -> None:
-        if self.settings.model_discovery:
-            # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
-            # cannot fit what the server reports (ConfigError: Talon refuses to start).
-            await self.agent.discover(strict=True)
+        # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
+        # cannot fit what the server reports (ConfigError: Talon refuses to start).
+        await self.agent.discover(strict=True)
         for channel in self.channels:
             self.bridge.add_channel(channel, started=False)
         # Pending messages from an earlier run go first, before new ones can arrive; each chat's
@@ -162,7 +161,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         summary_window=settings_profile(settings, settings.summary_model).context_window
         if summary_provider is not None else None,
         workspace=workspace,
-        discoverer=model_discoverer(settings),
+        discoverer=model_discoverer(settings) if settings.model_discovery else None,
     )
     inbox = Inbox(settings.data_dir / "inbox.sqlite3")
     transcriber = Transcriber.from_settings(settings)

@@ -147,10 +147,11 @@ def test_anthropic_model_facts_from_the_list_shape() -> None:
 # --- discovery against live servers that misbehave -----------------------------------------------
 async def test_discovery_of_a_server_that_hangs_is_bounded() -> None:
     held: list[web.Request] = []
+    done = asyncio.Event()
 
     async def hang(request: web.Request) -> web.Response:
         held.append(request)
-        await asyncio.sleep(30)
+        await asyncio.wait_for(done.wait(), 30)
         return web.json_response({})
 
     app = web.Application()
@@ -166,6 +167,7 @@ async def test_discovery_of_a_server_that_hangs_is_bounded() -> None:
                                timeout_s=1.0)
         elapsed = time.monotonic() - started
     finally:
+        done.set()
         await runner.cleanup()
     assert held and not facts.reachable and "no answer within 1 s" in (facts.error or "")
     assert elapsed < 10  # bounded (the server would have held it for 30 s)

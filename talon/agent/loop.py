@@ -308,11 +308,19 @@ class Agent:
         if summaries:
             size = archive.stat().st_size if archive.exists() else 0
             extra = f"; {summaries} summar{'y' if summaries == 1 else 'ies'} so far, archive {_kb(size)}"
+        profile = self.profile
+        if profile.vision and not vision:
+            profile = profile.learned(vision=False, source="refused by the server")
+        if profile.tools and not getattr(self.provider, "tools", True):
+            profile = profile.learned(tools=False, source="refused by the server")
+        server = ""
+        if self.facts is not None and (not self.facts.reachable or self.facts.listed is False):
+            server = f"\nServer: {self.facts.describe()}"
         return (
-            f"Model: {model_label or self.provider.model} (context window {budget.window:,} tokens, "
-            f"replies up to {budget.max_output:,}, images {'yes' if vision else 'no'})\n"
+            f"Model: {model_label or self.provider.model} ({profile.describe(with_sources=True)})\n"
             f"Context: {context}; older turns are summarized from {budget.trigger:,}\n"
             f"Session: {thread}, {len(conversation)} messages, {_kb(self.sessions.size_bytes(chat))}{extra}"
+            f"{server}"
         )
 
     def estimate_context(self, chat: ChatKey, history: list[Message] | None = None) -> int:
