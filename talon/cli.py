@@ -7,8 +7,10 @@ import asyncio
 import logging
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -129,17 +131,58 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return _fail(str(exc), exc.missing)
 
 
+async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
+    """Discovery, then one cheap live request (a one-token reply): what a chat would meet."""
+    from talon.agent.provider import ModelRequest
+    from talon.attachments import AttachmentStore
+    from talon.content import Message
+    from talon.runtime import build_provider, model_discoverer
+
+    rows: list[tuple[str, str]] = []
+    facts = await model_discoverer(settings).discover() if settings.model_discovery else None
+    profile = None
+    if facts is not None:
+        rows.append(("model server", ("UNREACHABLE: " if not facts.reachable else "") + facts.describe()
+                     + f" [{facts.elapsed_s:.2f} s]"))
+    try:
+        from talon.agent.profiles import settings_profile
+
+        profile = settings_profile(settings, facts=facts if facts is not None and facts.reachable else None)
+        rows.append(("model profile", profile.describe(with_sources=True)))
+    except ConfigError as exc:
+        rows.append(("model profile", f"INVALID: {exc}"))
+    with tempfile.TemporaryDirectory() as scratch:
+        provider = build_provider(settings, AttachmentStore(Path(scratch)))
+        started = time.monotonic()
+        try:
+            reply = await provider.complete(ModelRequest(system="", messages=[Message.user("Say OK.")],
+                                                         max_output_tokens=16 if getattr(provider, "reasoning", False)
+                                                         else 1))
+            rows.append(("live request", f"ok: answered in {time.monotonic() - started:.1f} s"
+                         + (f" ({reply.usage.input_tokens} tokens in)" if reply.usage else "")))
+        except Exception as exc:  # every failure is the finding here
+            rows.append(("live request", f"FAILED: {exc}"))
+        finally:
+            await provider.aclose()
+    return rows
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """What is configured and what is missing, without starting anything or printing secrets."""
+    """What is configured, what the model server says, whether it answers; no secrets printed.
+    Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
     from talon.speech import Transcriber
 
     settings = _load_settings()
     rows: list[tuple[str, str]] = []
+    model_ok = False
     try:
         settings.check_model()
         rows.append(("model", f"ok: {settings.model}"))
+        model_ok = True
     except ConfigError as exc:
         rows.append(("model", f"MISSING: {exc}"))
+    if model_ok:
+        rows += asyncio.run(_check_model_server(settings))
     empty_allowlist = ("EMPTY (only senders approved with `talon pair`)" if settings.pairing
                        else "EMPTY (nobody is allowed)")
     rows.append(("telegram", "configured" if settings.telegram_configured() else "not configured"))
@@ -176,7 +219,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key.ljust(width)}  {value}")
+    problems = [key for key, value in rows if value.startswith(_PROBLEMS)]
+    if problems:
+        print(f"\ntalon doctor: problems with {', '.join(problems)}", file=sys.stderr)
+        return 1
     return 0
+
+
+# Row values that mean Talon cannot work as configured (doctor exits 1).
+_PROBLEMS = ("MISSING", "INVALID", "UNREACHABLE", "FAILED")
 
 
 def _age(seconds: float) -> str:

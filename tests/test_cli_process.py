@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -121,17 +122,45 @@ def test_bad_token_is_reported_without_traceback(tmp_path: Path, fakes) -> None:
     assert "TELEGRAM_BOT_TOKEN" in log and "Traceback" not in log
 
 
-def test_doctor_reports_configuration_without_secrets(tmp_path: Path) -> None:
+def _doctor(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
     env.update({"TALON_MODEL": "openai:gpt-4.1-mini", "OPENAI_API_KEY": "sk-very-secret",
-                "TELEGRAM_BOT_TOKEN": "123:also-secret", "TALON_TELEGRAM_ALLOWED_USERS": "42"})
-    result = subprocess.run([sys.executable, "-m", "talon.cli", "doctor"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "ok: openai:gpt-4.1-mini" in result.stdout
-    assert "telegram allowlist  42" in result.stdout
-    assert "transcriber" in result.stdout and "ok (faster-whisper)" in result.stdout
+                "TELEGRAM_BOT_TOKEN": "123:also-secret", "TALON_TELEGRAM_ALLOWED_USERS": "42", **extra})
+    return subprocess.run([sys.executable, "-m", "talon.cli", "doctor"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_doctor_reports_configuration_and_the_server_without_secrets(tmp_path: Path, fakes) -> None:
+    _, llm = fakes
+    result = _doctor(tmp_path, OPENAI_BASE_URL=llm.base_url, TALON_MODEL="openai:gpt-fake")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in result.stdout.splitlines() if "  " in line}
+    assert rows["model"] == "ok: openai:gpt-fake"
+    assert rows["telegram allowlist"] == "42"
+    assert "ok (faster-whisper)" in rows["transcriber"]
+    assert rows["model server"].startswith("unknown server; it states no limits")
+    assert "context window 32,768 tokens (Talon's default for unknown models)" in rows["model profile"]
+    assert rows["live request"].startswith("ok: answered")
+    assert llm.requests and llm.requests[-1].json["max_tokens"] == 1  # one cheap request
     assert "secret" not in result.stdout
+
+
+def test_doctor_exits_1_when_a_required_setting_is_missing(tmp_path: Path) -> None:
+    result = _doctor(tmp_path, OPENAI_API_KEY="", TALON_MODEL="openai:gpt-4.1-mini")
+    assert result.returncode == 1
+    assert "MISSING" in result.stdout and "OPENAI_API_KEY (for OpenAI), or OPENAI_BASE_URL" in result.stdout
+    assert "problems with model" in result.stderr
+
+
+def test_doctor_exits_1_when_the_model_server_cannot_be_reached(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = _doctor(tmp_path, OPENAI_BASE_URL=f"http://127.0.0.1:{port}/v1", TALON_MODEL_MAX_RETRIES="0")
+    assert result.returncode == 1, result.stdout
+    rows = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in result.stdout.splitlines() if "  " in line}
+    assert rows["model server"].startswith("UNREACHABLE: not reachable")
+    assert rows["live request"].startswith("FAILED: could not reach the model server")
 
 
 def test_debug_log_never_shows_the_bot_token_or_api_key(tmp_path: Path, fakes) -> None:
