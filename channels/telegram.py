@@ -1,6 +1,7 @@
 """Telegram channel on python-telegram-bot: long polling (or a webhook) in, Bot API out.
 
-Inbound: private messages from allowed users become ``InboundMessage``s (albums are gathered
+Inbound: private messages from allowed users, and group messages that address the bot in listed
+groups (see ``channels/telegram_groups.py``), become ``InboundMessage``s (albums are gathered
 into one), files are referenced by file_id and downloaded during the turn, streamed and capped.
 A watchdog restarts polling when getUpdates has not succeeded for too long.
 
@@ -42,6 +43,9 @@ after every part so a restart resumes at the first undelivered part and never re
   stop the delivery instead, so the bridge can resume it from that part later. A part is the unit
   of resume: the rare part that needs several sends (an album refused and sent image by image, a
   failure line after a file) is sent whole again if it was interrupted half way.
+- Groups: every send of a reply goes to its forum topic (``message_thread_id``), the first
+  part's sends reply to the message that asked, and sends into a group are paced (``SendPacer``,
+  about 20 messages a minute).
 - Retries: a 429 waits the retry_after Telegram asks for; network errors are retried with backoff
   (3 tries); refusals (400/403) are never retried. Markup Telegram cannot parse is resent as plain
   text, for messages and captions alike.

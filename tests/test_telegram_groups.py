@@ -123,21 +123,26 @@ async def test_text_mention_and_commands_address_the_bot(
 
 async def test_answer_replies_in_place_in_the_right_topic(
         tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
-    Path(settings.media_root).mkdir(parents=True, exist_ok=True)
-    (Path(settings.media_root) / "map.png").write_bytes(png("blue"))
-    (Path(settings.media_root) / "plan.txt").write_text("day 1: museum\n")
-    llm.queue("Here is the plan.\n\n![map](map.png)\n\n![plan](plan.txt)")
+    root = Path(settings.media_root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "map.png").write_bytes(png("blue"))
+    (root / "route.png").write_bytes(png("green"))
+    (root / "plan.txt").write_text("day 1: museum\n")
+    (root / "note.ogg").write_bytes((Path(__file__).parent / "fixtures" / "speech_fox.ogg").read_bytes())
+    llm.queue("Here is the plan.\n\n![map](map.png) ![route](route.png)\n\n![plan](plan.txt)\n\n![note](note.ogg)")
     async with running(settings):
         update = in_group(tg, f"{BOT} send the plan", chat=FORUM, is_forum=True, message_thread_id=7)
         asked = update["message"]["message_id"]
         tg.push_update(update)
-        await tg.wait_for("sendDocument", to(FORUM))
+        await tg.wait_for("sendVoice", to(FORUM))
     sends = [c for c in tg.sent(chat_id=FORUM) if c.method.startswith("send") and c.method != "sendChatAction"]
-    assert [c.method for c in sends] == ["sendMessage", "sendPhoto", "sendDocument"]
+    assert [c.method for c in sends] == ["sendMessage", "sendMediaGroup", "sendDocument", "sendVoice"]
     # every part lands in the topic; the first answers the message that asked
     assert all(c.params.get("message_thread_id") == 7 for c in sends)
+    assert all(m["message_thread_id"] == 7 for m in sends[1].result)
     assert sends[0].params["reply_parameters"]["message_id"] == asked
     assert sends[0].result["reply_to_message"]["message_id"] == asked
+    assert all("reply_parameters" not in c.params for c in sends[1:])
     # the typing indicator shows in the topic too
     assert all(c.params.get("message_thread_id") == 7 for c in tg.sent("sendChatAction", chat_id=FORUM))
     assert 'in its topic "Topic 7"' in system_text(llm.requests[0])
@@ -175,13 +180,18 @@ async def test_two_topics_keep_separate_sessions(
         await tg.wait_for("sendMessage", to(FORUM))
         tg.push_update(in_group(tg, f"{BOT} topic two: what is the codeword?", chat=FORUM, is_forum=True,
                                 message_thread_id=4))
-        replies = await tg.wait_for("sendMessage", to(FORUM), count=2)
+        await tg.wait_for("sendMessage", to(FORUM), count=2)
+        # the General topic has no thread id: it is the group's own conversation
+        tg.push_update(in_group(tg, f"{BOT} in General", chat=FORUM, is_forum=True))
+        replies = await tg.wait_for("sendMessage", to(FORUM), count=3)
         one = runtime.sessions.load(ChatKey("telegram", f"{FORUM}:3"))
         two = runtime.sessions.load(ChatKey("telegram", f"{FORUM}:4"))
+        general = runtime.sessions.load(ChatKey("telegram", str(FORUM)))
     assert "kiwi" not in json.dumps(llm.requests[1].json)
+    assert [m.role for m in general] == ["user", "assistant"] and "kiwi" not in json.dumps(llm.requests[2].json)
     assert [m.role for m in one] == ["user", "assistant"] and [m.role for m in two] == ["user", "assistant"]
     assert "kiwi" in one[0].text and "kiwi" not in json.dumps([m.model_dump() for m in two])
-    assert [c.params["message_thread_id"] for c in replies] == [3, 4]
+    assert [c.params.get("message_thread_id") for c in replies] == [3, 4, None]
 
 
 async def test_other_bots_get_nothing(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
