@@ -105,6 +105,7 @@ from channels.telegram_groups import (
     command_word,
     conversation_of,
     describe_unaddressed,
+    for_another_bot,
     from_bot,
     label,
     sender_of,
@@ -540,7 +541,8 @@ class TelegramChannel(Channel):
                 log.debug("telegram: message in unlisted %s %s ignored", chat.type, chat.id)
             return
         files = _remote_files(msg)
-        spoken_to = (self.settings.telegram_group_trigger == "all"
+        spoken_to = ((self.settings.telegram_group_trigger == "all"
+                      and not for_another_bot(msg.text or msg.caption or "", self.bot.username))
                      or addressed(msg, self.bot.id, self.bot.username))
         if msg.media_group_id:
             self._collect_album(msg, files, addressed=spoken_to)

@@ -8,7 +8,7 @@
   one of its messages, or a command that is not meant for another bot (``/new``,
   ``/new@this_bot``; not ``/new@other_bot``). Captions count like text. In a forum topic every
   message "replies" to the topic's creation message; that is not a reply to the bot. ``all``
-  makes every message a turn.
+  makes every message a turn, except a command for another bot (``/new@other_bot``).
 - **Bots.** Messages from bots (other bots, and the bot itself) are never turns and never
   chatter, so two bots cannot talk each other into a loop. An anonymous administrator posts as
   the group itself (``sender_chat`` is the chat) and is a person for this purpose.
@@ -123,6 +123,12 @@ def command_word(text: str, bot_username: str) -> str:
     if target and target.lower() != bot_username.lower():
         return ""
     return name.lower()
+
+
+def for_another_bot(text: str, bot_username: str) -> bool:
+    """``/cmd@other_bot``: a command meant for someone else, never a turn of ours."""
+    word = text.strip().split(maxsplit=1)[0] if text.strip() else ""
+    return word.startswith("/") and "@" in word and not command_word(text, bot_username)
 
 
 def describe_unaddressed(msg: TgMessage, text: str, files: int) -> str:

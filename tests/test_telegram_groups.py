@@ -284,10 +284,15 @@ async def test_trigger_all_makes_every_group_message_a_turn(
         tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
     settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_ALLOWED_CHATS=str(GROUP),
                              TALON_TELEGRAM_GROUP_TRIGGER="all")
-    async with running(settings):
+    async with running(settings) as runtime:
+        before = runtime.sessions.current_thread(ChatKey("telegram", str(GROUP)))
+        tg.push_update(in_group(tg, "/new@some_other_bot", user=ALICE))  # not ours, even in "all"
         tg.push_update(in_group(tg, "no mention here"))
-        await tg.wait_for("sendMessage", to(GROUP))
+        [answer] = await tg.wait_for("sendMessage", to(GROUP))
+        after = runtime.sessions.current_thread(ChatKey("telegram", str(GROUP)))
+    assert len(llm.requests) == 1 and before == after
     assert last_user_text(llm.requests[0]).endswith("[Carol (@carol)]: no mention here")
+    assert answer.params["text"].startswith("echo:")
 
 
 async def test_an_anonymous_admin_is_a_person(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
