@@ -321,3 +321,22 @@ async def test_fake_refuses_a_topic_in_a_chat_that_is_no_forum(tg: FakeTelegram)
         sent = await bot.send_message(GROUP, "a reply", reply_parameters=telegram.ReplyParameters(
             424242, allow_sending_without_reply=True))
         assert sent.reply_to_message is None
+
+
+async def test_files_count_when_they_reply_to_the_bot_or_their_caption_mentions_it(
+        tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    group: dict[str, Any] = dict(chat_type="supergroup", chat_title="Trip planning", user_id=CAROL,
+                                 first_name="Carol")
+    async with running(settings):
+        tg.push_update(in_group(tg, f"{BOT} I will send the booking"))
+        [answer] = await tg.wait_for("sendMessage", to(GROUP))
+        tg.push_update(tg.photo_message(GROUP, data=png("red"), caption="look at this view", **group))
+        tg.push_update(tg.document_message(GROUP, data=b"Hotel Lux, 2 nights\n", file_name="booking.txt",
+                                           reply_to=answer.result["message_id"], **group))
+        tg.push_update(tg.photo_message(GROUP, data=png("blue"), caption=f"and {BOT} is this the hotel?", **group))
+        await tg.wait_for("sendMessage", to(GROUP), count=3)
+    assert len(llm.requests) == 3
+    booking, photo = last_user_text(llm.requests[1]), last_user_text(llm.requests[2])
+    assert "[Carol]: look at this view [sent a file]" in booking and "Hotel Lux, 2 nights" in booking
+    assert photo.startswith(f"[Carol]: and {BOT} is this the hotel?") and len(llm.requests[2].image_urls()) == 1
+    assert "look at this view" not in photo  # chatter travels once
