@@ -631,6 +631,8 @@ class TelegramChannel(Channel):
         assert user is not None
         name, username = sender_of(msg)
         group = msg.chat.type in GROUP_TYPES
+        # A command (/status, /new) is answered without the model: the chatter waits for a turn.
+        command = not files and bool(command_word(text, self.bot.username))
         self._bridge.submit(
             InboundMessage(
                 channel=self.name,
@@ -646,7 +648,7 @@ class TelegramChannel(Channel):
                 chat_title=msg.chat.title,
                 thread_id=thread_of(msg) if group else None,
                 thread_title=topic_title(msg) if group else None,
-                chatter=self.chatter.take(conversation_of(msg)) if group else [],
+                chatter=self.chatter.take(conversation_of(msg)) if group and not command else [],
             )
         )
 

@@ -14,7 +14,7 @@
   the group itself (``sender_chat`` is the chat) and is a person for this purpose.
 - **Chatter.** Messages the bot sees that do not address it are kept, per conversation, up to
   ``TALON_TELEGRAM_GROUP_CONTEXT`` of them, and handed to the next addressed turn (then
-  forgotten). They live in memory only: after a restart the group's context starts empty. With
+  forgotten); a command (``/status``) is answered without the model and leaves them in place. They live in memory only: after a restart the group's context starts empty. With
   BotFather's privacy mode on (the default), Telegram does not send them at all.
 - **Topics.** In a forum supergroup a message with ``is_topic_message`` belongs to topic
   ``message_thread_id``: its own conversation. Other messages (the General topic, ordinary

@@ -109,16 +109,19 @@ async def test_text_mention_and_commands_address_the_bot(
         tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
     bot_id = tg.bot_user["id"]
     async with running(settings):
+        tg.push_update(in_group(tg, "who is cooking tonight?", user=BOB, first_name="Bob", username=None))
+        tg.push_update(in_group(tg, f"/status@{BOT[1:]}"))
+        [status] = await tg.wait_for("sendMessage", to(GROUP))
         # a text_mention (a name linked to the bot's user, no @username in the text)
         tg.push_update(in_group(tg, "Talon, what time is it in Lima?", entities=[
             {"type": "text_mention", "offset": 0, "length": 5,
              "user": {"id": bot_id, "is_bot": True, "first_name": "Talon Test"}}]))
-        await tg.wait_for("sendMessage", to(GROUP))
-        tg.push_update(in_group(tg, f"/status@{BOT[1:]}"))
-        [_, status] = await tg.wait_for("sendMessage", to(GROUP), count=2)
+        await tg.wait_for("sendMessage", to(GROUP), count=2)
     assert len(llm.requests) == 1
-    assert last_user_text(llm.requests[0]).endswith("[Carol (@carol)]: Talon, what time is it in Lima?")
+    text = last_user_text(llm.requests[0])
+    assert text.endswith("[Carol (@carol)]: Talon, what time is it in Lima?")
     assert status.params["text"].startswith("Model:")
+    assert "[Bob]: who is cooking tonight?" in text  # the command left the chatter for this turn
 
 
 async def test_answer_replies_in_place_in_the_right_topic(
