@@ -107,3 +107,13 @@ def test_allowed_chats_setting_refuses_what_is_no_group_id(value: str, says: str
     with pytest.raises(ConfigError, match=says) as info:
         _ = settings.telegram_allowed_chat_ids
     assert "TALON_TELEGRAM_ALLOWED_CHATS" in str(info.value)
+
+
+def test_the_telegram_channel_refuses_to_start_with_a_bad_group_list(tmp_path: Path) -> None:
+    from channels.telegram import TelegramChannel
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9/v1",
+                             TALON_TELEGRAM_ALLOWED_CHATS="-100123, Trip planning")
+    with pytest.raises(ConfigError, match="'Trip planning' is not a numeric chat id"):
+        TelegramChannel(settings)
