@@ -107,6 +107,7 @@ from channels.telegram_groups import (
     describe_unaddressed,
     for_another_bot,
     from_bot,
+    is_real_reply,
     label,
     sender_of,
     thread_of,
@@ -649,8 +650,18 @@ class TelegramChannel(Channel):
                 thread_id=thread_of(msg) if group else None,
                 thread_title=topic_title(msg) if group else None,
                 chatter=self.chatter.take(conversation_of(msg)) if group and not command else [],
+                reply_to_sender=self._replied_to(msg) if group else None,
             )
         )
+
+    def _replied_to(self, msg: TgMessage) -> str | None:
+        """Who wrote the message a group message replies to, as the model is told it."""
+        root = msg.reply_to_message
+        if root is None or not is_real_reply(msg):
+            return None
+        if root.from_user is not None and root.from_user.id == self.bot.id:
+            return "you"
+        return label(root)
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size,

@@ -77,9 +77,10 @@ def sender_of(msg: TgMessage) -> tuple[str, str | None]:
     """(display name, username) of who speaks."""
     if anonymous_admin(msg):
         return f"an administrator of {msg.chat.title or 'the group'}", None
+    if msg.sender_chat is not None:  # a linked channel (only ever quoted, never a turn)
+        return msg.sender_chat.title or "a channel", msg.sender_chat.username
     user = msg.from_user
-    assert user is not None
-    return user.full_name, user.username
+    return (user.full_name, user.username) if user is not None else ("someone", None)
 
 
 def is_real_reply(msg: TgMessage) -> bool:

@@ -49,7 +49,8 @@ def quoted_text(message: InboundMessage) -> str:
     text = message.text
     if message.reply_to_text:
         quote = "\n".join("> " + line for line in message.reply_to_text.splitlines()[:20])
-        text = f"(In reply to:\n{quote}\n)\n{text}" if text else f"(In reply to:\n{quote}\n)"
+        head = f"In reply to {message.reply_to_sender}:" if message.reply_to_sender else "In reply to:"
+        text = f"({head}\n{quote}\n)\n{text}" if text else f"({head}\n{quote}\n)"
     return text
 
 

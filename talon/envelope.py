@@ -49,6 +49,7 @@ class InboundMessage(BaseModel):
     thread_id: str | None = None  # a forum topic's message_thread_id; None outside topics
     thread_title: str | None = None
     sender_username: str | None = None
+    reply_to_sender: str | None = None  # who wrote the message replied to ("you": the bot)
     chatter: list[Chatter] = Field(default_factory=list)  # unaddressed messages seen before this one
 
     @property

@@ -95,7 +95,7 @@ async def test_only_addressed_messages_are_turns_and_they_name_the_speaker(
     first, second = (last_user_text(r) for r in llm.requests)
     assert first.endswith(f"[Alice (@alice)]: {BOT} which museum opens first?")
     # a reply to the bot is a turn too, and says who is speaking now
-    assert second.startswith("[Bob (@bob)]: (In reply to:\n> The Louvre opens at 9.\n)")
+    assert second.startswith("[Bob (@bob)]: (In reply to you:\n> The Louvre opens at 9.\n)")
     assert second.endswith("thanks! and on Sunday?")
     # what was said to no one came along once, as untrusted chatter, never as a turn of its own
     assert "UNTRUSTED GROUP CHATTER" in first and "[Carol (@carol)]: anyone up for lunch?" in first
@@ -343,3 +343,14 @@ async def test_files_count_when_they_reply_to_the_bot_or_their_caption_mentions_
     assert "[Carol]: look at this view [sent a file]" in booking and "Hotel Lux, 2 nights" in booking
     assert photo.startswith(f"[Carol]: and {BOT} is this the hotel?") and len(llm.requests[2].image_urls()) == 1
     assert "look at this view" not in photo  # chatter travels once
+
+
+async def test_a_reply_to_another_member_names_whom_it_quotes(
+        tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    async with running(settings):
+        said = in_group(tg, "the hotel is Lux", user=ALICE, first_name="Alice", username="alice")
+        tg.push_update(said)
+        tg.push_update(in_group(tg, f"{BOT} is that a good one?", reply_to=said["message"]["message_id"]))
+        await tg.wait_for("sendMessage", to(GROUP))
+    assert last_user_text(llm.requests[0]).endswith(
+        f"[Carol (@carol)]: (In reply to Alice (@alice):\n> the hotel is Lux\n)\n{BOT} is that a good one?")
