@@ -1270,7 +1270,7 @@ def _command_entity(text: str | None) -> dict[str, Any] | None:
     return {"type": "bot_command", "offset": 0, "length": utf16_len(command)}
 
 
-_MENTION = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{3,31}")
+_MENTION = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{4,31}")  # usernames are 5-32 characters
 
 
 def _auto_entities(text: str | None) -> list[dict[str, Any]]:
