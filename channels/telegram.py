@@ -555,7 +555,7 @@ class TelegramChannel(Channel):
                 return  # a service message (someone joined, a pin...)
             text = described
         if not spoken_to:
-            self.chatter.add(conversation_of(msg), label(msg), describe_unaddressed(msg, text, len(files)))
+            self.chatter.add(conversation_of(msg), label(msg), describe_unaddressed(text, len(files)))
             return
         if not files and not await self._group_command_allowed(msg, text):
             return
@@ -616,7 +616,7 @@ class TelegramChannel(Channel):
             try:
                 if not album.addressed:  # a group album nobody asked the bot about
                     self.chatter.add(conversation_of(album.first), label(album.first),
-                                     describe_unaddressed(album.first, album.caption, len(album.files)))
+                                     describe_unaddressed(album.caption, len(album.files)))
                     return
                 self._submit(album.first, album.caption, album.files)
             except Exception as exc:

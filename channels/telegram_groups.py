@@ -132,7 +132,7 @@ def for_another_bot(text: str, bot_username: str) -> bool:
     return word.startswith("/") and "@" in word and not command_word(text, bot_username)
 
 
-def describe_unaddressed(msg: TgMessage, text: str, files: int) -> str:
+def describe_unaddressed(text: str, files: int) -> str:
     """A chatter line's text: what was said, and that something was attached."""
     if files:
         noun = "a file" if files == 1 else f"{files} files"

@@ -354,3 +354,26 @@ async def test_a_reply_to_another_member_names_whom_it_quotes(
         await tg.wait_for("sendMessage", to(GROUP))
     assert last_user_text(llm.requests[0]).endswith(
         f"[Carol (@carol)]: (In reply to Alice (@alice):\n> the hotel is Lux\n)\n{BOT} is that a good one?")
+
+
+async def test_a_group_turn_left_pending_by_a_crash_is_answered_in_its_topic(
+        tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
+    from talon.envelope import Chatter, InboundMessage
+
+    asked = in_group(tg, f"{BOT} still there?", chat=FORUM, is_forum=True, message_thread_id=5)["message"]
+    runtime = build_runtime(settings, [TelegramChannel(settings)])
+    # What the inbox held when the last run died: stored, never answered.
+    runtime.inbox.add(InboundMessage(
+        channel="telegram", chat_id=str(FORUM), sender_id=str(CAROL), message_id=str(asked["message_id"]),
+        text=f"{BOT} still there?", sender_name="Carol", sender_username="carol", chat_type="supergroup",
+        chat_title="Trip planning", thread_id="5", chatter=[Chatter(speaker="Bob", text="is it down?")]))
+    await runtime.start()
+    try:
+        [answer] = await tg.wait_for("sendMessage", to(FORUM))
+    finally:
+        await runtime.stop()
+    assert answer.params["message_thread_id"] == 5
+    assert answer.params["reply_parameters"]["message_id"] == asked["message_id"]
+    text = last_user_text(llm.requests[0])
+    assert "[Bob]: is it down?" in text and text.endswith(f"[Carol (@carol)]: {BOT} still there?")
+    assert runtime.sessions.load(ChatKey("telegram", f"{FORUM}:5"))
