@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from telegram import Message as TgMessage
 from telegram import MessageEntity
 
-from talon.envelope import Chatter
+from talon.envelope import Chatter, conversation_id
 from talon.groups import speaker_label
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,7 @@ def topic_title(msg: TgMessage) -> str | None:
 
 
 def conversation_of(msg: TgMessage) -> str:
-    thread = thread_of(msg)
-    return str(msg.chat.id) if thread is None else f"{msg.chat.id}:{thread}"
+    return conversation_id(str(msg.chat.id), thread_of(msg))
 
 
 def anonymous_admin(msg: TgMessage) -> bool:

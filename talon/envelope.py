@@ -60,7 +60,12 @@ class InboundMessage(BaseModel):
     def conversation_id(self) -> str:
         """What a conversation (session, ordering, workspace) is keyed by: the chat, or the chat
         and topic for a forum topic. Sends still go to ``chat_id`` (with the thread)."""
-        return self.chat_id if self.thread_id is None else f"{self.chat_id}:{self.thread_id}"
+        return conversation_id(self.chat_id, self.thread_id)
+
+
+def conversation_id(chat_id: str, thread_id: str | None) -> str:
+    """A chat's own conversation is its id; a forum topic's is ``<chat>:<topic>``."""
+    return chat_id if thread_id is None else f"{chat_id}:{thread_id}"
 
     @property
     def key(self) -> str:
