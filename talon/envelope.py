@@ -26,6 +26,11 @@ class RemoteFile(BaseModel):
     animated: bool = False
 
 
+def conversation_id(chat_id: str, thread_id: str | None) -> str:
+    """A chat's own conversation is its id; a forum topic's is ``<chat>:<topic>``."""
+    return chat_id if thread_id is None else f"{chat_id}:{thread_id}"
+
+
 class Chatter(BaseModel):
     """A group message the bot saw but that did not address it: context for the next turn."""
 
@@ -61,11 +66,6 @@ class InboundMessage(BaseModel):
         """What a conversation (session, ordering, workspace) is keyed by: the chat, or the chat
         and topic for a forum topic. Sends still go to ``chat_id`` (with the thread)."""
         return conversation_id(self.chat_id, self.thread_id)
-
-
-def conversation_id(chat_id: str, thread_id: str | None) -> str:
-    """A chat's own conversation is its id; a forum topic's is ``<chat>:<topic>``."""
-    return chat_id if thread_id is None else f"{chat_id}:{thread_id}"
 
     @property
     def key(self) -> str:
