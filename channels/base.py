@@ -90,17 +90,18 @@ class Channel(abc.ABC):
             notice=f"the {self.name} channel cannot download files",
         )
 
-    async def send_typing(self, chat_id: str) -> None:  # noqa: B027 - optional
-        """Show that the agent is working (no-op where the platform has no such thing)."""
+    async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:  # noqa: B027 - optional
+        """Show that the agent is working (no-op where the platform has no such thing);
+        ``thread_id`` is the topic of the chat the turn belongs to, where there are topics."""
 
     @contextlib.asynccontextmanager
-    async def typing(self, chat_id: str) -> AsyncIterator[None]:
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> AsyncIterator[None]:
         """Keep the typing indicator alive for as long as the block runs."""
 
         async def keep_alive() -> None:
             while True:
                 try:
-                    await self.send_typing(chat_id)
+                    await self.send_typing(chat_id, thread_id)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # a lost typing ping is cosmetic

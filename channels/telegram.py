@@ -1,6 +1,7 @@
 """Telegram channel on python-telegram-bot: long polling (or a webhook) in, Bot API out.
 
-Inbound: private messages from allowed users become ``InboundMessage``s (albums are gathered
+Inbound: private messages from allowed users, and group messages that address the bot in listed
+groups (see ``channels/telegram_groups.py``), become ``InboundMessage``s (albums are gathered
 into one), files are referenced by file_id and downloaded during the turn, streamed and capped.
 A watchdog restarts polling when getUpdates has not succeeded for too long.
 
@@ -42,6 +43,9 @@ after every part so a restart resumes at the first undelivered part and never re
   stop the delivery instead, so the bridge can resume it from that part later. A part is the unit
   of resume: the rare part that needs several sends (an album refused and sent image by image, a
   failure line after a file) is sent whole again if it was interrupted half way.
+- Groups: every send of a reply goes to its forum topic (``message_thread_id``), the first
+  part's sends reply to the message that asked, and sends into a group are paced (``SendPacer``,
+  about 20 messages a minute).
 - Retries: a 429 waits the retry_after Telegram asks for; network errors are retried with backoff
   (3 tries); refusals (400/403) are never retried. Markup Telegram cannot parse is resent as plain
   text, for messages and captions alike.
@@ -66,7 +70,7 @@ from urllib.parse import unquote
 
 import httpx
 from aiohttp import web
-from telegram import InputFile, InputMediaPhoto, Update
+from telegram import InputFile, InputMediaPhoto, ReplyParameters, Update
 from telegram import Message as TgMessage
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
@@ -91,6 +95,24 @@ from talon.render.telegram import (
 
 from channels.base import Channel, PartCallback, deliver_parts, store_response
 from channels.http import HttpServer
+from channels.send_pace import SendPacer
+from channels.telegram_groups import (
+    ADMIN_STATUSES,
+    GROUP_TYPES,
+    ChatterLog,
+    addressed,
+    anonymous_admin,
+    command_word,
+    conversation_of,
+    describe_unaddressed,
+    for_another_bot,
+    from_bot,
+    is_real_reply,
+    label,
+    sender_of,
+    thread_of,
+    topic_title,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +128,36 @@ WEBHOOK_ALBUM_WAIT_S = 30.0
 # Set while a webhook update is processed; the error handler records handler failures in it.
 _webhook_errors: contextvars.ContextVar[list[BaseException] | None] = contextvars.ContextVar(
     "telegram_webhook_errors", default=None)
+
+
+@dataclass(frozen=True)
+class _SendTarget:
+    """Where in a chat the sends of the part being delivered go: a forum topic, and the message
+    they answer (groups). Set around each part, so every send of it lands in the same place."""
+
+    thread_id: int | None = None
+    reply_to: int | None = None
+
+
+_send_target: contextvars.ContextVar[_SendTarget | None] = contextvars.ContextVar(
+    "telegram_send_target", default=None)
+
+
+def _where() -> dict[str, Any]:
+    """The Bot API parameters that put a send in the current target's topic, as its reply."""
+    target = _send_target.get()
+    kwargs: dict[str, Any] = {}
+    if target is not None and target.thread_id is not None:
+        kwargs["message_thread_id"] = target.thread_id
+    if target is not None and target.reply_to is not None:
+        # A deleted question must not cost the answer.
+        kwargs["reply_parameters"] = ReplyParameters(message_id=target.reply_to,
+                                                     allow_sending_without_reply=True)
+    return kwargs
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None else None
 
 
 class _PollingRequest(HTTPXRequest):
@@ -136,6 +188,7 @@ class _Album:
     caption: str = ""
     timer: asyncio.TimerHandle | None = None
     submitted: asyncio.Event = field(default_factory=asyncio.Event)  # set when flushed
+    addressed: bool = True  # in a group: whether any item speaks to the bot
     error: BaseException | None = None  # why submitting it failed
 
 
@@ -189,6 +242,11 @@ class TelegramChannel(Channel):
         settings.check_telegram_webhook()
         self.settings = settings
         self.limits: Limits = settings.limits()
+        # Groups (channels/telegram_groups.py); a bad TALON_TELEGRAM_ALLOWED_CHATS fails here.
+        self.allowed_chats = settings.telegram_allowed_chat_ids
+        self.chatter = ChatterLog(settings.telegram_group_context)
+        self.pacer = SendPacer(self.limits.telegram_group_messages_per_minute, 60.0)
+        self._unlisted_logged: set[int] = set()
         base = settings.telegram_api_base_url.rstrip("/")
         self._poll_request = _PollingRequest(
             connection_pool_size=1, read_timeout=settings.telegram_poll_timeout_s + 10.0
@@ -422,10 +480,15 @@ class TelegramChannel(Channel):
         if msg is None or msg.from_user is None:
             return
         user = msg.from_user
+        if msg.chat.type in GROUP_TYPES:
+            await self._on_group_message(msg)
+            return
         if msg.chat.type != "private":
-            log.info("telegram: ignoring message in %s chat %s (only private chats are served)",
+            log.info("telegram: ignoring message in %s chat %s (only private chats and groups are served)",
                      msg.chat.type, msg.chat.id)
             return
+        if user.is_bot:
+            return  # bots do not talk to bots
         identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
         if not self._bridge.gate.allowed(self.name, identities):
             handle = f" (@{user.username})" if user.username else ""
@@ -459,14 +522,88 @@ class TelegramChannel(Channel):
             text = described
         self._submit(msg, text, files)
 
-    def _collect_album(self, msg: TgMessage, files: list[RemoteFile]) -> None:
+    async def _on_group_message(self, msg: TgMessage) -> None:
+        """A group message: a turn when the group is listed and the message addresses the bot,
+        chatter when it is listed but does not, nothing otherwise (channels/telegram_groups.py)."""
+        chat = msg.chat
+        if from_bot(msg):
+            log.debug("telegram: chat=%s: message %s is from a bot; not a turn", chat.id, msg.message_id)
+            return
+        if chat.id not in self.allowed_chats:
+            if msg.migrate_to_chat_id:
+                log.warning("telegram: group %s (%r) became supergroup %s; to serve it add %s to "
+                            "TALON_TELEGRAM_ALLOWED_CHATS", chat.id, chat.title, msg.migrate_to_chat_id,
+                            msg.migrate_to_chat_id)
+            elif chat.id not in self._unlisted_logged:
+                self._unlisted_logged.add(chat.id)
+                log.warning("telegram: message in %s %s (%r) ignored: the group is not listed; to serve it "
+                            "add %s to TALON_TELEGRAM_ALLOWED_CHATS", chat.type, chat.id, chat.title, chat.id)
+            else:
+                log.debug("telegram: message in unlisted %s %s ignored", chat.type, chat.id)
+            return
+        files = _remote_files(msg)
+        spoken_to = ((self.settings.telegram_group_trigger == "all"
+                      and not for_another_bot(msg.text or msg.caption or "", self.bot.username))
+                     or addressed(msg, self.bot.id, self.bot.username))
+        if msg.media_group_id:
+            self._collect_album(msg, files, addressed=spoken_to)
+            return
+        text = msg.text or msg.caption or ""
+        if not text and not files:
+            described = _described_content(msg)
+            if described is None:
+                return  # a service message (someone joined, a pin...)
+            text = described
+        if not spoken_to:
+            self.chatter.add(conversation_of(msg), label(msg), describe_unaddressed(text, len(files)))
+            return
+        if not files and not await self._group_command_allowed(msg, text):
+            return
+        self._submit(msg, text, files)
+
+    async def _group_command_allowed(self, msg: TgMessage, text: str) -> bool:
+        """``/new`` in a group wipes the context of everyone in it: only an administrator, or
+        someone allowed in TALON_TELEGRAM_ALLOWED_USERS (or approved by pairing), may."""
+        if command_word(text, self.bot.username) != "/new" or anonymous_admin(msg):
+            return True
+        user = msg.from_user
+        assert user is not None
+        identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
+        if self._bridge.gate.allowed(self.name, identities):
+            return True
+        try:
+            member = await self._with_retries(
+                lambda: self.bot.get_chat_member(chat_id=msg.chat.id, user_id=user.id), "getChatMember")
+        except DeliveryError as exc:
+            log.warning("telegram: chat=%s: cannot tell whether user %s is an administrator (%s); /new refused",
+                        msg.chat.id, user.id, exc)
+            refusal = ("I could not check whether you are an administrator of this group, so I did not "
+                       "start a new conversation. Please try again.")
+        else:
+            if member.status in ADMIN_STATUSES:
+                return True
+            log.info("telegram: chat=%s: /new from user %s (%s, not an administrator) refused",
+                     msg.chat.id, user.id, member.status)
+            refusal = "Only an administrator of this group can start a new conversation here."
+        token = _send_target.set(_SendTarget(thread_id=_int_or_none(thread_of(msg)), reply_to=msg.message_id))
+        try:
+            await self._send_plain(str(msg.chat.id), refusal)
+        except DeliveryError as exc:
+            log.warning("telegram: chat=%s: could not send the /new refusal: %s", msg.chat.id, exc)
+        finally:
+            _send_target.reset(token)
+        return False
+
+    def _collect_album(self, msg: TgMessage, files: list[RemoteFile], *, addressed: bool = True) -> None:
         """Telegram sends an album as one message per item; gather them into one turn."""
         key = f"{msg.chat.id}:{msg.media_group_id}"
         album = self._albums.get(key)
         if album is None:
-            album = self._albums[key] = _Album(first=msg)
-        elif album.timer:
-            album.timer.cancel()
+            album = self._albums[key] = _Album(first=msg, addressed=addressed)
+        else:
+            album.addressed = album.addressed or addressed
+            if album.timer:
+                album.timer.cancel()
         album.files.extend(files)
         if msg.caption and not album.caption:
             album.caption = msg.caption
@@ -477,6 +614,10 @@ class TelegramChannel(Channel):
         album = self._albums.pop(key, None)
         if album is not None:
             try:
+                if not album.addressed:  # a group album nobody asked the bot about
+                    self.chatter.add(conversation_of(album.first), label(album.first),
+                                     describe_unaddressed(album.caption, len(album.files)))
+                    return
                 self._submit(album.first, album.caption, album.files)
             except Exception as exc:
                 album.error = exc  # a webhook request waiting for the album answers 500
@@ -489,18 +630,38 @@ class TelegramChannel(Channel):
         quoted = (reply.text or reply.caption) if reply is not None else None
         user = msg.from_user
         assert user is not None
+        name, username = sender_of(msg)
+        group = msg.chat.type in GROUP_TYPES
+        # A command (/status, /new) is answered without the model: the chatter waits for a turn.
+        command = not files and bool(command_word(text, self.bot.username))
         self._bridge.submit(
             InboundMessage(
                 channel=self.name,
                 chat_id=str(msg.chat.id),
-                sender_id=str(user.id),
-                sender_name=user.username or user.full_name,
+                sender_id=str(msg.sender_chat.id if anonymous_admin(msg) and msg.sender_chat else user.id),
+                sender_name=name,
+                sender_username=username,
                 message_id=str(msg.message_id),
                 text=text,
                 files=files,
                 reply_to_text=quoted,
+                chat_type=msg.chat.type,
+                chat_title=msg.chat.title,
+                thread_id=thread_of(msg) if group else None,
+                thread_title=topic_title(msg) if group else None,
+                chatter=self.chatter.take(conversation_of(msg)) if group and not command else [],
+                reply_to_sender=self._replied_to(msg) if group else None,
             )
         )
+
+    def _replied_to(self, msg: TgMessage) -> str | None:
+        """Who wrote the message a group message replies to, as the model is told it."""
+        root = msg.reply_to_message
+        if root is None or not is_real_reply(msg):
+            return None
+        if root.from_user is not None and root.from_user.id == self.bot.id:
+            return "you"
+        return label(root)
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size,
@@ -544,16 +705,27 @@ class TelegramChannel(Channel):
         raise DownloadError(f"download of {name} failed")
 
     # --- outbound -----------------------------------------------------------------------------
-    async def send_typing(self, chat_id: str) -> None:
-        await self.bot.send_chat_action(chat_id=int(chat_id), action=ChatAction.TYPING)
+    async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        where = {"message_thread_id": int(thread_id)} if thread_id is not None else {}
+        await self.bot.send_chat_action(chat_id=int(chat_id), action=ChatAction.TYPING, **where)
 
     def reply_parts(self, reply: OutboundReply) -> list[Part]:
         return plan_parts(reply, self.limits)
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
-        await deliver_parts(self.reply_parts(reply), lambda _, part: self._send_part(chat_id, part),
-                            skip_parts=skip_parts, on_part=on_part)
+        thread_id = _int_or_none(reply.thread_id)
+        reply_to = _int_or_none(reply.reply_to_message_id)
+
+        async def send(index: int, part: Part) -> None:
+            # The first part answers the message (a quote header on every part would be noise).
+            token = _send_target.set(_SendTarget(thread_id, reply_to if index == 0 else None))
+            try:
+                await self._send_part(chat_id, part)
+            finally:
+                _send_target.reset(token)
+
+        await deliver_parts(self.reply_parts(reply), send, skip_parts=skip_parts, on_part=on_part)
 
     async def _send_part(self, chat_id: str, part: Part) -> None:
         if isinstance(part, TextPart):
@@ -571,9 +743,9 @@ class TelegramChannel(Channel):
             return
         html = markdown_to_telegram_html(markdown)
         try:
-            await self._with_retries(
-                lambda: self.bot.send_message(chat_id=int(chat_id), text=html, parse_mode=ParseMode.HTML,
-                                              disable_web_page_preview=True),
+            await self._with_retries(self._paced(
+                chat_id, lambda: self.bot.send_message(chat_id=int(chat_id), text=html, parse_mode=ParseMode.HTML,
+                                                       disable_web_page_preview=True, **_where())),
                 "sendMessage")
         except DeliveryError as exc:
             if not _refused_markup(exc):
@@ -583,9 +755,9 @@ class TelegramChannel(Channel):
 
     async def _send_plain(self, chat_id: str, text: str) -> None:
         for chunk in split_markdown(text, self.limits.telegram_text_max, utf16_len):
-            await self._with_retries(
-                functools.partial(self.bot.send_message, chat_id=int(chat_id), text=chunk,
-                                  disable_web_page_preview=True),
+            await self._with_retries(self._paced(
+                chat_id, functools.partial(self.bot.send_message, chat_id=int(chat_id), text=chunk,
+                                           disable_web_page_preview=True, **_where())),
                 "sendMessage")
 
     # --- outbound media -----------------------------------------------------------------------
@@ -719,12 +891,12 @@ class TelegramChannel(Channel):
 
         def call() -> Awaitable[Any]:
             media.file.seek(0)  # a failed try may have read part of the file
-            kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media)}
+            kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media), **_where()}
             if caption is not None:
                 kwargs.update(caption=caption, parse_mode=parse_mode)
             return send(**kwargs)
 
-        await self._with_retries(call, _API_NAMES[kind])
+        await self._with_retries(self._paced(chat_id, call), _API_NAMES[kind])
 
     async def _upload_album(self, chat_id: str, members: list[OutboundMedia], caption: str | None,
                             parse_mode: str | None) -> None:
@@ -736,9 +908,23 @@ class TelegramChannel(Channel):
                 items.append(InputMediaPhoto(media=_input_file(media, attach=True),
                                              caption=caption if first else None,
                                              parse_mode=parse_mode if first else None))
-            return self.bot.send_media_group(chat_id=int(chat_id), media=items)
+            return self.bot.send_media_group(chat_id=int(chat_id), media=items, **_where())
 
-        await self._with_retries(call, "sendMediaGroup")
+        await self._with_retries(self._paced(chat_id, call, len(members)), "sendMediaGroup")
+
+    def _paced(self, chat_id: str, call: Callable[[], Awaitable[T]], messages: int = 1) -> Callable[[], Awaitable[T]]:
+        """``call``, waiting first for room in a group's send allowance (each try counts)."""
+        if not chat_id.startswith("-"):  # users have positive ids; groups negative
+            return call
+
+        async def paced() -> T:
+            waited = await self.pacer.acquire(chat_id, messages)
+            if waited:
+                log.info("telegram: chat=%s: paced %.1fs (about %d messages a minute into a group)",
+                         chat_id, waited, self.pacer.limit)
+            return await call()
+
+        return paced
 
     async def _with_retries(self, call: Callable[[], Awaitable[T]], what: str) -> T:
         """Honour 429 retry_after, retry network errors with backoff, never retry a refusal."""

@@ -9,6 +9,7 @@ only after its reply was delivered; anything pending at start-up is replayed in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ from talon.errors import (
     QuotaExceeded,
     RateLimited,
 )
+from talon.groups import group_prompt_note, group_turn_text
 from talon.inbox import Inbox, InboxItem
 from talon.media import extract_markdown_media
 
@@ -56,7 +58,8 @@ def quoted_text(message: InboundMessage) -> str:
     text = message.text
     if message.reply_to_text:
         quote = "\n".join("> " + line for line in message.reply_to_text.splitlines()[:20])
-        text = f"(In reply to:\n{quote}\n)\n{text}" if text else f"(In reply to:\n{quote}\n)"
+        head = f"In reply to {message.reply_to_sender}:" if message.reply_to_sender else "In reply to:"
+        text = f"({head}\n{quote}\n)\n{text}" if text else f"({head}\n{quote}\n)"
     return text
 
 
@@ -128,7 +131,7 @@ class Bridge:
         return len(items)
 
     def _enqueue(self, item: InboxItem) -> None:
-        chat = ChatKey(item.message.channel, item.message.chat_id)
+        chat = conversation_key(item.message)
         queue = self._queues.setdefault(chat, asyncio.Queue())
         queue.put_nowait(item)
         self._start_worker(chat)
@@ -188,8 +191,8 @@ class Bridge:
     async def _process(self, item: InboxItem) -> None:
         message = item.message
         channel = self.channels[message.channel]
-        chat = ChatKey(message.channel, message.chat_id)
-        ids = f"channel={message.channel} chat={message.chat_id} message={message.message_id}"
+        chat = conversation_key(message)
+        ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
         attempts = self.inbox.begin_attempt(message.key)
         if attempts > MAX_ATTEMPTS:
             log.error("%s: giving up after %d attempts", ids, attempts - 1)
@@ -205,7 +208,7 @@ class Bridge:
 
         started = time.monotonic()
         self.turns_started += 1
-        async with channel.typing(message.chat_id):
+        async with channel.typing(message.chat_id, message.thread_id):
             try:
                 reply = await asyncio.wait_for(self._turn(channel, chat, message), self.turn_timeout_s)
             except TimeoutError:
@@ -227,7 +230,12 @@ class Bridge:
     async def _turn(self, channel: "Channel", chat: ChatKey, message: InboundMessage) -> OutboundReply:
         """Download, normalize, run the agent: everything between a message and its reply."""
         files = [await channel.download(remote, self.store, self.limits) for remote in message.files]
-        content = await self.normalize(message, quoted_text(message), files)
+        text = quoted_text(message)
+        if message.is_group:
+            # Who speaks, and what the group said meanwhile; the prompt says where the agent is.
+            text = group_turn_text(message, text)
+            self.agent.chat_notes[chat] = group_prompt_note(message)
+        content = await self.normalize(message, text, files)
         user = Message(role="user", content=content,
                        meta={"message_id": message.message_id, "sender": message.sender_id})
         live = channel.live_reply(message)
@@ -245,7 +253,10 @@ class Bridge:
         resumed at the next start. A permanent refusal (the user blocked the bot, the chat is
         gone) is logged and the message closed: retrying could never succeed.
         """
-        chat = ChatKey(message.channel, message.chat_id)
+        chat = conversation_key(message)
+        if message.is_group:  # the answer goes to the message's topic, as a reply to it
+            reply = dataclasses.replace(reply, thread_id=message.thread_id,
+                                        reply_to_message_id=message.message_id)
         self._delivering.add(chat)
         try:
             await self._deliver_reply(channel, message, reply, skip_parts)
@@ -255,7 +266,7 @@ class Bridge:
     async def _deliver_reply(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
                              skip_parts: int) -> None:
         key = message.key
-        ids = f"channel={message.channel} chat={message.chat_id} message={message.message_id}"
+        ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
 
         async def progress(parts: int) -> None:
             self.inbox.set_delivered_parts(key, parts)
@@ -295,6 +306,11 @@ class Bridge:
             await self.agent.discover()  # what the server says now (bounded; never fails /status)
             return self.agent.status_text(chat, self.model_label)
         return None
+
+
+def conversation_key(message: InboundMessage) -> ChatKey:
+    """Sessions, ordering and workspaces are per conversation: a chat, or a forum topic."""
+    return ChatKey(message.channel, message.conversation_id)
 
 
 def prepare_reply(text: str) -> OutboundReply:

@@ -53,6 +53,7 @@ class Limits:
     telegram_caption_max: int = 1024
     telegram_photo_max_bytes: int = 10 * MB
     telegram_upload_max_bytes: int = 50 * MB
+    telegram_group_messages_per_minute: int = 20
     whatsapp_body_max: int = 1600
     whatsapp_media_max_bytes: int = 16 * MB
     whatsapp_image_max_bytes: int = 5 * MB
@@ -111,6 +112,13 @@ class Settings(BaseSettings):
     )
     telegram_allowed_users: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_USERS"))
     telegram_poll_timeout_s: int = Field(default=30, validation_alias=_env("TALON_TELEGRAM_POLL_TIMEOUT"))
+    # Groups (see channels/telegram_groups.py): which are served, when a message is a turn, and
+    # how many unaddressed messages travel with the next turn as context.
+    telegram_allowed_chats: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_CHATS"))
+    telegram_group_trigger: Literal["mention", "all"] = Field(
+        default="mention", validation_alias=_env("TALON_TELEGRAM_GROUP_TRIGGER")
+    )
+    telegram_group_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_TELEGRAM_GROUP_CONTEXT"))
     # Webhook mode: empty URL means long polling (the default).
     telegram_webhook_url: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_URL"))
     telegram_webhook_secret: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_SECRET"))
@@ -214,6 +222,25 @@ class Settings(BaseSettings):
     @property
     def whatsapp_allowlist(self) -> set[str]:
         return {normalize_whatsapp_number(x) for x in _csv(self.whatsapp_allowed_numbers)}
+
+    @property
+    def telegram_allowed_chat_ids(self) -> set[int]:
+        """Group and supergroup ids from ``TALON_TELEGRAM_ALLOWED_CHATS``; ConfigError for an
+        entry that is not one (group ids are negative integers)."""
+        ids: set[int] = set()
+        for entry in _csv(self.telegram_allowed_chats):
+            try:
+                value = int(entry)
+            except ValueError:
+                raise ConfigError(f"TALON_TELEGRAM_ALLOWED_CHATS: {entry!r} is not a numeric chat id (the log "
+                                  "names the id of a group the bot was added to, e.g. -1001234567890)",
+                                  ["TALON_TELEGRAM_ALLOWED_CHATS"]) from None
+            if value >= 0:
+                raise ConfigError(f"TALON_TELEGRAM_ALLOWED_CHATS: {entry} is not a group id (group and supergroup "
+                                  "ids are negative); people go in TALON_TELEGRAM_ALLOWED_USERS",
+                                  ["TALON_TELEGRAM_ALLOWED_CHATS"])
+            ids.add(value)
+        return ids
 
     def telegram_configured(self) -> bool:
         return bool(self.telegram_bot_token)

@@ -27,6 +27,18 @@ class RemoteFile(BaseModel):
     animated: bool = False
 
 
+def conversation_id(chat_id: str, thread_id: str | None) -> str:
+    """A chat's own conversation is its id; a forum topic's is ``<chat>:<topic>``."""
+    return chat_id if thread_id is None else f"{chat_id}:{thread_id}"
+
+
+class Chatter(BaseModel):
+    """A group message the bot saw but that did not address it: context for the next turn."""
+
+    speaker: str
+    text: str
+
+
 class InboundMessage(BaseModel):
     channel: str
     chat_id: str
@@ -37,6 +49,24 @@ class InboundMessage(BaseModel):
     files: list[RemoteFile] = Field(default_factory=list)
     reply_to_text: str | None = None
     received_at: float = Field(default_factory=time.time)
+    # Groups (all optional, so inbox rows stored before groups were served still load).
+    chat_type: str = "private"  # private, group or supergroup
+    chat_title: str | None = None
+    thread_id: str | None = None  # a forum topic's message_thread_id; None outside topics
+    thread_title: str | None = None
+    sender_username: str | None = None
+    reply_to_sender: str | None = None  # who wrote the message replied to ("you": the bot)
+    chatter: list[Chatter] = Field(default_factory=list)  # unaddressed messages seen before this one
+
+    @property
+    def is_group(self) -> bool:
+        return self.chat_type in ("group", "supergroup")
+
+    @property
+    def conversation_id(self) -> str:
+        """What a conversation (session, ordering, workspace) is keyed by: the chat, or the chat
+        and topic for a forum topic. Sends still go to ``chat_id`` (with the thread)."""
+        return conversation_id(self.chat_id, self.thread_id)
 
     @property
     def key(self) -> str:
@@ -51,6 +81,9 @@ class OutboundReply:
     text: str
     media: list[MarkdownMediaRef] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    # Where in the chat it goes: a forum topic, and (in groups) the message it answers.
+    thread_id: str | None = None
+    reply_to_message_id: str | None = None
 
 
 @dataclass

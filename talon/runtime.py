@@ -206,7 +206,7 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
             transcriber=transcriber,
             vision=vision(),
             # Per chat, so the agent's file tools find what this person sent.
-            save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.chat_id)}",
+            save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.conversation_id)}",
         )
         return await normalize_inbound(text, files, ctx)
 

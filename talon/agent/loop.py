@@ -183,6 +183,9 @@ class Agent:
         self.token_scale = 1.0
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
         self.refused_images: dict[ChatKey, set[str]] = {}
+        # What the system prompt says about one chat (a group's name and people), set by the
+        # bridge; it goes after the cached prefix, so every chat shares that prefix.
+        self.chat_notes: dict[ChatKey, str] = {}
 
     # --- what the server serves -----------------------------------------------------------------
     async def discover(self, *, strict: bool = False) -> ServerFacts | None:
@@ -231,7 +234,7 @@ class Agent:
     def tool_specs(self) -> list[ToolSpec]:
         return self.tools.specs() if self.tools_available else []
 
-    def system(self) -> SystemPrompt:
+    def system(self, chat: ChatKey | None = None) -> SystemPrompt:
         if self.tools_available:
             names = [name for name, tool in self.tools.tools.items() if isinstance(tool, WorkspaceTool)]
             guide = workspace_guide(sorted(names)) if self.workspace is not None else ""
@@ -239,7 +242,11 @@ class Agent:
             # Said plainly, so the model does not write pretend tool calls as text.
             guide = NO_TOOLS_NOTE if self.tools.tools else ""
         memory = self.memory.block() if self.memory is not None else ""
-        return build_system_prompt(self.system_prompt, guide, memory)
+        prompt = build_system_prompt(self.system_prompt, guide, memory)
+        note = self.chat_notes.get(chat) if chat is not None else None
+        if note:
+            prompt = SystemPrompt(text=f"{prompt.text}\n\n{note}", cache_points=prompt.cache_points)
+        return prompt
 
     def build_system_prompt(self) -> str:
         return self.system().text
@@ -326,7 +333,7 @@ class Agent:
     def estimate_context(self, chat: ChatKey, history: list[Message] | None = None) -> int:
         """Estimated input tokens of the next request (no summary, no file writes)."""
         history = self.sessions.load(chat) if history is None else history
-        system = self.system()
+        system = self.system(chat)
         tools = self.tool_specs()
         view = repair_tool_pairs(conversation_view(history))
         view = truncate_tool_arguments(view, max_chars=self.policy.tool_args_max_chars,
@@ -339,7 +346,7 @@ class Agent:
     # --- model calls --------------------------------------------------------------------------
     async def _complete(self, chat: ChatKey, history: list[Message],
                         on_text: TextSink | None = None) -> tuple[ModelRequest, ModelResponse]:
-        system = self.system()
+        system = self.system(chat)
         tools = self.tool_specs()
         budget = self.budget
         ctx = self._request_context(chat, history, system, tools, budget)

@@ -13,7 +13,12 @@ What it imitates, because Talon's behaviour depends on it:
 - getUpdates offsets (confirming drops older updates), long polling and ``allowed_updates``;
 - getFile limits ("file is too big") and file downloads streamed in chunks, optionally slowly;
 - the limits a sender must respect: 4096 UTF-16 units of text, 1024 of caption, 2-10 media per
-  group, no documents mixed with photos, and HTML that Telegram's parser would reject.
+  group, no documents mixed with photos, and HTML that Telegram's parser would reject;
+- groups: ``mention`` entities for every @username in a text or caption (as Telegram adds them),
+  forum topics (``message_thread_id`` with ``is_topic_message``; a send into a topic of a chat
+  that is not a forum is refused "message thread not found"), ``reply_parameters`` (a reply to a
+  message the chat does not have is refused unless ``allow_sending_without_reply``), and
+  getChatMember answering the statuses set with ``set_member_status`` ("member" otherwise).
 
 Everything received is recorded as a :class:`Call`; failures are scripted with ``fail_next``,
 ``fail_when`` and ``drop_connection_next``.
@@ -75,7 +80,8 @@ _ALWAYS_OK = (
 
 _ALL_METHODS = (
     "getMe", "getUpdates", "setWebhook", "getWebhookInfo", "getMyCommands", "sendMessage",
-    "editMessageText", "editMessageCaption", "getFile", "sendMediaGroup", *_SEND_MEDIA, *_ALWAYS_OK,
+    "editMessageText", "editMessageCaption", "getFile", "sendMediaGroup", "getChatMember",
+    *_SEND_MEDIA, *_ALWAYS_OK,
 )
 # Telegram method names are case-insensitive; calls are recorded under the canonical spelling.
 _CANONICAL = {name.lower(): name for name in _ALL_METHODS}
@@ -326,6 +332,7 @@ class FakeTelegram(LoopbackServer):
         self._chats: dict[int | str, dict[str, Any]] = {}
         # Seconds to hold a method's successful answer after the call was recorded (a slow API).
         self.response_delay: dict[str, float] = {}
+        self._member_status: dict[tuple[int, int], str] = {}  # (chat_id, user_id) -> status
 
     @property
     def base_url(self) -> str:
@@ -728,12 +735,20 @@ class FakeTelegram(LoopbackServer):
         date: int | None = None,
         message_thread_id: int | None = None,
         update_type: str = "message",
+        last_name: str | None = None,
+        is_bot: bool = False,
+        chat_title: str | None = None,
+        is_forum: bool = False,
+        sender_chat: dict[str, Any] | None = None,
+        entities: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         if user_id is None:
             user_id = chat_id if chat_type == "private" else 1001
-        user: dict[str, Any] = {"id": user_id, "is_bot": False,
+        user: dict[str, Any] = {"id": user_id, "is_bot": is_bot,
                                 "first_name": first_name or username or "User",
                                 "language_code": "en"}
+        if last_name is not None:
+            user["last_name"] = last_name
         if username is not None:
             user["username"] = username
         if chat_type == "private":
@@ -741,7 +756,9 @@ class FakeTelegram(LoopbackServer):
             if username is not None:
                 chat["username"] = username
         else:
-            chat = {"id": chat_id, "type": chat_type, "title": f"Test {chat_type}"}
+            chat = {"id": chat_id, "type": chat_type, "title": chat_title or f"Test {chat_type}"}
+            if is_forum:
+                chat["is_forum"] = True
         with self._cond:
             self._chats[chat_id] = chat
         message: dict[str, Any] = {
@@ -753,18 +770,30 @@ class FakeTelegram(LoopbackServer):
         }
         if message_thread_id is not None:
             message["message_thread_id"] = message_thread_id
+            if is_forum:
+                message["is_topic_message"] = True
+        if sender_chat is not None:
+            message["sender_chat"] = sender_chat
         if caption is not None:
             message["caption"] = caption
         if media_group_id is not None:
             message["media_group_id"] = media_group_id
         for key in ("text", "caption"):
-            entity = _command_entity(message.get(key))
-            if entity is not None:
-                message["entities" if key == "text" else "caption_entities"] = [entity]
+            found = _auto_entities(message.get(key))
+            if key == ("text" if "text" in message else "caption") and entities is not None:
+                found = entities
+            if found:
+                message["entities" if key == "text" else "caption_entities"] = found
         if reply_to is not None:
             message["reply_to_message"] = (
                 reply_to if isinstance(reply_to, dict) else self._replied(chat, reply_to)
             )
+        elif is_forum and message_thread_id is not None:
+            # Telegram links every topic message to the service message that opened the topic.
+            message["reply_to_message"] = {
+                "message_id": message_thread_id, "chat": chat, "date": int(time.time()),
+                "from": user, "message_thread_id": message_thread_id, "is_topic_message": True,
+                "forum_topic_created": {"name": f"Topic {message_thread_id}", "icon_color": 7322096}}
         with self._cond:
             self.messages[(chat_id, message["message_id"])] = message
         return {update_type: message}
@@ -1020,7 +1049,7 @@ class FakeTelegram(LoopbackServer):
                                files: dict[str, UploadedFile]) -> Any:
         text = self._checked_text(params.get("text"), params.get("parse_mode"), TEXT_LIMIT,
                                   "message is too long", "message text is empty")
-        return self._bot_message(params.get("chat_id"), text=text)
+        return self._bot_message(params.get("chat_id"), params=params, text=text)
 
     async def _api_editMessageText(self, params: dict[str, Any],
                                    files: dict[str, UploadedFile]) -> Any:
@@ -1067,7 +1096,7 @@ class FakeTelegram(LoopbackServer):
                           files: dict[str, UploadedFile]) -> Any:
         self._checked_caption(params)
         content = self._media_content(kind, params.get(kind), files, params)
-        return self._bot_message(params.get("chat_id"), **content)
+        return self._bot_message(params.get("chat_id"), params=params, **content)
 
     async def _api_sendMediaGroup(self, params: dict[str, Any],
                                   files: dict[str, UploadedFile]) -> Any:
@@ -1083,7 +1112,7 @@ class FakeTelegram(LoopbackServer):
         for item in media:
             self._checked_caption(item)
             content = self._media_content(item.get("type", ""), item.get("media"), files, item)
-            messages.append(self._bot_message(params.get("chat_id"), media_group_id=group_id,
+            messages.append(self._bot_message(params.get("chat_id"), params=params, media_group_id=group_id,
                                               **content))
         return messages
 
@@ -1165,13 +1194,70 @@ class FakeTelegram(LoopbackServer):
             content["caption"] = caption
         return content
 
-    def _bot_message(self, chat_id: Any, **content: Any) -> dict[str, Any]:
+    def set_member_status(self, chat_id: int, user_id: int, status: str) -> None:
+        """What getChatMember answers for a user: creator, administrator, member, restricted,
+        left or kicked ("member" when never set)."""
+        with self._cond:
+            self._member_status[(chat_id, user_id)] = status
+
+    async def _api_getChatMember(self, params: dict[str, Any],
+                                 files: dict[str, UploadedFile]) -> Any:
+        try:
+            chat_id, user_id = int(str(params.get("chat_id"))), int(str(params.get("user_id")))
+        except ValueError:
+            raise _Reject(400, "Bad Request: invalid user_id specified") from None
+        with self._cond:
+            status = self._member_status.get((chat_id, user_id), "member")
+        user = {"id": user_id, "is_bot": False, "first_name": "User"}
+        member: dict[str, Any] = {"status": status, "user": user}
+        if status == "creator":
+            member["is_anonymous"] = False
+        elif status == "administrator":
+            member.update({name: name == "can_manage_chat" for name in (
+                "can_be_edited", "is_anonymous", "can_manage_chat", "can_delete_messages",
+                "can_manage_video_chats", "can_restrict_members", "can_promote_members",
+                "can_change_info", "can_invite_users", "can_post_stories", "can_edit_stories",
+                "can_delete_stories")})
+        elif status == "restricted":
+            member.update({"is_member": True, "until_date": 0, **{name: False for name in (
+                "can_send_messages", "can_send_audios", "can_send_documents", "can_send_photos",
+                "can_send_videos", "can_send_video_notes", "can_send_voice_notes", "can_send_polls",
+                "can_send_other_messages", "can_add_web_page_previews", "can_change_info",
+                "can_invite_users", "can_pin_messages", "can_manage_topics")}})
+        elif status == "kicked":
+            member["until_date"] = 0
+        return member
+
+    def _placement(self, chat_id: int | str, chat: dict[str, Any],
+                   params: dict[str, Any]) -> dict[str, Any]:
+        """The topic and reply a send asked for, checked as Telegram checks them."""
+        placed: dict[str, Any] = {}
+        thread = params.get("message_thread_id")
+        if thread not in (None, ""):
+            if not chat.get("is_forum"):
+                raise _Reject(400, "Bad Request: message thread not found")
+            placed.update(message_thread_id=int(thread), is_topic_message=True)
+        reply = params.get("reply_parameters")
+        if isinstance(reply, str):
+            reply = json.loads(reply)
+        if isinstance(reply, dict):
+            with self._cond:
+                target = self.messages.get((chat_id, int(reply.get("message_id", 0))))
+            if target is None and not reply.get("allow_sending_without_reply"):
+                raise _Reject(400, "Bad Request: message to be replied not found")
+            if target is not None:
+                placed["reply_to_message"] = {k: v for k, v in target.items() if k != "reply_to_message"}
+        return placed
+
+    def _bot_message(self, chat_id: Any, params: dict[str, Any] | None = None,
+                     **content: Any) -> dict[str, Any]:
         if chat_id in (None, ""):
             raise _Reject(400, "Bad Request: chat_id is empty")
         chat_id = _chat_key(chat_id)
         chat = self._chat(chat_id)
+        placed = self._placement(chat_id, chat, params or {})
         message = {"message_id": self._new_message_id(chat_id), "from": self.bot_user,
-                   "chat": chat, "date": int(time.time()), **content}
+                   "chat": chat, "date": int(time.time()), **placed, **content}
         with self._cond:
             self.messages[(chat_id, message["message_id"])] = message
         return message
@@ -1182,3 +1268,19 @@ def _command_entity(text: str | None) -> dict[str, Any] | None:
         return None
     command = text.split(maxsplit=1)[0]
     return {"type": "bot_command", "offset": 0, "length": utf16_len(command)}
+
+
+_MENTION = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{4,31}")  # usernames are 5-32 characters
+
+
+def _auto_entities(text: str | None) -> list[dict[str, Any]]:
+    """The entities Telegram adds by itself: a leading /command and each @username."""
+    if not text:
+        return []
+    found = [e for e in (_command_entity(text),) if e is not None]
+    for match in _MENTION.finditer(text):
+        if found and found[0]["type"] == "bot_command" and match.start() < found[0]["length"]:
+            continue  # /cmd@bot is one command entity, not a mention
+        found.append({"type": "mention", "offset": utf16_len(text[:match.start()]),
+                      "length": utf16_len(match.group(0))})
+    return found
