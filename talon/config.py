@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     model_stream: bool = Field(default=True, validation_alias=_env("TALON_MODEL_STREAM"))
     # Ask the server what it serves (window, images, tools) at start, on /status and in doctor.
     model_discovery: bool = Field(default=True, validation_alias=_env("TALON_MODEL_DISCOVERY"))
-    model_discovery_timeout_s: float = Field(default=3.0, gt=0, le=30,
+    model_discovery_timeout_s: float = Field(default=2.5, gt=0, le=30,
                                              validation_alias=_env("TALON_MODEL_DISCOVERY_TIMEOUT"))
     model_vision: Literal["auto", "true", "false"] = Field(
         default="auto", validation_alias=_env("TALON_MODEL_VISION")
