@@ -43,6 +43,14 @@ class InboundMessage(BaseModel):
         return f"{self.channel}:{self.chat_id}:{self.message_id}"
 
 
+@dataclass(frozen=True)
+class VoiceWish:
+    """This answer should also go as a voice note (see talon.voice_replies)."""
+
+    language: str | None = None  # ISO 639-1; None: the default voice
+    asked: bool = False  # the agent called the speak tool
+
+
 @dataclass
 class OutboundReply:
     """What the agent said, split into text and the media it referenced."""
@@ -50,3 +58,5 @@ class OutboundReply:
     text: str
     media: list[MarkdownMediaRef] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    # Set when the answer is also to be spoken; the bridge delivers the voice note after the text.
+    voice: VoiceWish | None = None

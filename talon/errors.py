@@ -8,6 +8,7 @@
     │   └── DownloadError           the platform would not give us the file
     ├── MediaPathError (ValueError) an outbound path escapes the media root or is not a file
     ├── TranscriptionError          a voice note could not be turned into text
+    ├── SynthesisError              a reply could not be spoken (talon.tts)
     ├── ProviderError               the model could not answer
     │   ├── ProviderUnavailable     network, timeout, 5xx, rate limit after retries
     │   ├── ContextOverflow         the request was longer than the model's window
@@ -58,6 +59,10 @@ class MediaPathError(TalonError, ValueError):
 
 class TranscriptionError(TalonError):
     pass
+
+
+class SynthesisError(TalonError):
+    """Speech could not be made for a reply; ``str(exc)`` says why, in a line a person can read."""
 
 
 class ProviderError(TalonError):
