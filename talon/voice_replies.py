@@ -34,7 +34,8 @@ from talon.envelope import InboundMessage, OutboundReply, VoiceWish
 from talon.media.outbound import MarkdownMediaRef
 from talon.render.markdown import CodeBlock, Delim, Link, QuoteBlock, Text, Token, Url, iter_blocks, parse_inline
 from talon.speech import Transcript, format_duration, language_name
-from talon.tts import Synthesizer, VoiceNote, primary_language
+from talon.errors import SynthesisError
+from talon.tts import SpeechUnavailable, Synthesizer, VoiceNote, primary_language
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,13 @@ class VoiceReplies:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    """Why, in words for the chat: settings and host paths stay in the log."""
+    if isinstance(exc, SpeechUnavailable):
+        return "the voice cannot be used on this server (its log says why)."
+    if isinstance(exc, SynthesisError):
+        text = str(exc).strip() or "speech synthesis failed"
+    else:
+        text = f"speech synthesis failed ({type(exc).__name__})"
     text = text if len(text) <= 160 else text[:157] + "..."
     return text if text.endswith(".") else text + "."
 
