@@ -332,7 +332,7 @@ class OpenAISpeechEngine(SpeechEngine):
         try:
             response = await self._client.audio.speech.create(
                 model=self.model, voice=self.voice, input=" ".join(taken), response_format="pcm")
-            data = await response.aread() if hasattr(response, "aread") else response.content
+            data = response.content  # the whole body (the client has read it)
         except openai.OpenAIError as exc:
             raise SynthesisError(f"the OpenAI speech API failed ({_short(exc)})") from exc
         pcm = np.frombuffer(bytes(data)[: len(data) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0

@@ -32,7 +32,7 @@ from talon.agent.tools import Tool, ToolError, ToolResult
 from talon.content import InboundKind, Message
 from talon.envelope import InboundMessage, OutboundReply, VoiceWish
 from talon.media.outbound import MarkdownMediaRef
-from talon.render.markdown import CodeBlock, Delim, Link, QuoteBlock, Text, Token, Url, iter_blocks, parse_inline
+from talon.render.markdown import Code, CodeBlock, Delim, Link, QuoteBlock, Text, Token, Url, iter_blocks, parse_inline
 from talon.speech import Transcript, format_duration, language_name
 from talon.errors import SynthesisError
 from talon.tts import SpeechUnavailable, Synthesizer, VoiceNote, primary_language
@@ -54,6 +54,7 @@ _EMAIL_OR_URLISH = re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.-]+\b|\b\w+://\S+")
 _PATH = re.compile(r"(?<![\w@])(?:~?/)?(?:[\w.-]+/)+[\w.-]*\w|(?<![\w@/])[\w-]+\.(?:png|jpe?g|gif|webp|"
                    r"svg|pdf|csv|tsv|txt|md|json|ya?ml|toml|ini|py|js|ts|sh|html?|css|xml|zip|tar|gz|"
                    r"ogg|opus|mp3|m4a|wav|mp4|mov|docx?|xlsx?|pptx?|log)\b", re.IGNORECASE)
+_WORDY_CODE = re.compile(r"[A-Za-z][A-Za-z-]{0,30}")  # one plain word
 _HTML_TAG = re.compile(r"</?[A-Za-z][^<>]*>")
 _EMPTY_BRACKETS = re.compile(r"\(\s*[,;:]?\s*\)|\[\s*\]")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?])")
@@ -73,8 +74,9 @@ class Speakable:
 def speakable_text(markdown: str) -> Speakable:
     """What a voice should say for ``markdown``: the prose, one sentence per line.
 
-    Code blocks and inline code, tables, URLs (bare, autolinked or as a link's target), HTML,
-    file paths, emoji and markup are not spoken; a link speaks its text. Pure and deterministic.
+    Code blocks, inline code (except a plain word such as `requests`), tables, URLs (bare,
+    autolinked or as a link's target), HTML, file paths, emoji and markup are not spoken; a link
+    speaks its text. Pure and deterministic.
     """
     left_out: set[str] = set()
     lines: list[str] = []
@@ -127,6 +129,8 @@ def _speak_token(token: Token, left_out: set[str]) -> str:
         return "" if not plain or plain == token.url or "://" in plain else plain
     if isinstance(token, Delim):  # emphasis markers, paired or stray, are never spoken
         return ""
+    if isinstance(token, Code) and _WORDY_CODE.fullmatch(token.text.strip()):
+        return token.text.strip()  # "the `requests` library": a name, said as a word
     left_out.add("link" if isinstance(token, Url) else "code")
     return ""
 
