@@ -268,7 +268,12 @@ class Bridge:
         """Start making the voice note now, unless there is none or it already arrived."""
         if self.voice is None or reply.voice is None:
             return None
-        if self.inbox.delivered_parts(message.key) > len(channel.reply_parts(reply)):
+        try:
+            text_parts = len(channel.reply_parts(reply))
+        except NotImplementedError:
+            log.warning("no voice note for %s: the channel cannot list reply parts", message.key)
+            return None
+        if self.inbox.delivered_parts(message.key) > text_parts:
             return None  # delivered before a restart
         return asyncio.create_task(self.voice.make(message, reply), name=f"voice-{message.key}")
 

@@ -208,12 +208,12 @@ class VoiceReplies:
         wish = reply.voice
         if wish is None:
             return None
-        speakable = speakable_text(reply.text)
-        if not speakable.text.strip():
-            log.info("voice reply for %s not made: the answer has no prose to speak", message.key)
-            return None
         ids = f"channel={message.channel} chat={message.chat_id} message={message.message_id}"
         try:
+            speakable = speakable_text(reply.text)
+            if not speakable.text.strip():
+                log.info("%s: no voice reply: the answer has no prose to speak", ids)
+                return None
             note = await asyncio.wait_for(
                 self.synthesizer.synthesize(speakable.text, language=wish.language,
                                             max_seconds=self.max_seconds),

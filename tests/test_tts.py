@@ -350,3 +350,21 @@ async def test_the_voice_note_follows_the_text_and_resumes_after_it(
     bridge.gate.close()
     if delivered_before < 2:
         assert (tmp_path / "media/outbox/voice/telegram/42/reply-7.ogg").stat().st_size > 1000
+
+
+@needs_voice
+async def test_a_voice_note_cut_at_the_limit_says_the_rest_is_in_the_text(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    voice = VoiceReplies(synthesizer, tmp_path, max_seconds=4)
+    long = " ".join(f"Point {n} is worth a short sentence of its own." for n in range(1, 12))
+    made = await voice.make(message("voice"), OutboundReply(text=long, voice=VoiceWish("en")))
+    assert made is not None and made.text == ""
+    [ref] = made.media
+    assert ref.alt == "voice reply" and ref.path == "outbox/voice/telegram/42/reply-7.ogg"
+    [notice] = made.notices
+    assert notice.startswith("(The voice note speaks the first 0:0") and notice.endswith("the rest is in the text above.)")
+    _, _, _, _, seconds = voice_facts((tmp_path / ref.path).read_bytes(), tmp_path)
+    assert seconds <= 4.05
+    # an answer with no prose gets no voice note and no line
+    assert await voice.make(message("voice"), OutboundReply(text="```\nx = 1\n```", voice=VoiceWish())) is None
