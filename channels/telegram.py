@@ -82,13 +82,13 @@ from talon.errors import ConfigError, DeliveryError, DownloadError, DownloadTooL
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.render.chunking import split_markdown
-from talon.speech import probe_file_duration
 from talon.render.telegram import (
     markdown_to_telegram_html,
     plain_text_fallback,
     split_markdown_for_telegram,
     utf16_len,
 )
+from talon.speech import probe_file_duration
 
 from channels.base import Channel, PartCallback, deliver_parts, store_response
 from channels.http import HttpServer

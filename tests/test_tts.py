@@ -257,12 +257,12 @@ def message(*kinds: str) -> InboundMessage:
     return InboundMessage(channel="telegram", chat_id="42", sender_id="42", message_id="7", files=files)
 
 
-def speak_turn(language: str | None = None, *, error: bool = False) -> list[Message]:
+def speak_turn(language: str | None = None, *, error: bool = False, turn_id: str = "t") -> list[Message]:
     args = {"language": language} if language else {}
     call = ToolCall(id="c1", name="speak", arguments=json.dumps(args))
-    return [Message(role="assistant", content=[], tool_calls=[call]),
+    return [Message(role="assistant", content=[], tool_calls=[call], meta={"turn_id": turn_id}),
             Message(role="tool", content=[], tool_call_id="c1", tool_name="speak",
-                    meta={"error": True} if error else {})]
+                    meta={"turn_id": turn_id, **({"error": True} if error else {})})]
 
 
 @needs_voice
@@ -368,3 +368,40 @@ async def test_a_voice_note_cut_at_the_limit_says_the_rest_is_in_the_text(
     assert seconds <= 4.05
     # an answer with no prose gets no voice note and no line
     assert await voice.make(message("voice"), OutboundReply(text="```\nx = 1\n```", voice=VoiceWish())) is None
+
+
+@needs_voice
+async def test_a_turn_replayed_after_a_restart_still_knows_the_agent_asked_to_speak(
+    synthesizer: Synthesizer, tmp_path: Path
+) -> None:
+    from talon.agent.loop import Agent
+    from talon.agent.session import ChatKey, SessionStore
+
+    sessions = SessionStore(tmp_path / "data")
+    chat = ChatKey("telegram", "42")
+    msg = message()  # a text message: only the speak call makes it a voice reply
+    user = Message(role="user", content=[], meta={"turn_id": msg.key})
+    sessions.append(chat, user, *speak_turn("en", turn_id=msg.key))
+    sessions.append(chat, Message.assistant("Here you are.", turn_id=msg.key, final=True))
+
+    class NeverCalled:
+        name, model = "openai", "fake-model"
+
+        async def complete(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("a replayed turn must not ask the model again")
+
+    bridge = Bridge(agent=Agent(NeverCalled(), sessions),  # type: ignore[arg-type]
+                    inbox=Inbox(tmp_path / "inbox.sqlite3"), store=AttachmentStore(tmp_path / "att"),
+                    limits=Limits(), media_root=tmp_path / "media",
+                    gate=AccessGate.from_settings(settings(data_dir=tmp_path)),
+                    voice=VoiceReplies(synthesizer, tmp_path / "media"))
+    reply = await bridge._turn(RecordingChannel(), chat, msg)
+    assert reply.text == "Here you are." and reply.voice == VoiceWish(language="en", asked=True)
+    # The next turn, replayed too, did not call the tool: the earlier call does not count.
+    later = msg.model_copy(update={"message_id": "8"})
+    sessions.append(chat, Message(role="user", content=[], meta={"turn_id": later.key}),
+                    Message.assistant("Plain text.", turn_id=later.key, final=True))
+    reply = await bridge._turn(RecordingChannel(), chat, later)
+    assert reply.text == "Plain text." and reply.voice is None
+    bridge.inbox.close()
+    bridge.gate.close()
