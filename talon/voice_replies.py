@@ -11,7 +11,8 @@ The text of the answer is always delivered first, as usual, and the voice note f
 synthesis (``talon.tts``) starts as soon as the answer exists and runs in its own bounded pool
 while the text is being sent, so the text never waits for speech and a failure costs only the
 voice note, reported in one line. What is spoken is the prose (``speakable_text``): code blocks,
-inline code, tables, URLs and file paths stay in the text message only. A voice note is made only
+inline code (unless it is one plain word), tables, URLs and file paths stay in the text message
+only. A voice note is made only
 when a voice speaks the language the person's note was in; otherwise the answer stays text, with
 no error.
 """
