@@ -83,6 +83,12 @@ class Channel(abc.ABC):
         """Send a reply as an ordered list of parts, skipping the first ``skip_parts``
         (already delivered before a crash), reporting progress after each part."""
 
+    def reply_parts(self, reply: OutboundReply) -> Sequence[object]:
+        """The ordered parts ``deliver`` sends for ``reply``, a function of the reply alone (the
+        bridge counts them to resume a voice note that follows the text). A channel that cannot
+        list them gets no voice notes."""
+        raise NotImplementedError(f"the {self.name} channel does not list the parts of a reply")
+
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         """Fetch a file into the store. Failures come back as an InboundFile with a notice."""
         return InboundFile(

@@ -173,12 +173,16 @@ class ConsoleChannel(Channel):
             return base.model_copy(update={"notice": str(exc)})
         return base.model_copy(update={"ref": ref, "size": ref.bytes})
 
-    async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
-                      on_part: PartCallback | None = None) -> None:
+    def reply_parts(self, reply: OutboundReply) -> list[str | MarkdownMediaRef]:
         # One part per line shown, derived from the reply alone so skip_parts stays meaningful.
         parts: list[str | MarkdownMediaRef] = [f"talon> {reply.text}\n"] if reply.text.strip() else []
         parts += reply.media
         parts += [f"! {n}\n" for n in reply.notices]
+        return parts
+
+    async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
+                      on_part: PartCallback | None = None) -> None:
+        parts = self.reply_parts(reply)
 
         async def show(_: int, part: str | MarkdownMediaRef) -> None:
             self._print(part if isinstance(part, str) else self._media_line(part))

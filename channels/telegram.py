@@ -92,6 +92,7 @@ from talon.render.telegram import (
     split_markdown_for_telegram,
     utf16_len,
 )
+from talon.speech import probe_file_duration
 
 from channels.base import Channel, PartCallback, deliver_parts, store_response
 from channels.http import HttpServer
@@ -888,10 +889,14 @@ class TelegramChannel(Channel):
                       parse_mode: str | None) -> None:
         method, field_name = _SENDERS[kind]
         send = getattr(self.bot, method)
+        # Telegram shows a voice note's or audio's length from this, not from the file.
+        duration = await asyncio.to_thread(media_seconds, media) if kind in ("voice", "audio") else None
 
         def call() -> Awaitable[Any]:
             media.file.seek(0)  # a failed try may have read part of the file
             kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media), **_where()}
+            if duration is not None:
+                kwargs["duration"] = duration
             if caption is not None:
                 kwargs.update(caption=caption, parse_mode=parse_mode)
             return send(**kwargs)
@@ -1057,6 +1062,12 @@ def _media_groups(refs: list[MarkdownMediaRef]) -> list[tuple[MarkdownMediaRef, 
         groups.append((ref,))
     flush()
     return groups
+
+
+def media_seconds(media: OutboundMedia) -> int | None:
+    """Whole seconds of a voice note or audio file, read from its checked open file."""
+    seconds = probe_file_duration(media.file)
+    return max(1, round(seconds)) if seconds else None
 
 
 def _input_file(media: OutboundMedia, *, attach: bool = False) -> InputFile:

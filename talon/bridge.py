@@ -40,6 +40,7 @@ from talon.media import extract_markdown_media
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
+    from talon.voice_replies import VoiceReplies
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class Bridge:
     turn_timeout_s: float = 900.0
     # How long stop waits for a reply already being delivered before cutting it off.
     stop_grace_s: float = 10.0
+    # Voice replies (TALON_VOICE_REPLIES); None: answers are text only.
+    voice: "VoiceReplies | None" = None
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, asyncio.Queue[InboxItem]] = {}
@@ -224,6 +227,8 @@ class Bridge:
                 reply = OutboundReply(
                     text=f"Sorry, something went wrong while handling that message ({type(exc).__name__}). "
                          "Please try again.")
+        if self.voice is not None:
+            self.voice.forget(message)  # a turn that failed never read what was heard
         await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
         log.info("%s: answered in %.1fs", ids, time.monotonic() - started)
 
@@ -242,7 +247,13 @@ class Bridge:
         result = await self.agent.run_turn(chat, user, turn_id=message.key,
                                            on_text=live.on_text if live else None,
                                            on_step=live.on_step if live else None)
-        return prepare_reply(result.text)
+        reply = prepare_reply(result.text)
+        if self.voice is not None:
+            turn = result.messages
+            if result.replayed:  # the speak tool may have been called before the restart
+                turn = [m for m in self.agent.sessions.load(chat) if m.meta.get("turn_id") == message.key]
+            reply.voice = self.voice.wish(message, turn)
+        return reply
 
     async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
                        skip_parts: int = 0) -> None:
@@ -258,37 +269,65 @@ class Bridge:
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
                                         reply_to_message_id=message.message_id)
         self._delivering.add(chat)
+        spoken = self._start_voice(channel, message, reply)
         try:
-            await self._deliver_reply(channel, message, reply, skip_parts)
+            outcome = await self._deliver_reply(channel, message, reply, skip_parts)
+            if outcome == "sent" and spoken is not None:
+                # The voice note's parts come after the text's, so a resumed delivery skips
+                # exactly what arrived; it is made while the text was being sent.
+                offset = len(channel.reply_parts(reply))
+                voice_reply = await spoken
+                if voice_reply is not None:
+                    outcome = await self._deliver_reply(channel, message, voice_reply, 0, offset=offset)
+            if outcome != "pending":
+                self.inbox.mark_done(message.key)
         finally:
+            if spoken is not None and not spoken.done():
+                spoken.cancel()
             self._delivering.discard(chat)
 
+    def _start_voice(self, channel: "Channel", message: InboundMessage,
+                     reply: OutboundReply) -> "asyncio.Task[OutboundReply | None] | None":
+        """Start making the voice note now, unless there is none or it already arrived."""
+        if self.voice is None or reply.voice is None:
+            return None
+        try:
+            text_parts = len(channel.reply_parts(reply))
+        except NotImplementedError:
+            log.warning("no voice note for %s: the channel cannot list reply parts", message.key)
+            return None
+        if self.inbox.delivered_parts(message.key) > text_parts:
+            return None  # delivered before a restart
+        return asyncio.create_task(self.voice.make(message, reply), name=f"voice-{message.key}")
+
     async def _deliver_reply(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
-                             skip_parts: int) -> None:
+                             skip_parts: int, *, offset: int = 0) -> str:
+        """Deliver one reply whose parts are counted from ``offset`` in the inbox: "sent",
+        "refused" (permanently: the message is closed) or "pending" (resumed at the next start)."""
         key = message.key
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
 
         async def progress(parts: int) -> None:
-            self.inbox.set_delivered_parts(key, parts)
+            self.inbox.set_delivered_parts(key, offset + parts)
 
         for attempt in range(len(self.delivery_backoff_s) + 1):
-            skip = max(skip_parts, self.inbox.delivered_parts(key))
+            skip = max(skip_parts, self.inbox.delivered_parts(key) - offset)
             try:
                 await channel.deliver(message.chat_id, reply, skip_parts=skip, on_part=progress)
             except DeliveryError as exc:
                 if exc.permanent:
                     log.error("%s: the platform refused the reply (%s); not retrying", ids, exc)
-                    break
+                    return "refused"
                 if attempt == len(self.delivery_backoff_s):
                     log.error("%s: reply still undeliverable (%s); it stays pending and is resumed "
                               "at the next start", ids, exc)
-                    return
+                    return "pending"
                 delay = self.delivery_backoff_s[attempt]
                 log.warning("%s: delivery failed (%s); retrying in %.0fs", ids, exc, delay)
                 await asyncio.sleep(delay)
             else:
                 break
-        self.inbox.mark_done(key)
+        return "sent"
 
     # --- chat commands ----------------------------------------------------------------------
     async def _command(self, chat: ChatKey, message: InboundMessage) -> str | None:

@@ -132,6 +132,17 @@ class Settings(BaseSettings):
     )
     whisper_model: str = Field(default="bundled", validation_alias=_env("TALON_WHISPER_MODEL"))
     transcribe_concurrency: int = Field(default=1, validation_alias=_env("TALON_TRANSCRIBE_CONCURRENCY"))
+    # --- voice replies (talon.tts, talon.voice_replies) ----------------------------------------
+    voice_replies: Literal["mirror", "always", "off"] = Field(
+        default="mirror", validation_alias=_env("TALON_VOICE_REPLIES")
+    )
+    tts: Literal["piper", "openai", "off"] = Field(default="piper", validation_alias=_env("TALON_TTS"))
+    tts_voice: str = Field(default="bundled", validation_alias=_env("TALON_TTS_VOICE"))
+    tts_model: str = Field(default="gpt-4o-mini-tts", validation_alias=_env("TALON_TTS_MODEL"))
+    tts_max_seconds: float = Field(default=120.0, gt=0, le=900, validation_alias=_env("TALON_TTS_MAX_SECONDS"))
+    tts_concurrency: int = Field(default=1, ge=1, validation_alias=_env("TALON_TTS_CONCURRENCY"))
+    # Load the Whisper model and the voice in the background at start when voice replies are on.
+    speech_warmup: bool = Field(default=True, validation_alias=_env("TALON_SPEECH_WARMUP"))
 
     # --- whatsapp / http server --------------------------------------------------------------
     twilio_account_sid: str = Field(default="", validation_alias=_env("TWILIO_ACCOUNT_SID"))

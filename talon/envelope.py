@@ -74,6 +74,14 @@ class InboundMessage(BaseModel):
         return f"{self.channel}:{self.chat_id}:{self.message_id}"
 
 
+@dataclass(frozen=True)
+class VoiceWish:
+    """This answer should also go as a voice note (see talon.voice_replies)."""
+
+    language: str | None = None  # ISO 639-1; None: the default voice
+    asked: bool = False  # the agent called the speak tool
+
+
 @dataclass
 class OutboundReply:
     """What the agent said, split into text and the media it referenced."""
@@ -84,6 +92,8 @@ class OutboundReply:
     # Where in the chat it goes: a forum topic, and (in groups) the message it answers.
     thread_id: str | None = None
     reply_to_message_id: str | None = None
+    # Set when the answer is also to be spoken; the bridge delivers the voice note after the text.
+    voice: VoiceWish | None = None
 
 
 @dataclass

