@@ -43,11 +43,15 @@ from talon.agent.provider import (
     try_hydrate,
 )
 from talon.agent.refusals import classify, refusal_error
-from talon.agent.retries import Retryable, SendAgain, complete_with_retries
+from talon.agent.retries import TIMEOUTS, TRANSPORT_ERRORS, Retryable, SendAgain, complete_with_retries
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderUnavailable
 
 log = logging.getLogger(__name__)
+
+# The SDK's own errors, and the transport's when a streamed body breaks off after the headers.
+_TIMEOUTS: tuple[type[Exception], ...] = (anthropic.APITimeoutError, *TIMEOUTS)
+_UNREACHABLE: tuple[type[Exception], ...] = (anthropic.APIConnectionError, *TRANSPORT_ERRORS)
 
 ANTHROPIC_IMAGE_TYPES = {"image/jpeg", "image/png", "image/gif", "image/webp"}
 CACHE = {"type": "ephemeral"}
@@ -232,11 +236,11 @@ class AnthropicProvider(Provider):
             if relay.sent:
                 raise ProviderUnavailable(f"the model server broke off its reply: {exc.message}") from exc
             raise self._refused(exc.status_code, _raw_body(exc), exc.response.headers, request) from exc
-        except anthropic.APITimeoutError as exc:
+        except _TIMEOUTS as exc:
             raise ProviderUnavailable(
-                f"the model server sent nothing for {self.idle_timeout_s:.0f} s (TALON_MODEL_TIMEOUT); "
+                f"the model server sent nothing for {self.idle_timeout_s:g} s (TALON_MODEL_TIMEOUT); "
                 "not asked again, so a long answer is not generated twice") from exc
-        except anthropic.APIConnectionError as exc:
+        except _UNREACHABLE as exc:
             if relay.sent:
                 raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
             raise Retryable(ProviderUnavailable(f"could not reach the model server: {exc}")) from exc

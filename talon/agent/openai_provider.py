@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,11 +39,15 @@ from talon.agent.provider import (
     try_hydrate,
 )
 from talon.agent.refusals import classify, refusal_error
-from talon.agent.retries import Retryable, SendAgain, complete_with_retries
+from talon.agent.retries import TIMEOUTS, TRANSPORT_ERRORS, Retryable, SendAgain, complete_with_retries
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
+
+# The SDK's own errors, and the transport's when a streamed body breaks off after the headers.
+_TIMEOUTS: tuple[type[Exception], ...] = (openai.APITimeoutError, *TIMEOUTS)
+_UNREACHABLE: tuple[type[Exception], ...] = (openai.APIConnectionError, *TRANSPORT_ERRORS)
 
 def _user_parts(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
@@ -266,23 +271,22 @@ class OpenAIProvider(Provider):
         kwargs = self._kwargs(request)
         relay = StreamRelay(request.on_text)
         try:
-            result = await self._client.chat.completions.create(**kwargs)
             if self.stream:
-                return await self._collect(result, relay)
+                # The raw event stream, read line by line: one json.loads per chunk instead of the
+                # SDK's model objects keeps streaming about as cheap as one whole answer.
+                async with self._client.chat.completions.with_streaming_response.create(**kwargs) as response:
+                    return await self._collect(response.iter_lines(), relay, request)
+            result = await self._client.chat.completions.create(**kwargs)
         except openai.APIStatusError as exc:
             raise self._refused(exc.status_code, _raw_body(exc), exc.response.headers, request) from exc
-        except openai.APITimeoutError as exc:
+        except _TIMEOUTS as exc:
             raise ProviderUnavailable(
-                f"the model server sent nothing for {self.idle_timeout_s:.0f} s (TALON_MODEL_TIMEOUT); "
+                f"the model server sent nothing for {self.idle_timeout_s:g} s (TALON_MODEL_TIMEOUT); "
                 "not asked again, so a long answer is not generated twice") from exc
-        except openai.APIConnectionError as exc:
+        except _UNREACHABLE as exc:
             if relay.sent:
                 raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
             raise Retryable(ProviderUnavailable(f"could not reach the model server: {exc}")) from exc
-        except openai.APIError as exc:  # an error event inside the stream
-            if relay.sent:
-                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
-            raise self._refused(None, exc.body, None, request) from exc
         if not result.choices:
             raise ProviderError("the model returned no choices")
         choice = result.choices[0]
@@ -296,36 +300,52 @@ class OpenAIProvider(Provider):
             await relay(message.text)
         return ModelResponse(message=message, usage=usage, finish_reason=choice.finish_reason)
 
-    async def _collect(self, stream: Any, relay: StreamRelay) -> ModelResponse:
+    async def _collect(self, lines: AsyncIterator[str], relay: StreamRelay, request: ModelRequest) -> ModelResponse:
         """Assemble a streamed reply: text as it comes (handed on), tool calls by their index."""
         texts: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         finish: str | None = None
         usage: Usage | None = None
-        try:
-            async for chunk in stream:
-                if getattr(chunk, "usage", None):
-                    usage = Usage(input_tokens=chunk.usage.prompt_tokens or 0,
-                                  output_tokens=chunk.usage.completion_tokens or 0)
-                for choice in chunk.choices or []:
-                    delta = choice.delta
-                    if delta is not None and delta.content:
-                        texts.append(delta.content)
-                        await relay(delta.content)
-                    for position, call in enumerate(getattr(delta, "tool_calls", None) or []):
-                        index = call.index if isinstance(call.index, int) else len(calls) + position
-                        slot = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-                        if call.id:
-                            slot["id"] = call.id
-                        function = call.function
-                        if function is not None:
-                            if function.name and function.name != slot["name"]:
-                                slot["name"] += function.name
-                            slot["arguments"] += function.arguments or ""
-                    if choice.finish_reason:
-                        finish = choice.finish_reason
-        finally:
-            await stream.close()
+        async for line in lines:
+            if not line.startswith("data:"):
+                continue  # blank separators, comments (": ping"), event names
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                log.warning("model server sent an unreadable stream event: %.200s", data)
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            if chunk.get("error"):  # an error inside the stream (OpenRouter, llama.cpp, vLLM)
+                if relay.sent:
+                    raise ProviderUnavailable(f"the model server broke off its reply: {str(chunk['error'])[:300]}")
+                raise self._refused(None, chunk, None, request)
+            if isinstance(chunk.get("usage"), dict):
+                u = chunk["usage"]
+                usage = Usage(input_tokens=int(u.get("prompt_tokens") or 0),
+                              output_tokens=int(u.get("completion_tokens") or 0))
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                content = delta.get("content")
+                if content:
+                    texts.append(content)
+                    await relay(content)
+                for position, call in enumerate(delta.get("tool_calls") or ()):
+                    index = call.get("index")
+                    index = index if isinstance(index, int) else len(calls) + position
+                    slot = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                    if call.get("id"):
+                        slot["id"] = call["id"]
+                    function = call.get("function") or {}
+                    name = function.get("name")
+                    if name and name != slot["name"]:
+                        slot["name"] += name
+                    slot["arguments"] += function.get("arguments") or ""
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
         tool_calls = [SimpleNamespace(id=c["id"], function=SimpleNamespace(name=c["name"], arguments=c["arguments"]))
                       for _, c in sorted(calls.items())]
         message = from_openai_message(SimpleNamespace(content="".join(texts), tool_calls=tool_calls))

@@ -16,10 +16,30 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import httpx
+
 from talon.agent.provider import ModelRequest, ModelResponse
 from talon.errors import ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
+
+
+def _transport_errors() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    """Network errors raised while a response streams, outside the SDKs' own wrapping: the
+    openai and anthropic SDKs use ``httpx2`` (their fork of httpx) where installed."""
+    timeouts: list[type[Exception]] = [httpx.TimeoutException]
+    transport: list[type[Exception]] = [httpx.TransportError]
+    try:
+        import httpx2  # type: ignore[import-not-found, unused-ignore]
+
+        timeouts.append(httpx2.TimeoutException)
+        transport.append(httpx2.TransportError)
+    except ImportError:
+        pass
+    return tuple(timeouts), tuple(transport)
+
+
+TIMEOUTS, TRANSPORT_ERRORS = _transport_errors()
 
 BACKOFF_S = (1.0, 4.0, 10.0)
 # A server that asks us to wait longer than this gets a failed turn instead (the person is told
