@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from talon.access import AccessGate
 from talon.agent.context import ContextPolicy
 from talon.agent.discovery import Discoverer
+from talon.agent.learned import LearnedFacts
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
@@ -194,6 +195,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         if summary_provider is not None else None,
         workspace=workspace,
         discoverer=model_discoverer(settings) if settings.model_discovery else None,
+        learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
     )
     inbox = Inbox(settings.data_dir / "inbox.sqlite3")
     transcriber = Transcriber.from_settings(settings)
@@ -223,6 +225,12 @@ def voice_replies(settings: Settings) -> VoiceReplies | None:
     return VoiceReplies(Synthesizer.from_settings(settings), settings.media_root,
                         mode=settings.voice_replies, max_seconds=settings.tts_max_seconds,
                         timeout_s=max(60.0, settings.tts_max_seconds))
+
+
+def learned_key(settings: Settings) -> str:
+    """Which model on which server: what the server revealed is true of that pair."""
+    base = settings.anthropic_base_url if settings.provider_name == "anthropic" else settings.openai_base_url
+    return f"{settings.model} @ {base.rstrip('/') or 'default'}"
 
 
 def model_discoverer(settings: Settings) -> Discoverer:

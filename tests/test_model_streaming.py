@@ -239,3 +239,26 @@ async def test_anthropic_overloaded_is_retried_and_logged(setup: Setup, caplog: 
         await p.aclose()
     assert result.text == "Recovered." and len(fake.requests) == 2
     assert any("retry 1 of 1" in r.getMessage() for r in caplog.records)
+
+
+async def test_what_the_server_revealed_is_remembered_across_restarts(setup: Setup, tmp_path: Path) -> None:
+    from talon.agent.learned import LearnedFacts
+    from talon.agent.profiles import ModelProfile
+
+    learned = LearnedFacts(tmp_path / "model_facts.json", "openai:local @ http://x/v1")
+    async with FakeOpenAI() as fake:
+        fake.queue(FakeOpenAI.error(400, "request (9000 tokens) exceeds the available context size (4096 tokens), "
+                                         "try increasing it", type="exceed_context_size_error"),
+                   FakeOpenAI.error(400, "llama3 does not support tools"), "ok")
+        p = provider(fake, setup, model="local")
+        agent = setup.agent(p, profile=ModelProfile(32_768, 1024, True, known=False), learned=learned)
+        await agent.run_turn(CHAT, Message.user("hi"), "t1")
+        await p.aclose()
+        # The next start: a new provider and agent, same data dir.
+        p2 = provider(fake, setup, model="local")
+        restarted = setup.agent(p2, profile=ModelProfile(32_768, 1024, True, known=False), learned=learned)
+        await p2.aclose()
+    assert agent.profile.context_window == 4096 and not agent.tools_available
+    assert restarted.profile.context_window == 4096
+    assert restarted.profile.source("context_window") == "stated by the server in an error"
+    assert not restarted.tools_available and not restarted.tool_specs()

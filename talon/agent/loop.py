@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,6 +43,7 @@ from talon.agent.context import (
     withhold_images,
 )
 from talon.agent.discovery import Discoverer, ServerFacts
+from talon.agent.learned import LearnedFacts
 from talon.agent.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
 from talon.agent.profiles import ModelProfile, lookup_profile
 from talon.agent.provider import (
@@ -80,6 +82,10 @@ NO_TOOLS_NOTE = (
     "You have no tools in this chat (the model server cannot call them): you cannot read, write "
     "or list files, so never write tool calls; answer from the conversation alone."
 )
+
+# What a model that was given no tools writes when it imitates a call (Hermes, Qwen, Llama formats).
+_PRETEND_CALL = re.compile(r"<tool_call>|<\|python_tag\|>|\{\s*\"(?:name|function)\"\s*:\s*\"\w+\"\s*,\s*"
+                           r"\"(?:arguments|parameters)\"")
 
 # Calibration of the estimate against the provider's count (see the module docstring).
 _SCALE_MAX = 1.5
@@ -155,8 +161,10 @@ class Agent:
         summary_window: int | None = None,
         workspace: Workspace | Path | None = None,
         discoverer: "Discoverer | None" = None,
+        learned: LearnedFacts | None = None,
     ) -> None:
         self.provider = provider
+        self.learned = learned
         self.discoverer = discoverer
         self.facts: ServerFacts | None = None
         self.sessions = sessions
@@ -183,11 +191,41 @@ class Agent:
         self.token_scale = 1.0
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
         self.refused_images: dict[ChatKey, set[str]] = {}
+        self._apply_learned()
         # What the system prompt says about one chat (a group's name and people), set by the
         # bridge; it goes after the cached prefix, so every chat shares that prefix.
         self.chat_notes: dict[ChatKey, str] = {}
 
     # --- what the server serves -----------------------------------------------------------------
+    def _apply_learned(self) -> None:
+        """Adopt what the server revealed in earlier runs (see ``talon.agent.learned``)."""
+        if self.learned is None:
+            return
+        facts = self.learned.load()
+        window = facts.get("context_window")
+        if isinstance(window, int) and 256 <= window < self.profile.context_window:
+            self.profile = self.profile.learned(context_window=window, source="stated by the server in an error")
+        if facts.get("vision") is False and self.provider.vision:
+            self.provider.vision = False
+            self.profile = self.profile.learned(vision=False, source="refused by the server")
+        if facts.get("tools") is False and self.provider.tools:
+            self.provider.tools = False
+            self.profile = self.profile.learned(tools=False, source="refused by the server")
+
+    def _remember(self) -> None:
+        """Record what the server just revealed (a smaller window, images or tools refused)."""
+        if self.learned is None:
+            return
+        facts: dict[str, object] = {}
+        if dict(self.profile.sources).get("context_window", "").startswith("stated by the server"):
+            facts["context_window"] = self.profile.context_window
+        if not self.provider.vision and self.profile.vision:
+            facts["vision"] = False
+        if not self.provider.tools and self.profile.tools:
+            facts["tools"] = False
+        if facts:
+            self.learned.save(**facts)
+
     async def discover(self, *, strict: bool = False) -> ServerFacts | None:
         """Ask the model server about the model and adopt what it says (bounded, never fatal).
 
@@ -411,6 +449,10 @@ class Agent:
                     f"{exc} (still too long after clipping tool output and summarizing older turns)"
                 ) from exc
             self._calibrate(request, response)
+            self._remember()
+            if not self.tools_available and self.tools.tools and _PRETEND_CALL.search(response.message.text):
+                log.warning("chat %s: the model wrote a tool call as text, but this server cannot call tools "
+                            "(see /status); it was answered as text", chat)
             return request, response
 
     def _withhold_refused(self, chat: ChatKey, messages: list[Message]) -> list[Message]:
