@@ -613,7 +613,7 @@ class TelegramChannel(Channel):
         """Resolve and open one reference, or record why it cannot be sent."""
         name = display_name(ref.path)
         try:
-            media = outbound_channel_media(ref, "", self.settings.media_root)
+            media = outbound_channel_media(ref, "", self.settings.workspace_dir(self.name, chat_id))
         except MediaPathError as exc:
             log.warning("telegram: chat=%s: not attaching %r: %s", chat_id, ref.path, exc)
             failures.append(attach_failure_line(name, path_refusal_reason(exc)))

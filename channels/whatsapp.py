@@ -679,7 +679,7 @@ class WhatsAppChannel(Channel):
         name = display_name(ref.path)
         try:
             media: OutboundMedia = await asyncio.to_thread(
-                outbound_channel_media, ref, "", self.settings.media_root)
+                outbound_channel_media, ref, "", self.settings.workspace_dir(self.name, chat_id))
         except MediaPathError as exc:
             log.warning("whatsapp: chat=%s: not attaching %r: %s", chat_id, ref.path, exc)
             failures.append(attach_failure_line(name, path_refusal_reason(exc)))
@@ -702,7 +702,8 @@ class WhatsAppChannel(Channel):
             if fitted.data is not None:
                 url = self.links.add_bytes(fitted.data, fitted.name, fitted.mime)
             else:
-                url = self.links.add_file(media.path, media.file, fitted.name, fitted.mime)
+                url = self.links.add_file(media.path, media.file, fitted.name, fitted.mime,
+                                          root=self.settings.workspace_dir(self.name, chat_id))
             return fitted, url
         except MediaError as exc:
             log.warning("whatsapp: chat=%s: not attaching %s (%s, %d bytes): %s", chat_id, media.path,

@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
     system_prompt: str = Field(default="", validation_alias=_env("TALON_SYSTEM_PROMPT"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
+    # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
+    shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
+    # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
+    tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 
     # --- context management (shares of the model's window) ------------------------------------
     context_trigger: float = Field(default=0.85, gt=0.1, le=0.98,
@@ -92,6 +96,8 @@ class Settings(BaseSettings):
     # --- storage -----------------------------------------------------------------------------
     media_root: Path = Field(default=Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
+    # chat: one workspace per conversation under the media root; shared: the media root for all.
+    workspace: Literal["chat", "shared"] = Field(default="chat", validation_alias=_env("TALON_WORKSPACE"))
 
     # --- telegram ----------------------------------------------------------------------------
     telegram_bot_token: str = Field(default="", validation_alias=_env("TELEGRAM_BOT_TOKEN"))
@@ -264,8 +270,18 @@ class Settings(BaseSettings):
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
 
     def ensure_dirs(self) -> None:
+        from talon.permissions import private_dir
+        from talon.workspaces import check_dirs_apart
+
+        check_dirs_apart(self.media_root, self.data_dir)
         self.media_root.mkdir(parents=True, exist_ok=True)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
+
+    def workspace_dir(self, channel: str, conversation_id: str) -> Path:
+        """The directory this conversation's agent works in (``TALON_WORKSPACE``)."""
+        from talon.workspaces import workspace_root
+
+        return workspace_root(self.media_root, self.workspace, channel, conversation_id)
 
 
 def split_model(spec: str) -> tuple[str, str]:

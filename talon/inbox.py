@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.envelope import InboundMessage
+from talon.permissions import create_private_file, private_dir
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbox (
@@ -43,7 +44,8 @@ class InboxItem:
 
 class Inbox:
     def __init__(self, path: Path, *, keep_done_s: float = 7 * 24 * 3600) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        create_private_file(path)  # SQLite gives its -wal and -shm files this file's mode
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:

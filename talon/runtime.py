@@ -138,10 +138,13 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         build_provider(settings, store, settings.summary_model)
         if settings.summary_model and settings.summary_model != settings.model else None
     )
+    tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
+                            shell_unsandboxed=settings.shell_unsandboxed)
+    tools.timeout_s = settings.tool_timeout_s
     agent = Agent(
         provider,
         sessions,
-        tools=workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool),
+        tools=tools,
         system_prompt=settings.system_prompt or DEFAULT_SYSTEM_PROMPT,
         max_steps=settings.max_steps,
         profile=settings_profile(settings),
@@ -154,6 +157,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         summary_window=settings_profile(settings, settings.summary_model).context_window
         if summary_provider is not None else None,
         workspace=workspace,
+        workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
+        if settings.workspace == "chat" else None,
     )
     inbox = Inbox(settings.data_dir / "inbox.sqlite3")
     transcriber = Transcriber.from_settings(settings)
@@ -186,14 +191,17 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
     vision = inbound_vision(settings)
 
     async def normalize(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
+        # Inbound files go into the chat's own workspace (its "inbox/" folder); in a shared
+        # workspace, into a folder per chat, so the agent can tell who sent what.
+        shared = settings.workspace == "shared"
         ctx = InboundContext(
             store=store,
-            media_root=settings.media_root,
+            media_root=settings.workspace_dir(message.channel, message.chat_id),
             limits=limits,
             transcriber=transcriber,
             vision=vision,
-            # Per chat, so the agent's file tools find what this person sent.
-            save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.chat_id)}",
+            save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.chat_id)}"
+            if shared else "inbox",
         )
         return await normalize_inbound(text, files, ctx)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -125,6 +126,7 @@ class Agent:
         summary_provider: Provider | None = None,
         summary_window: int | None = None,
         workspace: Workspace | Path | None = None,
+        workspaces: Callable[[ChatKey], Path] | None = None,
     ) -> None:
         self.provider = provider
         self.sessions = sessions
@@ -144,9 +146,13 @@ class Agent:
             fallback=provider if summary_provider is not None else None,
         )
         self.workspace = Workspace(workspace) if isinstance(workspace, Path) else workspace
+        # Per conversation (``talon.workspaces``): each chat's tools and AGENTS.md are its own.
+        # Without it, ``workspace`` is shared by every chat.
+        self.workspaces = workspaces
+        self._chat_workspaces: dict[Path, tuple[Workspace, Memory]] = {}
         # AGENTS.md may take a tenth of the window, and never more than 16,000 characters.
-        memory_chars = min(16_000, int(profile.context_window * CHARS_PER_TOKEN * 0.1))
-        self.memory = Memory(self.workspace, max_chars=memory_chars) if self.workspace is not None else None
+        self.memory_chars = min(16_000, int(profile.context_window * CHARS_PER_TOKEN * 0.1))
+        self.memory = Memory(self.workspace, max_chars=self.memory_chars) if self.workspace is not None else None
         self.last_usage: dict[ChatKey, Usage] = {}
         self.token_scale = 1.0
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
@@ -157,18 +163,33 @@ class Agent:
     def budget(self) -> ContextBudget:
         return ContextBudget.for_profile(self.profile, self.policy)
 
-    def system(self) -> SystemPrompt:
+    def workspace_of(self, chat: ChatKey | None) -> tuple[Workspace | None, Memory | None]:
+        """The workspace and AGENTS.md memory of one chat (the shared ones without a mapping)."""
+        if self.workspaces is None or chat is None:
+            return self.workspace, self.memory
+        root = self.workspaces(chat)
+        known = self._chat_workspaces.get(root)
+        if known is None:
+            workspace = Workspace(root)
+            known = (workspace, Memory(workspace, max_chars=self.memory_chars))
+            self._chat_workspaces[root] = known
+        return known
+
+    def system(self, chat: ChatKey | None = None) -> SystemPrompt:
+        workspace, memory_file = self.workspace_of(chat)
         names = [name for name, tool in self.tools.tools.items() if isinstance(tool, WorkspaceTool)]
-        guide = workspace_guide(sorted(names)) if self.workspace is not None else ""
-        memory = self.memory.block() if self.memory is not None else ""
+        guide = workspace_guide(sorted(names)) if workspace is not None else ""
+        memory = memory_file.block() if memory_file is not None else ""
         return build_system_prompt(self.system_prompt, guide, memory)
 
-    def build_system_prompt(self) -> str:
-        return self.system().text
+    def build_system_prompt(self, chat: ChatKey | None = None) -> str:
+        return self.system(chat).text
 
     def tool_context(self, chat: ChatKey) -> ToolContext:
         chars = int(self.budget.tool_result_tokens * CHARS_PER_TOKEN * 0.9)
-        return ToolContext(read_only_roots=(self.sessions.context_dir(chat),), max_output_chars=chars)
+        workspace, _ = self.workspace_of(chat)
+        return ToolContext(read_only_roots=(self.sessions.context_dir(chat),), max_output_chars=chars,
+                           workspace=workspace, time_budget_s=self.tools.timeout_s * 0.8)
 
     def _request_context(
         self,
@@ -240,7 +261,7 @@ class Agent:
     def estimate_context(self, chat: ChatKey, history: list[Message] | None = None) -> int:
         """Estimated input tokens of the next request (no summary, no file writes)."""
         history = self.sessions.load(chat) if history is None else history
-        system = self.system()
+        system = self.system(chat)
         tools = self.tools.specs()
         view = repair_tool_pairs(conversation_view(history))
         view = truncate_tool_arguments(view, max_chars=self.policy.tool_args_max_chars,
@@ -252,7 +273,7 @@ class Agent:
 
     # --- model calls --------------------------------------------------------------------------
     async def _complete(self, chat: ChatKey, history: list[Message]) -> tuple[ModelRequest, ModelResponse]:
-        system = self.system()
+        system = self.system(chat)
         tools = self.tools.specs()
         budget = self.budget
         ctx = self._request_context(chat, history, system, tools, budget)
