@@ -44,6 +44,7 @@ import asyncio
 import base64
 import logging
 import mimetypes
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -219,14 +220,36 @@ def media_name(kind: str, message_sid: str, index: int, count: int, mime: str) -
     return f"{kind}_{message_sid[-10:]}{suffix}{ext}"
 
 
+_MESSAGE_SID = re.compile(r"(?:SM|MM)[0-9a-f]{32}")
+_SID_FIELDS = ("MessageSid", "SmsMessageSid", "SmsSid")
+
+
+def checked_message_sid(form: Mapping[str, str]) -> str:
+    """The message's id, only if every id field is in Twilio's format and they all agree.
+
+    Twilio's signature joins parameter names and values with no separator, so a captured request
+    can be re-sent with a ``MessageSid`` that has swallowed the next parameter's name and value
+    and still verify. A strict format (``SM``/``MM`` and 32 hex digits) and agreement between the
+    three copies Twilio sends make such a shifted id fail instead of becoming a "new" message.
+    """
+    present = {name: form.get(name) for name in _SID_FIELDS if form.get(name) is not None}
+    if not present:
+        raise MalformedWebhook("no MessageSid")
+    for name, value in present.items():
+        if not _MESSAGE_SID.fullmatch(value or ""):
+            raise MalformedWebhook(f"{name}={(value or '')[:48]!r} is not a Twilio message id "
+                                   "(SM or MM and 32 hex digits)")
+    if len(set(present.values())) > 1:
+        raise MalformedWebhook("MessageSid, SmsMessageSid and SmsSid disagree")
+    return next(iter(present.values())) or ""
+
+
 def parse_inbound(form: Mapping[str, str]) -> InboundMessage:
     """The InboundMessage of a Twilio incoming-message webhook; MalformedWebhook says what is wrong."""
     sender = (form.get("From") or "").strip()
-    sid = (form.get("MessageSid") or form.get("SmsMessageSid") or "").strip()
     if not sender:
         raise MalformedWebhook("no From")
-    if not sid:
-        raise MalformedWebhook("no MessageSid")
+    sid = checked_message_sid(form)
     number = normalize_whatsapp_number(sender)
     if not number:
         raise MalformedWebhook(f"From={sender!r} is not a phone number")
