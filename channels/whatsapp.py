@@ -66,6 +66,7 @@ from talon.envelope import InboundMessage, OutboundReply, RemoteFile
 from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
+from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, long_reply_note, reply_document
 from talon.render.whatsapp import markdown_to_whatsapp, split_for_whatsapp
 
 from channels.base import Channel, PartCallback, deliver_parts, store_response
@@ -306,20 +307,38 @@ class MediaPart:
     caption: str = ""
 
 
-Part = TextPart | NoticePart | MediaPart
+@dataclass(frozen=True)
+class ReplyDocumentPart:
+    """The whole of a very long reply, sent as ``reply.md`` (``talon.render.long_reply``)."""
+
+    text: str
+    note: str
+
+
+Part = TextPart | NoticePart | MediaPart | ReplyDocumentPart
 
 _CAPTIONED_NAMES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".mp4", ".3gp", ".mov", ".m4v"}
 
 
-def plan_parts(reply: OutboundReply, limits: Limits) -> list[Part]:
-    """The ordered parts of a reply; a function of the reply alone (see the module docstring)."""
+def plan_parts(reply: OutboundReply, limits: Limits, *, can_attach: bool = True) -> list[Part]:
+    """The ordered parts of a reply; a function of the reply alone (see the module docstring).
+
+    Past ``whatsapp_reply_max_messages`` messages the head goes as text and the whole reply as
+    ``reply.md`` (only where files can be sent: without a public URL every message goes).
+    """
     rendered = markdown_to_whatsapp(reply.text) if reply.text.strip() else ""
     chunks = [c for c in split_for_whatsapp(rendered, limits.whatsapp_body_max) if c.strip()]
+    document: ReplyDocumentPart | None = None
+    if can_attach and len(chunks) > limits.whatsapp_reply_max_messages:
+        document = ReplyDocumentPart(reply.text, long_reply_note(len(reply.text), len(chunks)))
+        chunks = chunks[:1]
     caption = ""
     if (len(reply.media) == 1 and len(chunks) == 1 and len(chunks[0]) <= CAPTION_MAX
             and PurePosixPath(unquote(reply.media[0].path)).suffix.lower() in _CAPTIONED_NAMES):
         caption, chunks = chunks[0], []
     parts: list[Part] = [TextPart(chunk) for chunk in chunks]
+    if document is not None:
+        parts += [NoticePart(document.note), document]
     parts.extend(MediaPart(ref, caption if i == 0 else "") for i, ref in enumerate(reply.media))
     for notice in reply.notices:
         parts.extend(NoticePart(c) for c in split_for_whatsapp(notice, limits.whatsapp_body_max) if c.strip())
@@ -640,7 +659,7 @@ class WhatsAppChannel(Channel):
 
     # --- outbound -----------------------------------------------------------------------------
     def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        return plan_parts(reply, self.limits)
+        return plan_parts(reply, self.limits, can_attach=self.links is not None)
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
@@ -664,6 +683,15 @@ class WhatsAppChannel(Channel):
     async def _send_part(self, chat_id: str, part: Part) -> None:
         if isinstance(part, MediaPart):
             await self._send_media(chat_id, part)
+            return
+        if isinstance(part, ReplyDocumentPart):
+            assert self.links is not None  # planned only when files can be sent
+            url = self.links.add_bytes(reply_document(part.text), REPLY_DOCUMENT_NAME, REPLY_DOCUMENT_MIME)
+            try:
+                await self._send(chat_id, body="", media_url=url, what=REPLY_DOCUMENT_NAME)
+            except BaseException:
+                self.links.forget(url)
+                raise
             return
         body = part.body if isinstance(part, TextPart) else part.text
         await self._send(chat_id, body=body, what=f"a {len(body)}-character message")

@@ -56,6 +56,9 @@ class Limits:
     whatsapp_body_max: int = 1600
     whatsapp_media_max_bytes: int = 16 * MB
     whatsapp_image_max_bytes: int = 5 * MB
+    # A reply longer than this many messages goes as its head plus the whole text as reply.md.
+    telegram_reply_max_messages: int = 8
+    whatsapp_reply_max_messages: int = 5
 
 
 class Settings(BaseSettings):
@@ -159,6 +162,14 @@ class Settings(BaseSettings):
         default=Limits.telegram_upload_max_bytes, validation_alias=_env("TALON_TELEGRAM_UPLOAD_MAX_BYTES")
     )
     video_fps: float = Field(default=Limits.video_fps, validation_alias=_env("TALON_VIDEO_FPS"))
+    telegram_reply_max_messages: int = Field(
+        default=Limits.telegram_reply_max_messages, ge=1,
+        validation_alias=_env("TALON_TELEGRAM_REPLY_MAX_MESSAGES"),
+    )
+    whatsapp_reply_max_messages: int = Field(
+        default=Limits.whatsapp_reply_max_messages, ge=1,
+        validation_alias=_env("TALON_WHATSAPP_REPLY_MAX_MESSAGES"),
+    )
     video_frame_max_side: int = Field(
         default=Limits.video_frame_max_side, validation_alias=_env("TALON_VIDEO_FRAME_MAX_SIDE")
     )
@@ -191,6 +202,8 @@ class Settings(BaseSettings):
             video_frame_max_side=self.video_frame_max_side,
             video_max_frame_bytes=self.video_max_frame_bytes,
             video_decode_seconds=self.video_decode_seconds,
+            telegram_reply_max_messages=self.telegram_reply_max_messages,
+            whatsapp_reply_max_messages=self.whatsapp_reply_max_messages,
         )
 
     # --- derived -----------------------------------------------------------------------------

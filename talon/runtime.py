@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from talon.access import AccessGate
-from talon.agent.anthropic_provider import AnthropicProvider
 from talon.agent.context import ContextPolicy
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
-from talon.agent.openai_provider import OpenAIProvider
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
 from talon.agent.session import SessionStore, safe_path_part
@@ -52,7 +50,11 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
         provider_name, model_name = split_summary_model(model, settings.provider_name)
         profile = settings_profile(settings, model)
         vision_setting = "auto"
+    # Each adapter (and its SDK) is imported only when its provider is used: `anthropic` alone
+    # costs about a second of start-up.
     if provider_name == "openai":
+        from talon.agent.openai_provider import OpenAIProvider
+
         return OpenAIProvider(
             model_name,
             api_key=settings.openai_api_key,
@@ -67,6 +69,8 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     if provider_name == "anthropic":
         if not settings.anthropic_api_key:
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
+        from talon.agent.anthropic_provider import AnthropicProvider
+
         return AnthropicProvider(
             model_name,
             api_key=settings.anthropic_api_key,
