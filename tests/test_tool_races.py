@@ -20,28 +20,26 @@ from talon.config import Limits
 from talon.content import ToolCall
 
 FLIPS = 100_000
-# Another process (a real second writer, not a thread under our GIL) flips, as fast as it can:
-# ws/victim.txt between a regular file and a symlink to outside/secret.txt, and ws/d between a
-# directory and a symlink to outside/.
+# Another process (a real second writer, not a thread under our GIL) flips, as fast as it can,
+# with renameat2(RENAME_EXCHANGE): ws/victim.txt swaps between a regular file and a symlink to
+# outside/secret.txt, and ws/d between a directory and a symlink to outside/, each swap atomic,
+# so at every instant the path is one or the other.
 FLIPPER = r"""
-import os, sys
+import ctypes, os, sys
 ws, outside, flips = sys.argv[1], sys.argv[2], int(sys.argv[3])
-victim, d, parked = os.path.join(ws, "victim.txt"), os.path.join(ws, "d"), os.path.join(ws, ".parked")
-tmp = os.path.join(ws, ".tmp-link")
+libc = ctypes.CDLL(None, use_errno=True)
+renameat2 = libc.renameat2
+renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+os.symlink(os.path.join(outside, "secret.txt"), os.path.join(ws, ".victim-link"))
+os.symlink(outside, os.path.join(ws, ".d-link"))
+pairs = [(os.path.join(ws, "victim.txt").encode(), os.path.join(ws, ".victim-link").encode()),
+         (os.path.join(ws, "d").encode(), os.path.join(ws, ".d-link").encode())]
 print("ready", flush=True)
 for i in range(flips):
-    if i % 2 == 0:
-        os.symlink(os.path.join(outside, "secret.txt"), tmp)
-        os.replace(tmp, victim)
-        os.rename(d, parked)
-        os.symlink(outside, d)
-    else:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.write(fd, b"inside\n")
-        os.close(fd)
-        os.replace(tmp, victim)
-        os.unlink(d)
-        os.rename(parked, d)
+    for a, b in pairs:
+        if renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) != 0:
+            sys.exit("renameat2: " + os.strerror(ctypes.get_errno()))
 """
 SECRET = b"SECRET inside\n"
 
@@ -93,8 +91,8 @@ async def _race(tools: ToolRegistry, ws: Path, outside: Path, calls: list[tuple[
 
 @pytest.mark.parametrize("tool,calls", [
     ("read_file", [("read_file", {"path": "victim.txt"}), ("read_file", {"path": "d/f.txt"})]),
-    ("grep", [("grep", {"pattern": "SECRET", "path": "."}), ("grep", {"pattern": "SECRET", "path": "d"}),
-              ("grep", {"pattern": "SECRET", "path": "victim.txt"})]),
+    ("grep", [("grep", {"pattern": "SEC.ET", "path": "."}), ("grep", {"pattern": "SEC.ET", "path": "d"}),
+              ("grep", {"pattern": "SEC.ET", "path": "victim.txt"})]),
     ("edit_file", [("edit_file", {"path": "victim.txt", "old_string": "inside", "new_string": "inside!"}),
                    ("edit_file", {"path": "d/f.txt", "old_string": "inside", "new_string": "inside!"})]),
     ("write_file", [("write_file", {"path": "victim.txt", "content": "written\n"}),

@@ -122,7 +122,10 @@ class Workspace:
         root = self.real_root
         given = Path(path)
         candidate = given if given.is_absolute() else root / given
-        real = Path(os.path.realpath(candidate))
+        try:
+            real = Path(os.path.realpath(candidate))
+        except OSError as exc:  # a component changed under the resolution (another writer)
+            raise ToolError(f"{path!r} changed while it was being checked ({exc.strerror}); try again") from exc
         lexical = Path(os.path.normpath(candidate))
 
         in_workspace = _inside(real, root)
