@@ -25,6 +25,7 @@ import os
 import re
 import signal
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,6 +64,18 @@ SHELL_MAX_TIMEOUT_S = 600.0
 
 async def _off_loop(fn: Callable[[], T]) -> T:
     return await asyncio.to_thread(fn)
+
+
+async def _off_loop_stoppable(fn: Callable[[threading.Event], T]) -> T:
+    """Like ``_off_loop`` for long scans: when the call is cancelled (turn timeout, tool limit,
+    shutdown) the event is set and the scan stops at its next check, so no thread outlives its
+    call by more than a moment (SIGTERM then stops Talon within its grace)."""
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(fn, stop)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True, default: str = "") -> str:
@@ -551,7 +564,8 @@ class GrepTool(WorkspaceTool):
             raise ToolError(f"{base.shown!r} does not exist")
         budget = min(GREP_TIME_BUDGET_S, ctx.time_budget_s)
 
-        def one_file(fh: BinaryIO, shown: str, hits: list[str], used: list[int], deadline: float) -> str:
+        def one_file(fh: BinaryIO, shown: str, hits: list[str], used: list[int], deadline: float,
+                     stop: threading.Event) -> str:
             """Search one open file; returns why the search stopped, or ""."""
             head = fh.read(file_readers.SNIFF_BYTES)
             if b"\x00" in head:
@@ -559,7 +573,7 @@ class GrepTool(WorkspaceTool):
             fh.seek(0)
             text_fh = io.TextIOWrapper(fh, encoding="utf-8", errors="replace")
             for number, line in enumerate(text_fh, 1):
-                if number % 1024 == 0 and time.monotonic() > deadline:
+                if number % 1024 == 0 and (time.monotonic() > deadline or stop.is_set()):
                     return "the search took too long; narrow path or include"
                 line = line.rstrip("\n")
                 if regex.search(line[:file_readers.MAX_LINE_CHARS]):
@@ -572,7 +586,7 @@ class GrepTool(WorkspaceTool):
             text_fh.detach()
             return ""
 
-        def search() -> str:
+        def search(stop: threading.Event) -> str:
             deadline = time.monotonic() + budget
             hits: list[str] = []
             used = [0]
@@ -580,10 +594,10 @@ class GrepTool(WorkspaceTool):
             if base.real.is_file():
                 with base.open_read() as fh:
                     if os.fstat(fh.fileno()).st_size <= GREP_MAX_FILE_BYTES:
-                        stopped = one_file(fh, base.shown, hits, used, deadline)
+                        stopped = one_file(fh, base.shown, hits, used, deadline, stop)
             else:
                 for rel, name, dirfd in _walk_files(base, include):
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or stop.is_set():
                         stopped = "the search took too long; narrow path or include"
                         break
                     opened = _open_entry(name, dirfd)
@@ -594,7 +608,7 @@ class GrepTool(WorkspaceTool):
                         if st.st_size > GREP_MAX_FILE_BYTES:
                             continue
                         try:
-                            stopped = one_file(fh, self.shown_below(base, rel), hits, used, deadline)
+                            stopped = one_file(fh, self.shown_below(base, rel), hits, used, deadline, stop)
                         except OSError:
                             continue
                     if stopped:
@@ -604,7 +618,7 @@ class GrepTool(WorkspaceTool):
             tail = f"\n[... stopped: {stopped}]" if stopped else ""
             return "\n".join(hits) + tail
 
-        return ToolResult.text(_clip(await _off_loop(search), ctx.max_output_chars, "narrow the search"))
+        return ToolResult.text(_clip(await _off_loop_stoppable(search), ctx.max_output_chars, "narrow the search"))
 
 
 class ShellTool(WorkspaceTool):
