@@ -480,9 +480,9 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
                     # (which is not lifted) makes the images in its label mere alt text.
                     if labels is None:
                         labels = _reference_labels(text)
-                    end = _reference_image_end(text, opener, closer, limit, labels)
-                    if end is not None:
-                        consumed = end
+                    reference_end = _reference_image_end(text, opener, closer, limit, labels)
+                    if reference_end is not None:
+                        consumed = reference_end
                 continue
             raw_dest, end = parsed
             consumed = end
