@@ -117,6 +117,7 @@ def _inline_segments(text: str) -> list[Range]:
 
 _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
+_BRACKETS_ONLY = re.compile(r"[\[\]]")
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
@@ -126,6 +127,7 @@ _SPACES = re.compile(r"\s+")
 _BARE_CR = re.compile(r"\r(?!\n)")
 _PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
 # A plain destination without escapes, parentheses or title, as the full parser would read it.
+_TAIL_TO_PAREN = re.compile(r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\(")
 _TAIL_SIMPLE = re.compile(r"\([ \t]*([^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*)[ \t]*\)")
 
 
@@ -163,6 +165,9 @@ class _Scanner:
         simple = _TAIL_SIMPLE.match(text, p, limit)
         if simple is not None:  # the everyday ``(path)`` / ``( path )``, in one regex step
             return simple.group(1), simple.end()
+        inner = _TAIL_TO_PAREN.match(text, p, limit)
+        if inner is not None and self.paren_match.get(inner.end() - 1) == -1:
+            return None  # the destination runs into a '(' already known never to close
         q = self._skip_ws(p + 1, limit)
         if q >= limit:
             return None
@@ -293,6 +298,19 @@ def _image_pairs(
     pairs: list[Range] = []
     stack: list[int] = []
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
+    if (ci >= len(spans) or spans[ci][0] >= end) and text.find("\\", start, end) < 0:
+        # No code span and no backslash here (the usual case, and most floods): brackets only.
+        push, pop = stack.append, stack.pop
+        for m in _BRACKETS_ONLY.finditer(text, start, end):
+            p = m.start()
+            if text[p] == "[":
+                push(p)
+            elif stack:
+                opener = pop()
+                if opener > start and text[opener - 1] == "!":
+                    pairs.append((opener, p))
+        pairs.sort()
+        return pairs
     escape_end = -1
     count = len(spans)
     for m in _BRACKETS.finditer(text, start, end):
