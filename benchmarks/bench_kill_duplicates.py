@@ -2,10 +2,9 @@
 
 Run: ``python benchmarks/bench_kill_duplicates.py [KILLS]`` (default 150). Each round starts
 ``talon run`` against loopback fakes of the Telegram Bot API and the model, sends one message,
-and kills the process with SIGKILL at a random moment between the message's arrival and a little
-past its usual answer time, or right when the fake Telegram sees the answer if that comes first
-(the harshest moment: sent, perhaps not yet recorded). The next round first recovers whatever the
-last one left pending. At the end every message must have been answered; the figure is how many were
+and kills the process with SIGKILL at a random moment (uniform) between sending the message and a
+little past its usual answer time, counted from the same moment. The next round first recovers
+whatever the last one left pending. At the end every message must have been answered; the figure is how many were
 answered more than once: the send-then-record window (between Telegram accepting a message and
 the inbox recording it) is the only place a kill can double a reply.
 """
@@ -51,11 +50,13 @@ def main(kills: int) -> None:
             # the rounds where the answer came first).
             window = answer_s * 1.3 if answer_s else 3.0
             deadline = pushed + rng.uniform(0.0, window)
+            seen = False
             while time.monotonic() < deadline:
-                if any(c.params.get("text") == f"echo: {text}" for c in tg.sent("sendMessage", chat_id=ALICE)):
+                if not seen and any(c.params.get("text") == f"echo: {text}"
+                                    for c in tg.sent("sendMessage", chat_id=ALICE)):
+                    seen = True
                     took = time.monotonic() - pushed
                     answer_s = took if not answer_s else 0.8 * answer_s + 0.2 * took
-                    break
                 time.sleep(0.002)
             proc.send_signal(signal.SIGKILL)
             proc.wait()

@@ -58,7 +58,7 @@ async def test_the_sandbox_sees_only_the_workspace_and_its_own_processes(
     processes = int(ps.split("\n", 2)[1])
     host = sum(1 for name in os.listdir("/proc") if name.isdigit())
     # Its own PID namespace: bwrap's init, the shell and its pipeline, not the host's processes.
-    assert processes <= 8 < host, (processes, host, ps)
+    assert processes <= 8 and processes < host, (processes, host, ps)
     assert "python" not in ps and "my own file" in files  # none of the host's processes (Talon, pytest)
     assert (ws / "new.txt").read_text() == "written\n"  # the workspace is writable
     error, out = await shell(tools, "touch /usr/x /etc/x /tmp/x 2>&1; echo done")
@@ -97,3 +97,19 @@ def test_without_a_sandbox_the_shell_is_refused_unless_explicitly_unsandboxed(
     tool = bare.tools["shell"]
     assert isinstance(tool, ShellTool) and not tool.sandboxed
     assert "shell" not in workspace_tools(Workspace(tmp_path), store=None).tools  # off by default
+
+
+@needs_bwrap
+async def test_a_stopped_turn_takes_its_shell_command_with_it(tmp_path: Path) -> None:
+    import asyncio
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tools = workspace_tools(Workspace(ws), store=None, shell=True)
+    call = asyncio.create_task(shell(tools, "sleep 2; echo still here > late.txt", timeout=60))
+    await asyncio.sleep(0.5)
+    call.cancel()  # what Bridge.stop does to a turn in flight on SIGTERM
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    time.sleep(2.5)
+    assert not (ws / "late.txt").exists()

@@ -713,6 +713,14 @@ class ShellTool(WorkspaceTool):
             except ProcessLookupError:
                 pass
             await proc.wait()
+        except asyncio.CancelledError:
+            # The turn was stopped (turn timeout, tool limit, SIGTERM): the command goes with it.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            reader.cancel()
+            raise
         try:
             await asyncio.wait_for(reader, 5.0)
         except TimeoutError:
