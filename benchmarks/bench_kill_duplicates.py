@@ -62,7 +62,7 @@ def main(kills: int) -> None:
             proc.wait()
         proc = _start(work, env)  # the last round's message, if it was left pending
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 got = {c.params.get("text") for c in tg.sent("sendMessage", chat_id=ALICE)}
                 if all(f"echo: {t}" in got for t in texts):
@@ -74,8 +74,12 @@ def main(kills: int) -> None:
         sent = [c.params.get("text") for c in tg.sent("sendMessage", chat_id=ALICE)]
         missing = [t for t in texts if f"echo: {t}" not in sent]
         doubled = [t for t in texts if sent.count(f"echo: {t}") > 1]
-        print(f"kills: {kills}; answered: {kills - len(missing)}; answered twice: {len(doubled)}; "
-              f"never answered: {len(missing)}")
+        # A message whose turn was cut off three times running gets an apology instead of a
+        # fourth try (a poison-message guard): it is answered, just not with its echo.
+        apologies = sum(1 for t in sent if t and t.startswith("Sorry, I could not process"))
+        print(f"kills: {kills}; answered with the echo: {kills - len(missing)}; answered twice: "
+              f"{len(doubled)}; apologies after three cut-off attempts: {apologies}; "
+              f"unanswered: {max(0, len(missing) - apologies)}")
 
 
 if __name__ == "__main__":
