@@ -166,7 +166,7 @@ class _Scanner:
         if simple is not None:  # the everyday ``(path)`` / ``( path )``, in one regex step
             return simple.group(1), simple.end()
         inner = _TAIL_TO_PAREN.match(text, p, limit)
-        if inner is not None and self.paren_match.get(inner.end() - 1) == -1:
+        if inner is not None and self.paren_match.get(inner.end() - 1, 0) < 0:
             return None  # the destination runs into a '(' already known never to close
         q = self._skip_ws(p + 1, limit)
         if q >= limit:
@@ -489,8 +489,11 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
         for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
-            nxt = bisect_left(span_starts, closer + 1)
-            limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+            if span_starts:
+                nxt = bisect_left(span_starts, closer + 1)
+                limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+            else:
+                limit = seg_end
             parsed = scanner.tail(closer + 1, limit)
             if parsed is None:
                 if text.find("![", opener + 1, closer) >= 0:
