@@ -88,3 +88,36 @@ def test_grep_speaks_re2_and_says_so_for_what_re2_does_not_do(tmp_path: Path) ->
 
     assert grep(pattern="^b", ignore_case=True) == "notes.md:2: Beta"
     assert "RE2 syntax" in grep(pattern=r"(a)\1")
+
+
+def test_sigterm_during_a_long_grep_stops_talon_within_its_stop_grace(tmp_path: Path) -> None:
+    import signal
+
+    from tests.conftest import TOKEN, settings_env
+    from tests.test_cli_process import start_talon
+
+    ws = tmp_path / "media_root" / "telegram" / str(ALICE)
+    ws.mkdir(parents=True)
+    for n in range(4):  # 20 million short lines: far longer than the 10 s stop grace to search
+        (ws / f"big{n}.txt").write_bytes(b"a\n" * 5_000_000)
+    with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
+        llm.queue(FakeOpenAI.reply(tool_calls=[FakeOpenAI.tool_call("grep", {"pattern": "b"})]))
+        proc, log_path = start_talon(tmp_path, settings_env(tmp_path, tg.base_url, llm.base_url), "run.log")
+        try:
+            tg.push_update(tg.text_message(ALICE, "search it all", user_id=ALICE))
+            llm.wait_for_requests_sync(1, timeout=30)
+            time.sleep(1.5)  # the grep is running in its worker thread now
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            code = proc.wait(timeout=60)
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # Bridge.stop cancels the turn; the grep sees its stop flag within 1,024 lines, so the
+    # interpreter's exit does not wait for the thread to finish its 20-second budget.
+    assert code == 0, log_path.read_text()
+    assert took < 10.0 + 5.0, f"stopped {took:.1f}s after SIGTERM"
+    assert len(llm.requests) == 1  # the turn was cut off, not finished
