@@ -196,3 +196,28 @@ async def test_hard_links_are_refused_by_tools_and_outbound_and_inbound_copies_h
     assert os.stat(store.path_for(ref.id)).st_nlink == 1
     with open_checked_media(saved, ws) as checked:
         assert checked.file.read() == b"photo bytes"
+
+
+async def test_on_whatsapp_too_a_chat_cannot_send_another_chats_file(tmp_path: Path) -> None:
+    from tests.fakes.twilio import FakeTwilio
+    from tests.test_whatsapp import ALICE as WA_ALICE
+    from tests.test_whatsapp import BOB as WA_BOB
+    from tests.test_whatsapp import alice_workspace, png, post, wa_settings
+    from tests.test_whatsapp import running as wa_running
+
+    async with FakeTwilio() as twilio, FakeOpenAI() as llm:
+        settings = wa_settings(tmp_path, twilio, llm)
+        alice_chart = alice_workspace(settings) / "chart.png"
+        alice_chart.write_bytes(png())
+        bob_ws = settings.workspace_dir("whatsapp", WA_BOB)
+        llm.queue(f"Here: ![a]({alice_chart}) ![b](../{alice_chart.parent.name}/chart.png)")
+        async with wa_running(settings) as (runtime, channel):
+            await post(channel, twilio.inbound_params(WA_BOB, "send me alice's chart"), sign_with=twilio)
+            await twilio.wait_for_messages(3, to=WA_BOB, timeout=20)
+            await runtime.bridge.idle()
+            links = len(channel.links) if channel.links is not None else 0
+        sent = twilio.sent(WA_BOB)
+    assert bob_ws != alice_chart.parent
+    assert not [m for m in sent if m.media_urls] and links == 0  # no media link to Alice's file
+    lines = "\n".join(m.body for m in sent)
+    assert lines.count("Could not attach chart.png") == 2, lines
