@@ -8,6 +8,7 @@ Routes must be added before ``start`` (aiohttp freezes the router when it starts
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -20,15 +21,49 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Webhook forms are small; nothing Talon accepts over HTTP is an upload.
 MAX_REQUEST_BYTES = 1024 * 1024
+# A client that hangs up mid-request is logged in one WARNING line, at most once per this many
+# seconds (the next line says how many more there were), never as a traceback.
+ABORT_LOG_INTERVAL_S = 10.0
+
+
+class AbortLog:
+    """Rate-limited, one-line reports of requests whose client went away."""
+
+    def __init__(self, interval_s: float = ABORT_LOG_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last: float | None = None
+        self._quiet = 0
+
+    def report(self, request: web.Request) -> None:
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval_s:
+            self._quiet += 1
+            return
+        more = f" ({self._quiet} more since the last report)" if self._quiet else ""
+        log.warning("http: %s %s from %s: the client closed the connection before the request "
+                    "was complete; ignored%s", request.method, request.path, request.remote or "?", more)
+        self._last, self._quiet = now, 0
 
 
 class HttpServer:
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.requested_port = port
-        self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        self.aborts = AbortLog()
+        self.app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._aborted])
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+
+    @web.middleware
+    async def _aborted(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ConnectionResetError:
+            # Half a body, then a hang-up: nothing to answer and nothing wrong with Talon.
+            self.aborts.report(request)
+            return web.Response(status=400, text="incomplete request")
 
     def add_route(self, method: str, path: str, handler: Handler) -> None:
         if self._runner is not None:

@@ -57,6 +57,7 @@ class _Link:
     path: Path | None = None
     identity: _Identity | None = None
     data: bytes | None = None
+    root: Path | None = None  # the chat's workspace the file was checked in (else media_root)
 
 
 def content_disposition(name: str) -> str:
@@ -80,11 +81,12 @@ class MediaLinks:
     route = f"{ROUTE_PREFIX}/{{token}}/{{name}}"
 
     # --- making links ---------------------------------------------------------------------
-    def add_file(self, path: Path, file: BinaryIO, name: str, mime: str) -> str:
-        """A link to ``path``, which the caller opened through the media-root checks as ``file``."""
+    def add_file(self, path: Path, file: BinaryIO, name: str, mime: str, *, root: Path | None = None) -> str:
+        """A link to ``path``, which the caller opened through the checks of ``root`` (the chat's
+        workspace; default the media root) as ``file``; it is checked there again when fetched."""
         identity = _Identity.of(file.fileno())
         return self._add(_Link(name=name, mime=mime, expires=self.clock() + self.ttl_s,
-                               path=path, identity=identity))
+                               path=path, identity=identity, root=root))
 
     def add_bytes(self, data: bytes, name: str, mime: str) -> str:
         return self._add(_Link(name=name, mime=mime, expires=self.clock() + self.ttl_s, data=data))
@@ -155,7 +157,7 @@ class MediaLinks:
                           headers: dict[str, str]) -> web.StreamResponse:
         assert link.path is not None and link.identity is not None
         try:
-            checked = await asyncio.to_thread(open_checked_media, link.path, self.media_root)
+            checked = await asyncio.to_thread(open_checked_media, link.path, link.root or self.media_root)
         except MediaPathError as exc:
             log.warning("media link for %s refused at fetch time: %s", link.name, exc)
             raise web.HTTPNotFound() from None

@@ -73,7 +73,7 @@ from aiohttp import web
 from telegram import InputFile, InputMediaPhoto, ReplyParameters, Update
 from telegram import Message as TgMessage
 from telegram.constants import ChatAction, ParseMode
-from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError, TimedOut
 from telegram.ext import Application, ApplicationBuilder, ContextTypes, MessageHandler, filters
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
@@ -81,10 +81,11 @@ from telegram.warnings import PTBDeprecationWarning
 from talon.attachments import AttachmentStore
 from talon.config import MB, Limits, Settings
 from talon.content import AttachmentRef, InboundFile, InboundKind
-from talon.envelope import InboundMessage, OutboundReply, RemoteFile
+from talon.envelope import InboundMessage, OutboundReply, RemoteFile, conversation_id
 from talon.errors import ConfigError, DeliveryError, DownloadError, DownloadTooLarge, MediaError, MediaPathError
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
+from talon.render.long_reply import REPLY_DOCUMENT_NAME, long_reply_note, reply_document
 from talon.render.chunking import split_markdown
 from talon.render.telegram import (
     markdown_to_telegram_html,
@@ -120,6 +121,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SEND_TRIES = 3
+# Uploads get time by their size: 30 s plus a second per 100 KB to send it (write) and to have
+# Telegram process and answer (read). A timeout after the bytes went out may well have
+# succeeded, so an upload that timed out is tried once more, never more (see _with_retries).
+UPLOAD_BASE_TIMEOUT_S = 30.0
+UPLOAD_BYTES_PER_S = 100_000
 MAX_RETRY_AFTER_S = 120.0
 ALBUM_WAIT_S = 1.2
 
@@ -215,7 +221,15 @@ class MediaPart:
     caption: str = ""
 
 
-Part = TextPart | NoticePart | MediaPart
+@dataclass(frozen=True)
+class ReplyDocumentPart:
+    """The whole of a very long reply, sent as a document (``talon.render.long_reply``)."""
+
+    text: str
+    note: str
+
+
+Part = TextPart | NoticePart | MediaPart | ReplyDocumentPart
 
 _IMAGE_NAME = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
 ALBUM_MAX = 10
@@ -733,6 +747,8 @@ class TelegramChannel(Channel):
             await self._send_text(chat_id, part.markdown)
         elif isinstance(part, NoticePart):
             await self._send_plain(chat_id, part.text)
+        elif isinstance(part, ReplyDocumentPart):
+            await self._send_reply_document(chat_id, part)
         else:
             await self._send_media_part(chat_id, part)
 
@@ -753,6 +769,24 @@ class TelegramChannel(Channel):
                 raise
             log.warning("telegram: chat %s refused our HTML (%s); resending as plain text", chat_id, exc)
             await self._send_plain(chat_id, plain_text_fallback(markdown))
+
+    async def _send_reply_document(self, chat_id: str, part: ReplyDocumentPart) -> None:
+        data = reply_document(part.text)
+
+        def call() -> Awaitable[Any]:
+            return self.bot.send_document(
+                chat_id=int(chat_id), caption=part.note,
+                document=InputFile(data, filename=REPLY_DOCUMENT_NAME),
+                **upload_timeouts(len(data)))
+
+        try:
+            await self._with_retries(call, "sendDocument", upload=True)
+        except DeliveryError as exc:
+            if not exc.permanent:
+                raise
+            log.warning("telegram: chat=%s: the long reply as %s could not be sent: %s", chat_id,
+                        REPLY_DOCUMENT_NAME, exc)
+            await self._send_plain(chat_id, attach_failure_line(REPLY_DOCUMENT_NAME, _refusal_reason(exc)))
 
     async def _send_plain(self, chat_id: str, text: str) -> None:
         for chunk in split_markdown(text, self.limits.telegram_text_max, utf16_len):
@@ -786,7 +820,10 @@ class TelegramChannel(Channel):
         """Resolve and open one reference, or record why it cannot be sent."""
         name = display_name(ref.path)
         try:
-            media = outbound_channel_media(ref, "", self.settings.media_root)
+            target = _send_target.get()
+            topic = str(target.thread_id) if target is not None and target.thread_id is not None else None
+            # The conversation's own workspace: a forum topic has its own.
+            media = outbound_channel_media(ref, "", self.settings.workspace_dir(self.name, conversation_id(chat_id, topic)))
         except MediaPathError as exc:
             log.warning("telegram: chat=%s: not attaching %r: %s", chat_id, ref.path, exc)
             failures.append(attach_failure_line(name, path_refusal_reason(exc)))
@@ -831,6 +868,11 @@ class TelegramChannel(Channel):
         try:
             await self._with_caption(caption, lambda text, mode: self._upload_album(chat_id, unit, text, mode))
             return True
+        except UploadTimedOut as exc:
+            # Sending them one by one could deliver every image twice.
+            for media in unit:
+                failures.append(attach_failure_line(media.name, _refusal_reason(exc)))
+            return False
         except DeliveryError as exc:
             if not exc.permanent:
                 raise
@@ -855,7 +897,7 @@ class TelegramChannel(Channel):
             if not exc.permanent:
                 raise
             refusal = exc
-        if kind != "document" and isinstance(refusal.__cause__, BadRequest):
+        if kind != "document" and isinstance(refusal.__cause__, BadRequest) and not isinstance(refusal, UploadTimedOut):
             log.warning("telegram: chat=%s: %s refused %s (%s); sending it as a document",
                         chat_id, _API_NAMES[kind], media.name, refusal)
             try:
@@ -894,14 +936,15 @@ class TelegramChannel(Channel):
 
         def call() -> Awaitable[Any]:
             media.file.seek(0)  # a failed try may have read part of the file
-            kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media), **_where()}
+            kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media), **_where(),
+                                      **upload_timeouts(media.size)}
             if duration is not None:
                 kwargs["duration"] = duration
             if caption is not None:
                 kwargs.update(caption=caption, parse_mode=parse_mode)
             return send(**kwargs)
 
-        await self._with_retries(self._paced(chat_id, call), _API_NAMES[kind])
+        await self._with_retries(self._paced(chat_id, call), _API_NAMES[kind], upload=True)
 
     async def _upload_album(self, chat_id: str, members: list[OutboundMedia], caption: str | None,
                             parse_mode: str | None) -> None:
@@ -913,9 +956,10 @@ class TelegramChannel(Channel):
                 items.append(InputMediaPhoto(media=_input_file(media, attach=True),
                                              caption=caption if first else None,
                                              parse_mode=parse_mode if first else None))
-            return self.bot.send_media_group(chat_id=int(chat_id), media=items, **_where())
+            return self.bot.send_media_group(chat_id=int(chat_id), media=items, **_where(),
+                                             **upload_timeouts(sum(m.size for m in members)))
 
-        await self._with_retries(self._paced(chat_id, call, len(members)), "sendMediaGroup")
+        await self._with_retries(self._paced(chat_id, call, len(members)), "sendMediaGroup", upload=True)
 
     def _paced(self, chat_id: str, call: Callable[[], Awaitable[T]], messages: int = 1) -> Callable[[], Awaitable[T]]:
         """``call``, waiting first for room in a group's send allowance (each try counts)."""
@@ -931,13 +975,33 @@ class TelegramChannel(Channel):
 
         return paced
 
-    async def _with_retries(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        """Honour 429 retry_after, retry network errors with backoff, never retry a refusal."""
+    async def _with_retries(self, call: Callable[[], Awaitable[T]], what: str, *, upload: bool = False) -> T:
+        """Honour 429 retry_after, retry network errors with backoff, never retry a refusal.
+
+        An upload whose answer timed out may have arrived: it is retried once, logged, and a
+        second timeout is ``UploadTimedOut`` (the file gets a "Could not attach" line, the rest
+        of the reply goes on) instead of uploading the same file again and again.
+        """
         network_failures = 0
         waited = 0.0
+        timeouts = 0
         while True:
             try:
                 return await call()
+            except TimedOut as exc:
+                if not upload:
+                    network_failures += 1
+                    if network_failures >= SEND_TRIES:
+                        raise DeliveryError(f"{what}: timed out after {SEND_TRIES} tries") from exc
+                    await asyncio.sleep(0.5 * 2 ** network_failures)
+                    continue
+                timeouts += 1
+                if timeouts > 1:
+                    log.error("telegram: %s timed out again; not uploading a third time (the file may "
+                              "have arrived)", what)
+                    raise UploadTimedOut(f"{what}: the upload timed out twice") from exc
+                log.warning("telegram: %s timed out waiting for Telegram's answer; the upload may have "
+                            "arrived; retrying once", what)
             except RetryAfter as exc:
                 delay = _retry_seconds(exc)
                 if waited + delay > MAX_RETRY_AFTER_S:
@@ -1026,12 +1090,18 @@ def plan_parts(reply: OutboundReply, limits: Limits) -> list[Part]:
     """The ordered parts of a reply; a function of the reply alone (see the module docstring)."""
     chunks = [chunk for chunk in split_markdown_for_telegram(reply.text, limits.telegram_text_max)
               if chunk.strip()]
+    document: ReplyDocumentPart | None = None
+    if len(chunks) > limits.telegram_reply_max_messages:
+        document = ReplyDocumentPart(reply.text, long_reply_note(len(reply.text), len(chunks)))
+        chunks = chunks[:1]
     groups = _media_groups(reply.media)
     caption = ""
     if (len(groups) == 1 and len(chunks) == 1
             and utf16_len(markdown_to_telegram_html(chunks[0])) <= limits.telegram_caption_max):
         caption, chunks = chunks[0], []
     parts: list[Part] = [TextPart(chunk) for chunk in chunks]
+    if document is not None:
+        parts.append(document)
     parts.extend(MediaPart(group, caption if i == 0 else "") for i, group in enumerate(groups))
     parts.extend(NoticePart(notice) for notice in reply.notices if notice.strip())
     return parts
@@ -1082,7 +1152,22 @@ def _refused_markup(exc: DeliveryError) -> bool:
     return exc.permanent and ("parse" in text or "entit" in text)
 
 
+class UploadTimedOut(DeliveryError):
+    """An upload that timed out twice: not tried a third time, since it may have arrived."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, permanent=True)
+
+
+def upload_timeouts(size: int) -> dict[str, float]:
+    """Write and read timeouts for uploading ``size`` bytes (python-telegram-bot's kwargs)."""
+    extra = size / UPLOAD_BYTES_PER_S
+    return {"write_timeout": UPLOAD_BASE_TIMEOUT_S + extra, "read_timeout": UPLOAD_BASE_TIMEOUT_S + extra}
+
+
 def _refusal_reason(exc: DeliveryError) -> str:
+    if isinstance(exc, UploadTimedOut):
+        return "the upload timed out twice (it may still arrive)"
     cause = exc.__cause__
     detail = cause.message if isinstance(cause, TelegramError) else str(exc)
     return f"Telegram refused it ({detail})"

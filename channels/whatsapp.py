@@ -44,6 +44,7 @@ import asyncio
 import base64
 import logging
 import mimetypes
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -65,6 +66,7 @@ from talon.envelope import InboundMessage, OutboundReply, RemoteFile
 from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
+from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, long_reply_note, reply_document
 from talon.render.whatsapp import markdown_to_whatsapp, split_for_whatsapp
 
 from channels.base import Channel, PartCallback, deliver_parts, store_response
@@ -219,14 +221,36 @@ def media_name(kind: str, message_sid: str, index: int, count: int, mime: str) -
     return f"{kind}_{message_sid[-10:]}{suffix}{ext}"
 
 
+_MESSAGE_SID = re.compile(r"(?:SM|MM)[0-9a-f]{32}")
+_SID_FIELDS = ("MessageSid", "SmsMessageSid", "SmsSid")
+
+
+def checked_message_sid(form: Mapping[str, str]) -> str:
+    """The message's id, only if every id field is in Twilio's format and they all agree.
+
+    Twilio's signature joins parameter names and values with no separator, so a captured request
+    can be re-sent with a ``MessageSid`` that has swallowed the next parameter's name and value
+    and still verify. A strict format (``SM``/``MM`` and 32 hex digits) and agreement between the
+    three copies Twilio sends make such a shifted id fail instead of becoming a "new" message.
+    """
+    present = {name: form.get(name) for name in _SID_FIELDS if form.get(name) is not None}
+    if not present:
+        raise MalformedWebhook("no MessageSid")
+    for name, value in present.items():
+        if not _MESSAGE_SID.fullmatch(value or ""):
+            raise MalformedWebhook(f"{name}={(value or '')[:48]!r} is not a Twilio message id "
+                                   "(SM or MM and 32 hex digits)")
+    if len(set(present.values())) > 1:
+        raise MalformedWebhook("MessageSid, SmsMessageSid and SmsSid disagree")
+    return next(iter(present.values())) or ""
+
+
 def parse_inbound(form: Mapping[str, str]) -> InboundMessage:
     """The InboundMessage of a Twilio incoming-message webhook; MalformedWebhook says what is wrong."""
     sender = (form.get("From") or "").strip()
-    sid = (form.get("MessageSid") or form.get("SmsMessageSid") or "").strip()
     if not sender:
         raise MalformedWebhook("no From")
-    if not sid:
-        raise MalformedWebhook("no MessageSid")
+    sid = checked_message_sid(form)
     number = normalize_whatsapp_number(sender)
     if not number:
         raise MalformedWebhook(f"From={sender!r} is not a phone number")
@@ -283,20 +307,38 @@ class MediaPart:
     caption: str = ""
 
 
-Part = TextPart | NoticePart | MediaPart
+@dataclass(frozen=True)
+class ReplyDocumentPart:
+    """The whole of a very long reply, sent as ``reply.md`` (``talon.render.long_reply``)."""
+
+    text: str
+    note: str
+
+
+Part = TextPart | NoticePart | MediaPart | ReplyDocumentPart
 
 _CAPTIONED_NAMES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".mp4", ".3gp", ".mov", ".m4v"}
 
 
-def plan_parts(reply: OutboundReply, limits: Limits) -> list[Part]:
-    """The ordered parts of a reply; a function of the reply alone (see the module docstring)."""
+def plan_parts(reply: OutboundReply, limits: Limits, *, can_attach: bool = True) -> list[Part]:
+    """The ordered parts of a reply; a function of the reply alone (see the module docstring).
+
+    Past ``whatsapp_reply_max_messages`` messages the head goes as text and the whole reply as
+    ``reply.md`` (only where files can be sent: without a public URL every message goes).
+    """
     rendered = markdown_to_whatsapp(reply.text) if reply.text.strip() else ""
     chunks = [c for c in split_for_whatsapp(rendered, limits.whatsapp_body_max) if c.strip()]
+    document: ReplyDocumentPart | None = None
+    if can_attach and len(chunks) > limits.whatsapp_reply_max_messages:
+        document = ReplyDocumentPart(reply.text, long_reply_note(len(reply.text), len(chunks)))
+        chunks = chunks[:1]
     caption = ""
     if (len(reply.media) == 1 and len(chunks) == 1 and len(chunks[0]) <= CAPTION_MAX
             and PurePosixPath(unquote(reply.media[0].path)).suffix.lower() in _CAPTIONED_NAMES):
         caption, chunks = chunks[0], []
     parts: list[Part] = [TextPart(chunk) for chunk in chunks]
+    if document is not None:
+        parts += [NoticePart(document.note), document]
     parts.extend(MediaPart(ref, caption if i == 0 else "") for i, ref in enumerate(reply.media))
     for notice in reply.notices:
         parts.extend(NoticePart(c) for c in split_for_whatsapp(notice, limits.whatsapp_body_max) if c.strip())
@@ -617,7 +659,7 @@ class WhatsAppChannel(Channel):
 
     # --- outbound -----------------------------------------------------------------------------
     def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        return plan_parts(reply, self.limits)
+        return plan_parts(reply, self.limits, can_attach=self.links is not None)
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
@@ -641,6 +683,15 @@ class WhatsAppChannel(Channel):
     async def _send_part(self, chat_id: str, part: Part) -> None:
         if isinstance(part, MediaPart):
             await self._send_media(chat_id, part)
+            return
+        if isinstance(part, ReplyDocumentPart):
+            assert self.links is not None  # planned only when files can be sent
+            url = self.links.add_bytes(reply_document(part.text), REPLY_DOCUMENT_NAME, REPLY_DOCUMENT_MIME)
+            try:
+                await self._send(chat_id, body="", media_url=url, what=REPLY_DOCUMENT_NAME)
+            except BaseException:
+                self.links.forget(url)
+                raise
             return
         body = part.body if isinstance(part, TextPart) else part.text
         await self._send(chat_id, body=body, what=f"a {len(body)}-character message")
@@ -679,7 +730,7 @@ class WhatsAppChannel(Channel):
         name = display_name(ref.path)
         try:
             media: OutboundMedia = await asyncio.to_thread(
-                outbound_channel_media, ref, "", self.settings.media_root)
+                outbound_channel_media, ref, "", self.settings.workspace_dir(self.name, chat_id))
         except MediaPathError as exc:
             log.warning("whatsapp: chat=%s: not attaching %r: %s", chat_id, ref.path, exc)
             failures.append(attach_failure_line(name, path_refusal_reason(exc)))
@@ -702,7 +753,8 @@ class WhatsAppChannel(Channel):
             if fitted.data is not None:
                 url = self.links.add_bytes(fitted.data, fitted.name, fitted.mime)
             else:
-                url = self.links.add_file(media.path, media.file, fitted.name, fitted.mime)
+                url = self.links.add_file(media.path, media.file, fitted.name, fitted.mime,
+                                          root=self.settings.workspace_dir(self.name, chat_id))
             return fitted, url
         except MediaError as exc:
             log.warning("whatsapp: chat=%s: not attaching %s (%s, %d bytes): %s", chat_id, media.path,

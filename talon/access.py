@@ -29,6 +29,7 @@ from pathlib import Path
 
 from talon.config import Settings
 from talon.errors import PairingError
+from talon.permissions import create_private_file, private_dir
 
 CODE_TTL_S = 3600.0
 REPLY_INTERVAL_S = 600.0
@@ -122,7 +123,8 @@ def _identity(value: str) -> str:
 class AccessGate:
     def __init__(self, path: Path, allowlists: Mapping[str, Iterable[str]], *, pairing: bool = False,
                  clock: Callable[[], float] = time.time) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        create_private_file(path)  # SQLite gives its -wal and -shm files this file's mode
         self.path = path
         self.allowlists = {channel: frozenset(_identity(x) for x in ids) for channel, ids in allowlists.items()}
         self.pairing = pairing

@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 from talon.content import AttachmentRef
 from talon.errors import AttachmentError, DownloadTooLarge
+from talon.permissions import private_dir
 
 _CHUNK = 1 << 16
 
@@ -40,7 +41,7 @@ class AttachmentStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._tmp = self.root / "tmp"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        private_dir(self._tmp)
         self._remove_stale_temps()
 
     def _remove_stale_temps(self, older_than_s: float = 3600.0) -> None:
@@ -88,7 +89,7 @@ class AttachmentStore:
         if final.exists():
             temp.unlink(missing_ok=True)
         else:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(final.parent)
             with open(temp, "rb+") as fh:
                 os.fsync(fh.fileno())
             os.replace(temp, final)

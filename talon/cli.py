@@ -89,7 +89,7 @@ async def _chat(settings: Settings) -> int:
     from channels.console import ConsoleChannel
     from talon.runtime import build_runtime
 
-    console = ConsoleChannel(media_root=settings.media_root)
+    console = ConsoleChannel(media_root=settings.workspace_dir("console", "local"))
     runtime = build_runtime(settings, [console])
     await runtime.start()
     try:

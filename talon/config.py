@@ -57,6 +57,9 @@ class Limits:
     whatsapp_body_max: int = 1600
     whatsapp_media_max_bytes: int = 16 * MB
     whatsapp_image_max_bytes: int = 5 * MB
+    # A reply longer than this many messages goes as its head plus the whole text as reply.md.
+    telegram_reply_max_messages: int = 8
+    whatsapp_reply_max_messages: int = 5
 
 
 class Settings(BaseSettings):
@@ -93,6 +96,10 @@ class Settings(BaseSettings):
     max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
     system_prompt: str = Field(default="", validation_alias=_env("TALON_SYSTEM_PROMPT"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
+    # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
+    shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
+    # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
+    tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 
     # --- context management (shares of the model's window) ------------------------------------
     context_trigger: float = Field(default=0.85, gt=0.1, le=0.98,
@@ -104,6 +111,8 @@ class Settings(BaseSettings):
     # --- storage -----------------------------------------------------------------------------
     media_root: Path = Field(default=Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
+    # chat: one workspace per conversation under the media root; shared: the media root for all.
+    workspace: Literal["chat", "shared"] = Field(default="chat", validation_alias=_env("TALON_WORKSPACE"))
 
     # --- telegram ----------------------------------------------------------------------------
     telegram_bot_token: str = Field(default="", validation_alias=_env("TELEGRAM_BOT_TOKEN"))
@@ -183,6 +192,14 @@ class Settings(BaseSettings):
         default=Limits.telegram_upload_max_bytes, validation_alias=_env("TALON_TELEGRAM_UPLOAD_MAX_BYTES")
     )
     video_fps: float = Field(default=Limits.video_fps, validation_alias=_env("TALON_VIDEO_FPS"))
+    telegram_reply_max_messages: int = Field(
+        default=Limits.telegram_reply_max_messages, ge=1,
+        validation_alias=_env("TALON_TELEGRAM_REPLY_MAX_MESSAGES"),
+    )
+    whatsapp_reply_max_messages: int = Field(
+        default=Limits.whatsapp_reply_max_messages, ge=1,
+        validation_alias=_env("TALON_WHATSAPP_REPLY_MAX_MESSAGES"),
+    )
     video_frame_max_side: int = Field(
         default=Limits.video_frame_max_side, validation_alias=_env("TALON_VIDEO_FRAME_MAX_SIDE")
     )
@@ -215,6 +232,8 @@ class Settings(BaseSettings):
             video_frame_max_side=self.video_frame_max_side,
             video_max_frame_bytes=self.video_max_frame_bytes,
             video_decode_seconds=self.video_decode_seconds,
+            telegram_reply_max_messages=self.telegram_reply_max_messages,
+            whatsapp_reply_max_messages=self.whatsapp_reply_max_messages,
         )
 
     # --- derived -----------------------------------------------------------------------------
@@ -313,8 +332,18 @@ class Settings(BaseSettings):
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
 
     def ensure_dirs(self) -> None:
+        from talon.permissions import private_dir
+        from talon.workspaces import check_dirs_apart
+
+        check_dirs_apart(self.media_root, self.data_dir)
         self.media_root.mkdir(parents=True, exist_ok=True)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.data_dir)
+
+    def workspace_dir(self, channel: str, conversation_id: str) -> Path:
+        """The directory this conversation's agent works in (``TALON_WORKSPACE``)."""
+        from talon.workspaces import workspace_root
+
+        return workspace_root(self.media_root, self.workspace, channel, conversation_id)
 
 
 def split_model(spec: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talon.envelope import InboundMessage
+from talon.permissions import create_private_file, private_dir
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbox (
@@ -43,7 +44,8 @@ class InboxItem:
 
 class Inbox:
     def __init__(self, path: Path, *, keep_done_s: float = 7 * 24 * 3600) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        create_private_file(path)  # SQLite gives its -wal and -shm files this file's mode
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
@@ -92,8 +94,16 @@ class Inbox:
         return int(row[0]) if row else 0
 
     def set_delivered_parts(self, key: str, parts: int) -> None:
+        # This record closes the window in which a crash makes a part go out twice (the platform
+        # has it, the inbox does not know yet), so it is committed without waiting for an fsync:
+        # in WAL mode a commit survives the process being killed, and the next FULL commit
+        # flushes it to disk. Only a power cut in between could cost a resent part.
         with self._lock:
-            self._db.execute("UPDATE inbox SET delivered_parts=? WHERE key=?", (parts, key))
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._db.execute("UPDATE inbox SET delivered_parts=? WHERE key=?", (parts, key))
+            finally:
+                self._db.execute("PRAGMA synchronous=FULL")
 
     def mark_done(self, key: str) -> None:
         with self._lock:

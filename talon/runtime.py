@@ -55,6 +55,8 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     else:
         provider_name, model_name = split_summary_model(model, settings.provider_name)
         profile = settings_profile(settings, model)
+    # Each adapter (and its SDK) is imported only when its provider is used: `anthropic` alone
+    # costs about a second of start-up.
     timeouts = dict(timeout_s=settings.model_timeout_s, total_timeout_s=settings.model_total_timeout_s,
                     max_retries=settings.model_max_retries, stream=settings.model_stream)
     if provider_name == "openai":
@@ -75,6 +77,8 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
 
         if not settings.anthropic_api_key:
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
+        from talon.agent.anthropic_provider import AnthropicProvider
+
         return AnthropicProvider(
             model_name,
             api_key=settings.anthropic_api_key,
@@ -174,7 +178,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         build_provider(settings, store, settings.summary_model)
         if settings.summary_model and settings.summary_model != settings.model else None
     )
-    tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool)
+    tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
+                            shell_unsandboxed=settings.shell_unsandboxed)
+    tools.timeout_s = settings.tool_timeout_s
     voice = voice_replies(settings)
     if voice is not None:
         tools.add(SpeakTool(voice.synthesizer))
@@ -196,6 +202,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         workspace=workspace,
         discoverer=model_discoverer(settings) if settings.model_discovery else None,
         learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
+        workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
+        if settings.workspace == "chat" else None,
     )
     inbox = Inbox(settings.data_dir / "inbox.sqlite3")
     transcriber = Transcriber.from_settings(settings)
@@ -224,7 +232,8 @@ def voice_replies(settings: Settings) -> VoiceReplies | None:
         return None
     return VoiceReplies(Synthesizer.from_settings(settings), settings.media_root,
                         mode=settings.voice_replies, max_seconds=settings.tts_max_seconds,
-                        timeout_s=max(60.0, settings.tts_max_seconds))
+                        timeout_s=max(60.0, settings.tts_max_seconds),
+                        workspace=lambda message: settings.workspace_dir(message.channel, message.conversation_id))
 
 
 def learned_key(settings: Settings) -> str:
@@ -254,14 +263,17 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
     limits = settings.limits()
 
     async def normalize(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
+        # Inbound files go into the chat's own workspace (its "inbox/" folder); in a shared
+        # workspace, into a folder per chat, so the agent can tell who sent what.
+        shared = settings.workspace == "shared"
         ctx = InboundContext(
             store=store,
-            media_root=settings.media_root,
+            media_root=settings.workspace_dir(message.channel, message.conversation_id),
             limits=limits,
             transcriber=transcriber,
             vision=vision(),
-            # Per chat, so the agent's file tools find what this person sent.
-            save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.conversation_id)}",
+            save_dir=f"inbox/{safe_path_part(message.channel)}/{safe_path_part(message.conversation_id)}"
+            if shared else "inbox",
             on_transcript=(lambda kind, transcript: voice.heard(message, kind, transcript))
             if voice is not None else None,
         )

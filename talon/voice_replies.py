@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,9 @@ class VoiceReplies:
     max_seconds: float = 120.0
     # Longest a voice note may take to make before the person gets a note instead.
     timeout_s: float = 120.0
+    # The conversation's own workspace (TALON_WORKSPACE=chat), where its voice notes are written
+    # so that its outbound containment lets them out; None: ``media_root`` for every chat.
+    workspace: Callable[[InboundMessage], Path] | None = None
     # Language heard in each message's voice note, by message key, until its turn reads it.
     _heard: dict[str, str | None] = field(default_factory=dict)
     notes_made: int = 0
@@ -233,11 +237,17 @@ class VoiceReplies:
         if note.rest:
             notices.append(f"(The voice note speaks the first {format_duration(note.duration_s)}; "
                            "the rest is in the text above.)")
-        ref = MarkdownMediaRef(alt=VOICE_ALT, path=path.relative_to(self.media_root).as_posix())
+        ref = MarkdownMediaRef(alt=VOICE_ALT, path=path.relative_to(self._root(message)).as_posix())
         return OutboundReply(text="", media=[ref], notices=notices)
 
+    def _root(self, message: InboundMessage) -> Path:
+        return self.workspace(message) if self.workspace is not None else self.media_root
+
     def _write(self, message: InboundMessage, note: VoiceNote) -> Path:
-        folder = self.media_root / VOICE_DIR / safe_path_part(message.channel) / safe_path_part(message.chat_id)
+        if self.workspace is not None:
+            folder = self.workspace(message) / VOICE_DIR
+        else:
+            folder = self.media_root / VOICE_DIR / safe_path_part(message.channel) / safe_path_part(message.chat_id)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"reply-{safe_path_part(message.message_id)}.ogg"
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

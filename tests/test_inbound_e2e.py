@@ -41,8 +41,8 @@ async def test_photo_reaches_model_as_image_block(tg: FakeTelegram, llm: FakeOpe
     assert mime == "image/jpeg"
     with Image.open(io.BytesIO(data)) as img:
         assert img.size == (1600, 1200)
-    # the photo is saved in the workspace, where the agent's tools can find it
-    saved = list((settings.media_root / "inbox").rglob("*.jpg"))
+    # the photo is saved in Alice's own workspace, where her agent's tools can find it
+    saved = list((settings.workspace_dir("telegram", str(ALICE)) / "inbox").rglob("*.jpg"))
     assert saved and saved[0].read_bytes() == data
 
 

@@ -93,8 +93,10 @@ def mp4(path: Path) -> bytes:
 
 
 def root(settings: Settings) -> Path:
-    settings.media_root.mkdir(parents=True, exist_ok=True)
-    return settings.media_root
+    """Alice's own workspace: the only place her agent's files may be sent from."""
+    workspace = settings.workspace_dir("telegram", str(ALICE))
+    workspace.mkdir(parents=True, exist_ok=True)
+    return workspace
 
 
 def to_alice(call: Call) -> bool:

@@ -198,3 +198,44 @@ def test_hostile_results() -> None:
     assert extract_markdown_media(HOSTILE["open dests"])[1] == []
     assert len(extract_markdown_media(HOSTILE["many real refs"])[1]) == SIZE // 12
     assert extract_markdown_media(HOSTILE["backslashes"])[1] == [MarkdownMediaRef("a", "b.png")]
+
+
+# --- CommonMark corner cases -------------------------------------------------------------------
+
+
+def test_bare_carriage_returns_end_lines() -> None:
+    # A bare \r is a line ending: the reference's line goes, and code fenced with \r stays code.
+    assert extract_markdown_media("one\r![a](x.png)\rtwo") == ("one\ntwo", [MarkdownMediaRef("a", "x.png")])
+    text = "```\r![a](code.png)\r```\rafter ![b](b.png)"
+    body, refs = extract_markdown_media(text)
+    assert refs == [MarkdownMediaRef("b", "b.png")] and "![a](code.png)" in body
+
+
+@pytest.mark.parametrize("text", ["  ![a](x.png)  ", "![a](x.png)\n\t\n  ", " ![a](x.png) ![b](y.png)\t\n"])
+def test_text_left_as_only_blanks_becomes_empty(text: str) -> None:
+    body, refs = extract_markdown_media(text)
+    assert body == "" and refs
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("see ![a](x.png)   \nnext", "see\nnext"),
+    ("see ![a](x.png)\t\r\nnext", "see\r\nnext"),
+    ("one ![a](x.png) ![b](y.png) \ntwo", "one\ntwo"),
+])
+def test_no_trailing_spaces_where_a_reference_was_cut_from_a_line_end(text: str, expected: str) -> None:
+    assert extract_markdown_media(text)[0] == expected
+
+
+def test_an_image_inside_a_reference_images_label_is_only_alt_text() -> None:
+    text = "![![a](a.png)][outer]\n\n[outer]: outer.png"
+    assert extract_markdown_media(text) == (text, [])
+    # CommonMark: a label holds no brackets, so this is no definition, and both are images.
+    shortcut = "![![a](a.png)]\n\n[![a](a.png)]: outer.png"
+    assert extract_markdown_media(shortcut)[1] == [MarkdownMediaRef("a", "a.png")] * 2
+    # Without the definition the outer is no image, and the inner one is a real reference.
+    assert extract_markdown_media("![![a](a.png)][outer]")[1] == [MarkdownMediaRef("a", "a.png")]
+
+
+def test_a_closing_paren_at_the_end_does_not_make_open_destinations_slow() -> None:
+    text = "![a](" * (SIZE // 5) + ")"
+    assert extract_markdown_media(text)[1] == []

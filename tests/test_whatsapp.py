@@ -54,6 +54,13 @@ async def twilio() -> AsyncIterator[FakeTwilio]:
         yield fake
 
 
+def alice_workspace(settings: Settings) -> Path:
+    """Alice's own workspace: the only place her agent's files may be sent from."""
+    workspace = settings.workspace_dir("whatsapp", ALICE)
+    workspace.mkdir(parents=True, exist_ok=True)
+    return workspace
+
+
 def wa_settings(tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI, **extra: object) -> Settings:
     values: dict[str, object] = dict(
         OPENAI_BASE_URL=llm.base_url,
@@ -328,7 +335,7 @@ async def test_oversized_media_is_cut_during_download(twilio: FakeTwilio, llm: F
 async def test_reply_with_pdf_and_png_sends_two_media_messages_with_exact_bytes(
     twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings
 ) -> None:
-    root = settings.media_root
+    root = alice_workspace(settings)
     root.mkdir(parents=True, exist_ok=True)
     report, chart = pdf(), png()
     (root / "report.pdf").write_bytes(report)
@@ -355,7 +362,7 @@ async def test_reply_with_pdf_and_png_sends_two_media_messages_with_exact_bytes(
 async def test_single_image_takes_the_text_as_caption_but_a_document_does_not(
     twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings
 ) -> None:
-    root = settings.media_root
+    root = alice_workspace(settings)
     root.mkdir(parents=True, exist_ok=True)
     (root / "chart.png").write_bytes(png())
     (root / "notes.pdf").write_bytes(pdf())
@@ -376,7 +383,7 @@ async def test_single_image_takes_the_text_as_caption_but_a_document_does_not(
 async def test_large_image_is_reencoded_and_voice_goes_as_ogg_opus(
     twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings
 ) -> None:
-    root = settings.media_root
+    root = alice_workspace(settings)
     root.mkdir(parents=True, exist_ok=True)
     noise = Image.effect_noise((1800, 1400), 90).convert("RGB")
     big = io.BytesIO()
@@ -401,7 +408,7 @@ async def test_large_image_is_reencoded_and_voice_goes_as_ogg_opus(
 async def test_refs_that_cannot_be_sent_become_could_not_attach_lines(
     twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings, tmp_path: Path
 ) -> None:
-    settings.media_root.mkdir(parents=True, exist_ok=True)
+    alice_workspace(settings)
     (tmp_path / "secret.txt").write_text("top secret")
     llm.queue("Files: ![a](../secret.txt) ![b](missing.png)")
     async with running(settings) as (_, channel):
@@ -419,8 +426,8 @@ async def test_media_token_expires_and_made_up_tokens_are_404(
     twilio: FakeTwilio, llm: FakeOpenAI, tmp_path: Path
 ) -> None:
     settings = wa_settings(tmp_path, twilio, llm, TALON_MEDIA_URL_TTL=1)
-    settings.media_root.mkdir(parents=True, exist_ok=True)
-    (settings.media_root / "chart.png").write_bytes(png())
+    alice_workspace(settings)
+    (alice_workspace(settings) / "chart.png").write_bytes(png())
     llm.queue("![c](chart.png)")
     async with running(settings) as (_, channel):
         await post(channel, twilio.inbound_params(ALICE, "chart"), sign_with=twilio)
@@ -438,9 +445,9 @@ async def test_file_sent_just_before_stop_is_still_served_to_twilio(
 ) -> None:
     # Twilio fetches a MediaUrl after the message was created; Talon stopping right then must not
     # leave it a refused connection (error 11200, a file that silently never arrives).
-    settings.media_root.mkdir(parents=True, exist_ok=True)
+    alice_workspace(settings)
     chart = png()
-    (settings.media_root / "chart.png").write_bytes(chart)
+    (alice_workspace(settings) / "chart.png").write_bytes(chart)
     llm.queue("![c](chart.png)")
     async with contextlib.AsyncExitStack() as stack:
         runtime, channel = await stack.enter_async_context(running(settings, media_drain_s=120.0))
@@ -463,8 +470,8 @@ async def test_file_sent_just_before_stop_is_still_served_to_twilio(
 async def test_file_in_a_refused_message_is_not_waited_for_at_stop(
     twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings
 ) -> None:
-    settings.media_root.mkdir(parents=True, exist_ok=True)
-    (settings.media_root / "chart.png").write_bytes(png())
+    alice_workspace(settings)
+    (alice_workspace(settings) / "chart.png").write_bytes(png())
     twilio.fail_next(400, 63016, "Failed to send freeform message because you are outside the allowed window.")
     llm.queue("![c](chart.png)")
     async with contextlib.AsyncExitStack() as stack:
@@ -484,8 +491,8 @@ async def test_file_in_a_refused_message_is_not_waited_for_at_stop(
 async def test_file_swapped_after_sending_is_not_served(
     twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings, tmp_path: Path
 ) -> None:
-    settings.media_root.mkdir(parents=True, exist_ok=True)
-    chart = settings.media_root / "chart.png"
+    alice_workspace(settings)
+    chart = alice_workspace(settings) / "chart.png"
     chart.write_bytes(png())
     (tmp_path / "outside.png").write_bytes(png(10, 10))
     llm.queue("![c](chart.png)")
@@ -500,8 +507,8 @@ async def test_file_swapped_after_sending_is_not_served(
 async def test_delivery_resumes_after_the_parts_already_sent(
     twilio: FakeTwilio, llm: FakeOpenAI, settings: Settings
 ) -> None:
-    settings.media_root.mkdir(parents=True, exist_ok=True)
-    (settings.media_root / "chart.png").write_bytes(png())
+    alice_workspace(settings)
+    (alice_workspace(settings) / "chart.png").write_bytes(png())
     reply = OutboundReply("first " * 200 + "\n\n" + "second " * 200,
                           [MarkdownMediaRef("c", "chart.png")], ["a notice"])
     progress: list[int] = []
@@ -632,8 +639,8 @@ async def test_insecure_flag_starts_with_a_warning_and_skips_the_signature(
     caplog.set_level(logging.WARNING)
     settings = wa_settings(tmp_path, twilio, llm, TALON_PUBLIC_BASE_URL="",
                            TALON_WHATSAPP_INSECURE_NO_SIGNATURE=True)
-    settings.media_root.mkdir(parents=True, exist_ok=True)
-    (settings.media_root / "chart.png").write_bytes(png())
+    alice_workspace(settings)
+    (alice_workspace(settings) / "chart.png").write_bytes(png())
     llm.queue("unsigned but answered ![c](chart.png)")
     async with running(settings) as (_, channel):
         assert (await post(channel, twilio.inbound_params(ALICE, "no signature")))[0] == 200

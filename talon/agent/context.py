@@ -45,6 +45,7 @@ from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, failed_turns
 from talon.agent.summary import append_archive
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, Message, TextBlock, ToolCall
+from talon.permissions import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class ResultFiles:
         data = text.encode("utf-8")
         path = self.directory / f"{hashlib.sha256(data).hexdigest()[:16]}.txt"
         if self.write and not path.exists():
-            self.directory.mkdir(parents=True, exist_ok=True)
+            private_dir(self.directory)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from talon.agent.tools import ToolError
 from talon.media.sniff import SNIFF_BYTES, sniff
@@ -30,6 +32,9 @@ DEFAULT_PDF_PAGES = 20
 # Lines are counted past the shown window so the footer can say how many there are; beyond this
 # many bytes the count stops (a multi-GB log is not walked to the end for a footer).
 COUNT_BYTES_LIMIT = 64_000_000
+# One read never reads more than this many bytes, however few lines they hold (a 20 GB sparse
+# file is one endless "line" of NULs): the cost of a call is bounded by bytes, not lines.
+READ_BYTES_LIMIT = 128 * 1024 * 1024
 
 VIDEO_FRAMES_PER_CALL = 8
 VIDEO_DEFAULT_WINDOW_S = 60.0
@@ -95,17 +100,46 @@ def _encoding(head: bytes) -> str:
     return "utf-8-sig"
 
 
-def read_text(path: Path, *, shown: str, offset: int, limit: int, max_chars: int) -> str:
-    """Numbered lines ``offset`` .. ``offset + limit - 1`` of a text file, within ``max_chars``."""
-    with open(path, "rb") as raw:
-        head = raw.read(SNIFF_BYTES)
+class _Capped(io.RawIOBase):
+    """The first ``cap`` bytes of an open file, read with ``pread`` (the file is not moved)."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self._fd = fd
+        self._pos = 0
+        self.cap = cap
+        self.hit_cap = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: "memoryview | bytearray") -> int:  # type: ignore[override]
+        room = self.cap - self._pos
+        if room <= 0:
+            self.hit_cap = self.hit_cap or bool(os.pread(self._fd, 1, self._pos))
+            return 0
+        data = os.pread(self._fd, min(len(buffer), room), self._pos)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def read_text(source: BinaryIO, *, shown: str, offset: int, limit: int, max_chars: int,
+              max_bytes: int = READ_BYTES_LIMIT) -> str:
+    """Numbered lines ``offset`` .. ``offset + limit - 1`` of an open text file, within
+    ``max_chars``, reading at most ``max_bytes`` of it."""
+    fd = source.fileno()
+    head = os.pread(fd, SNIFF_BYTES, 0)
     out: list[str] = []
     used = 0
     last = offset - 1
     total = 0
     counted_all = True
     cut_by_chars = False
-    with open(path, "rb") as raw, io.TextIOWrapper(raw, encoding=_encoding(head), errors="replace") as fh:
+    raw = _Capped(fd, max_bytes)
+    with io.TextIOWrapper(io.BufferedReader(raw), encoding=_encoding(head), errors="replace") as fh:
         for number, (line, more) in enumerate(_bounded_lines(fh, MAX_LINE_CHARS), 1):
             total = number
             if number < offset:
@@ -122,15 +156,24 @@ def read_text(path: Path, *, shown: str, offset: int, limit: int, max_chars: int
             out.append(text)
             used += len(text) + 1
             last = number
+    if raw.hit_cap:
+        counted_all = False
     if total == 0:
         return f"{shown} is empty."
     if offset > total:
+        if raw.hit_cap:
+            raise ToolError(
+                f"offset {offset} is beyond the first {max_bytes // (1024 * 1024)} MB of {shown} "
+                f"({total:,} lines), which is as far as one read goes; use grep to find what you need")
         raise ToolError(f"offset {offset} is past the end of {shown} ({total:,} lines)")
     of_total = f"{total:,}" if counted_all else f"more than {total:,}"
     header = f"{shown}: lines {offset}-{last} of {of_total}"
     body = "\n".join(out)
     if last < total or not counted_all:
         why = " (character limit of one read)" if cut_by_chars else ""
+        if raw.hit_cap and last >= total:
+            return (f"{header}\n{body}\n[... stopped after the first {max_bytes // (1024 * 1024)} MB "
+                    "of the file, as far as one read goes; use grep to search the rest]")
         return f"{header}\n{body}\n[... more lines{why}; continue with offset={last + 1}]"
     return f"{header}\n{body}"
 

@@ -162,6 +162,7 @@ class Agent:
         workspace: Workspace | Path | None = None,
         discoverer: "Discoverer | None" = None,
         learned: LearnedFacts | None = None,
+        workspaces: Callable[[ChatKey], Path] | None = None,
     ) -> None:
         self.provider = provider
         self.learned = learned
@@ -184,9 +185,13 @@ class Agent:
             fallback=provider if summary_provider is not None else None,
         )
         self.workspace = Workspace(workspace) if isinstance(workspace, Path) else workspace
+        # Per conversation (``talon.workspaces``): each chat's tools and AGENTS.md are its own.
+        # Without it, ``workspace`` is shared by every chat.
+        self.workspaces = workspaces
+        self._chat_workspaces: dict[Path, tuple[Workspace, Memory]] = {}
         # AGENTS.md may take a tenth of the window, and never more than 16,000 characters.
-        memory_chars = min(16_000, int(profile.context_window * CHARS_PER_TOKEN * 0.1))
-        self.memory = Memory(self.workspace, max_chars=memory_chars) if self.workspace is not None else None
+        self.memory_chars = min(16_000, int(profile.context_window * CHARS_PER_TOKEN * 0.1))
+        self.memory = Memory(self.workspace, max_chars=self.memory_chars) if self.workspace is not None else None
         self.last_usage: dict[ChatKey, Usage] = {}
         self.token_scale = 1.0
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
@@ -272,26 +277,41 @@ class Agent:
     def tool_specs(self) -> list[ToolSpec]:
         return self.tools.specs() if self.tools_available else []
 
+    def workspace_of(self, chat: ChatKey | None) -> tuple[Workspace | None, Memory | None]:
+        """The workspace and AGENTS.md memory of one chat (the shared ones without a mapping)."""
+        if self.workspaces is None or chat is None:
+            return self.workspace, self.memory
+        root = self.workspaces(chat)
+        known = self._chat_workspaces.get(root)
+        if known is None:
+            workspace = Workspace(root)
+            known = (workspace, Memory(workspace, max_chars=self.memory_chars))
+            self._chat_workspaces[root] = known
+        return known
+
     def system(self, chat: ChatKey | None = None) -> SystemPrompt:
+        workspace, memory_file = self.workspace_of(chat)
         if self.tools_available:
             names = [name for name, tool in self.tools.tools.items() if isinstance(tool, WorkspaceTool)]
-            guide = workspace_guide(sorted(names)) if self.workspace is not None else ""
+            guide = workspace_guide(sorted(names)) if workspace is not None else ""
         else:
             # Said plainly, so the model does not write pretend tool calls as text.
             guide = NO_TOOLS_NOTE if self.tools.tools else ""
-        memory = self.memory.block() if self.memory is not None else ""
+        memory = memory_file.block() if memory_file is not None else ""
         prompt = build_system_prompt(self.system_prompt, guide, memory)
         note = self.chat_notes.get(chat) if chat is not None else None
         if note:
             prompt = SystemPrompt(text=f"{prompt.text}\n\n{note}", cache_points=prompt.cache_points)
         return prompt
 
-    def build_system_prompt(self) -> str:
-        return self.system().text
+    def build_system_prompt(self, chat: ChatKey | None = None) -> str:
+        return self.system(chat).text
 
     def tool_context(self, chat: ChatKey) -> ToolContext:
         chars = int(self.budget.tool_result_tokens * CHARS_PER_TOKEN * 0.9)
-        return ToolContext(read_only_roots=(self.sessions.context_dir(chat),), max_output_chars=chars)
+        workspace, _ = self.workspace_of(chat)
+        return ToolContext(read_only_roots=(self.sessions.context_dir(chat),), max_output_chars=chars,
+                           workspace=workspace, time_budget_s=self.tools.timeout_s * 0.8)
 
     def _request_context(
         self,

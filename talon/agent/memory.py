@@ -13,6 +13,7 @@ its own wrapper. The block is bounded; a longer file is cut with a note.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -21,13 +22,13 @@ from dataclasses import dataclass, field
 
 from talon.agent.tools import ToolError
 from talon.agent.workspace import Workspace
+from talon.media.markers import defang_markers
 
 log = logging.getLogger(__name__)
 
 MEMORY_FILE = "AGENTS.md"
 MEMORY_OPEN = "<<<MEMORY AGENTS.md"
 MEMORY_CLOSE = "<<<END MEMORY AGENTS.md>>>"
-_MARKER = re.compile(r"<<<\s*(END\s+)?MEMORY", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def workspace_guide(tool_names: Collection[str]) -> str:
 
 
 def memory_block(text: str, *, truncated_from: int | None = None) -> str:
-    body = _MARKER.sub(lambda m: "\u00ab" + m.group(0)[3:], text)
+    body = defang_markers(text, ("MEMORY",))
     cut = (
         f"\n[... {MEMORY_FILE} is {truncated_from:,} characters; only the start is shown. "
         "Shorten it with edit_file.]" if truncated_from else ""
@@ -102,14 +103,18 @@ class Memory:
             return ""
         self._problem = ""
         try:
-            st = os.stat(where.real)
-            key = (st.st_ino, st.st_size, st.st_mtime_ns)
-            if key != self._seen:
-                with open(where.real, encoding="utf-8", errors="replace") as fh:
-                    text = fh.read(self.max_chars + 1)
-                full = st.st_size if len(text) > self.max_chars else None
-                self._block = memory_block(text[: self.max_chars], truncated_from=full) if text.strip() else ""
-                self._seen = key
+            with where.open_read() as raw:  # link-free, one hard link only
+                st = os.fstat(raw.fileno())
+                key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                if key != self._seen:
+                    with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as fh:
+                        text = fh.read(self.max_chars + 1)
+                    full = st.st_size if len(text) > self.max_chars else None
+                    self._block = memory_block(text[: self.max_chars], truncated_from=full) if text.strip() else ""
+                    self._seen = key
+        except ToolError as exc:
+            log.warning("%s not loaded: %s", MEMORY_FILE, exc)
+            return ""
         except OSError as exc:
             log.warning("%s could not be read: %s", MEMORY_FILE, exc)
             return ""

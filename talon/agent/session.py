@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from talon.content import Message
+from talon.permissions import open_private, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class SessionStore:
         # Absolute: the archive and saved-output paths are shown to the agent, whose file tools
         # resolve a relative path inside the workspace, not the process's working directory.
         self.root = Path(data_dir).absolute() / "sessions"
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self._parsed: OrderedDict[Path, _Parsed] = OrderedDict()
 
     def chat_dir(self, chat: ChatKey) -> Path:
@@ -114,7 +115,7 @@ class SessionStore:
     def new_thread(self, chat: ChatKey) -> str:
         """Start a fresh thread; the old one stays on disk untouched."""
         directory = self.chat_dir(chat)
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)
         name = time.strftime("t%Y%m%d-%H%M%S", time.gmtime())
         suffix = 0
         candidate = name
@@ -122,7 +123,8 @@ class SessionStore:
             suffix += 1
             candidate = f"{name}-{suffix}"
         tmp = directory / "CURRENT.tmp"
-        tmp.write_text(candidate, "utf-8")
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8") as fh:
+            fh.write(candidate)
         os.replace(tmp, directory / "CURRENT")
         return candidate
 
@@ -169,9 +171,9 @@ class SessionStore:
 
     def append(self, chat: ChatKey, *messages: Message, thread: str | None = None) -> None:
         path = self.thread_path(chat, thread)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         payload = "".join(m.to_json() + "\n" for m in messages).encode("utf-8")
-        with open(path, "ab+") as fh:
+        with os.fdopen(open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "ab+") as fh:
             # A torn last line from a crash must not swallow the next record.
             if fh.tell() > 0:
                 fh.seek(-1, os.SEEK_END)

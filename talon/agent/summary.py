@@ -23,6 +23,7 @@ from talon.agent.provider import ModelRequest, Provider
 from talon.agent.tokens import estimate_text
 from talon.content import AttachmentRef, AudioBlock, FileBlock, ImageBlock, Message, TextBlock
 from talon.errors import ContextOverflow, ProviderError
+from talon.permissions import open_private, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def render_transcript(messages: Sequence[Message], *, block_chars: int = _TRANSC
 
 def append_archive(path: Path, messages: Sequence[Message], *, first: int, last: int, title: str) -> None:
     """Append messages ``first``..``last`` (log positions) to the archive, once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     mark = _ARCHIVE_MARK.format(first=first, last=last)
     try:
         with open(path, "rb") as fh:
@@ -117,7 +118,7 @@ def append_archive(path: Path, messages: Sequence[Message], *, first: int, last:
         + render_transcript(messages, block_chars=_ARCHIVE_BLOCK_CHARS)
         + "\n"
     )
-    with open(path, "a", encoding="utf-8") as fh:
+    with os.fdopen(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", encoding="utf-8") as fh:
         fh.write(section)
         fh.flush()
         os.fsync(fh.fileno())

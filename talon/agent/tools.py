@@ -10,6 +10,7 @@ Tools that need it override ``invoke``; simple tools implement ``run`` alone.
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,12 @@ class ToolContext:
     # Most characters of text one result should carry; longer output is cut with a note saying
     # how to see the rest (context management would otherwise evict it to a file anyway).
     max_output_chars: int = 40_000
+    # The workspace of the chat being served (a ``talon.agent.workspace.Workspace``); None: the
+    # tool's own. Typed loosely because the workspace module builds on this one.
+    workspace: Any = None
+    # Seconds a tool's own loops should aim to finish within (the registry enforces its limit
+    # from outside anyway).
+    time_budget_s: float = 60.0
 
 
 class Tool(abc.ABC):
@@ -57,6 +64,10 @@ class Tool(abc.ABC):
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
 
+    def time_limit(self, args: dict[str, Any], default: float) -> float:
+        """Wall-clock seconds this call may take before the registry stops waiting for it."""
+        return default
+
 
 class ToolError(Exception):
     """A tool failure the agent should read and can act on (bad path, missing file...)."""
@@ -65,6 +76,9 @@ class ToolError(Exception):
 @dataclass
 class ToolRegistry:
     tools: dict[str, Tool] = field(default_factory=dict)
+    # Every call is bounded from outside the tool: after this many seconds the agent gets an
+    # error and the turn goes on (work in a thread is abandoned; the tools keep theirs bounded).
+    timeout_s: float = 60.0
 
     def add(self, tool: Tool) -> None:
         self.tools[tool.name] = tool
@@ -81,8 +95,15 @@ class ToolRegistry:
             args = call.parsed_arguments()
         except ValueError as exc:
             return ToolResult.text(f"Error: {exc}", is_error=True)
+        ctx = ctx or ToolContext()
+        limit = tool.time_limit(args, self.timeout_s)
         try:
-            return await tool.invoke(args, ctx or ToolContext())
+            return await asyncio.wait_for(tool.invoke(args, ctx), limit)
+        except TimeoutError:
+            log.warning("tool %s stopped after %.0fs (TALON_TOOL_TIMEOUT)", call.name, limit)
+            return ToolResult.text(
+                f"Error: {call.name} did not finish within {limit:g}s and was stopped; try a smaller "
+                "piece of work (a narrower path or pattern)", is_error=True)
         except ToolError as exc:
             return ToolResult.text(f"Error: {exc}", is_error=True)
         except TypeError as exc:

@@ -22,8 +22,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
+from talon.agent.beneath import BeneathError, atomic_write_beneath, open_file_beneath
 from talon.agent.tools import ToolError
 
 # As for outbound media: two or more letters and a colon is a URL scheme (one letter would be a
@@ -36,11 +37,35 @@ Want = Literal["file", "dir", "any", "new"]
 
 @dataclass(frozen=True)
 class Resolved:
-    """A checked path: ``real`` to open, ``shown`` to talk about, and where it lives."""
+    """A checked path: ``real`` to open, ``shown`` to talk about, and where it lives.
+
+    ``base`` is the resolved directory it lies in (the workspace or a read-only root) and
+    ``parts`` its components below ``base``: the tools open exactly those, link-free, from a
+    descriptor of ``base`` (``talon.agent.beneath``), never ``real`` by name.
+    """
 
     real: Path
     shown: str
     in_workspace: bool
+    base: Path = Path("/")
+    parts: tuple[str, ...] = ()
+
+    def open_read(self) -> BinaryIO:
+        """The file, opened link-free beneath ``base``; one hard link only. Raises ToolError."""
+        try:
+            fd, _ = open_file_beneath(self.base, self.parts, shown=self.shown)
+        except BeneathError as exc:
+            raise ToolError(exc.strerror or str(exc)) from exc
+        return os.fdopen(fd, "rb")
+
+    def write_atomic(self, data: bytes) -> bool:
+        """Replace or create the file with ``data``; True if something was there."""
+        if not self.in_workspace:
+            raise ToolError(f"{self.shown!r} is read-only")
+        try:
+            return atomic_write_beneath(self.base, self.parts, data, shown=self.shown)
+        except BeneathError as exc:
+            raise ToolError(exc.strerror or str(exc)) from exc
 
 
 def _lexical_checks(raw: object) -> str:
@@ -97,7 +122,10 @@ class Workspace:
         root = self.real_root
         given = Path(path)
         candidate = given if given.is_absolute() else root / given
-        real = Path(os.path.realpath(candidate))
+        try:
+            real = Path(os.path.realpath(candidate))
+        except OSError as exc:  # a component changed under the resolution (another writer)
+            raise ToolError(f"{path!r} changed while it was being checked ({exc.strerror}); try again") from exc
         lexical = Path(os.path.normpath(candidate))
 
         in_workspace = _inside(real, root)
@@ -115,6 +143,8 @@ class Workspace:
             raise ToolError(f"{path!r} is outside the workspace; use a path relative to the workspace")
 
         shown = self.show(real) if in_workspace else str(real)
+        base = root if in_workspace else (readable_extra or root)
+        parts = real.relative_to(base).parts
         exists = real.exists()
         if want == "file":
             if not exists:
@@ -133,7 +163,7 @@ class Workspace:
                 raise ToolError(f"{shown!r} is a directory; give a file path")
             if exists and not real.is_file():
                 raise ToolError(f"{shown!r} is not a regular file")
-        return Resolved(real=real, shown=shown, in_workspace=in_workspace)
+        return Resolved(real=real, shown=shown, in_workspace=in_workspace, base=base, parts=parts)
 
     @staticmethod
     def _outbound_check(real: Path, root: Path) -> None:

@@ -1,36 +1,50 @@
 """The agent's file tools: ls, read_file, write_file, edit_file, glob, grep, and an optional shell.
 
 Every path goes through ``Workspace.resolve`` (see ``talon.agent.workspace`` for the rules); the
-tools never trust the prompt to keep the agent inside. Output is bounded by the call's
-``ToolContext.max_output_chars``; anything cut says how to see the rest. Blocking file work runs in
-a worker thread so one slow disk or large PDF does not stall other chats.
+tools never trust the prompt to keep the agent inside. The work itself is done on the resolved
+path opened one directory at a time without following links (``talon.agent.beneath``), so a
+file flipped into a symlink after the check is refused, not followed. Output is bounded by the
+call's ``ToolContext.max_output_chars``; anything cut says how to see the rest. Blocking file
+work runs in a worker thread so one slow disk or large PDF does not stall other chats; grep
+matches with RE2 (linear time, and it releases the GIL).
 
-The shell is off unless ``TALON_SHELL_TOOL`` is set. It starts in the workspace with a minimal
-environment (no API keys or tokens from Talon's own environment), a timeout that kills the whole
-process group, and capped output. It is not a sandbox: a command can still reach whatever the
-user running Talon can; that is why it is opt-in.
+The shell is off unless ``TALON_SHELL_TOOL`` is set. Each command runs in a fresh bubblewrap
+sandbox (``talon.agent.sandbox``) that sees only the chat's workspace (writable) and the system's
+programs, with a timeout that kills the whole sandbox and capped output. Without a working bwrap
+the shell is refused at start unless ``TALON_SHELL_UNSANDBOXED=true``, which runs it bare with a
+minimal environment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fnmatch
+import io
+import logging
 import os
 import re
-import shutil
 import signal
-import tempfile
+import stat
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
+
+import re2
 
 from talon.agent import file_readers
+from talon.agent.beneath import BeneathError, dir_beneath
+from talon.agent.sandbox import SANDBOX_PATH, sandbox_argv, sandbox_problem
 from talon.agent.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
 from talon.agent.workspace import Resolved, Workspace
 from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, ImageBlock, TextBlock
+from talon.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -50,6 +64,18 @@ SHELL_MAX_TIMEOUT_S = 600.0
 
 async def _off_loop(fn: Callable[[], T]) -> T:
     return await asyncio.to_thread(fn)
+
+
+async def _off_loop_stoppable(fn: Callable[[threading.Event], T]) -> T:
+    """Like ``_off_loop`` for long scans: when the call is cancelled (turn timeout, tool limit,
+    shutdown) the event is set and the scan stops at its next check, so no thread outlives its
+    call by more than a moment (SIGTERM then stops Talon within its grace)."""
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(fn, stop)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True, default: str = "") -> str:
@@ -99,24 +125,104 @@ def _clip(text: str, limit: int, hint: str) -> str:
     return text[:limit] + f"\n[... output cut at {limit:,} characters; {hint}]"
 
 
-def _atomic_write(target: Path, data: bytes) -> None:
-    """Write through a temp file in the same directory and rename over the target.
+def _proc_path(fh: BinaryIO, fallback: Path) -> Path:
+    """A name for an open file that libraries can open again: the same file, not a path lookup.
 
-    The rename replaces a symlink at the target rather than writing through it, so a link planted
-    after the containment check cannot redirect the write.
+    ``/proc/self/fd/N`` reopens exactly the open file, so a PDF, image or video reader that wants
+    a path cannot be sent somewhere else by a name flipped since the check.
     """
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".talon-write-")
+    proc = Path(f"/proc/self/fd/{fh.fileno()}")
+    return proc if proc.exists() else fallback
+
+
+@contextmanager
+def _open_dir(where: Resolved) -> Iterator[int]:
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if target.exists():
-            shutil.copymode(target, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with dir_beneath(where.base, where.parts, shown=where.shown) as fd:
+            yield fd
+    except BeneathError as exc:
+        raise ToolError(exc.strerror or str(exc)) from exc
+
+
+def _walk_files(where: Resolved, include: str | None = None,
+                pattern: re.Pattern[str] | None = None) -> Iterator[tuple[str, str, int]]:
+    """(relative path, name, directory descriptor) of each regular entry below ``where``.
+
+    ``os.fwalk`` walks by descriptor and never follows a link, so a directory replaced by a link
+    mid-walk is not entered; the caller opens each file with ``O_NOFOLLOW`` from its directory's
+    descriptor. Sorted, and skipping tool caches (``.git``, ``node_modules``...).
+    """
+    with _open_dir(where) as top:
+        for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            rel_dir = "" if dirpath == "." else dirpath[2:] + "/"
+            for name in sorted(filenames):
+                rel = rel_dir + name
+                if include is not None and not fnmatch.fnmatch(name, include):
+                    continue
+                if pattern is not None and not pattern.fullmatch(rel):
+                    continue
+                yield rel, name, dirfd
+
+
+def _open_entry(name: str, dirfd: int) -> tuple[BinaryIO, os.stat_result] | None:
+    """Open one walked entry link-free; None unless it is a regular file with one link."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb"), st
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob over relative paths: ``*`` and ``?`` stay in one component, ``**/`` spans any."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]*/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1:end]
+            negate = body.startswith("!")
+            body = re.escape(body[1:] if negate else body).replace(r"\-", "-")
+            out.append(f"[{'^' if negate else ''}{body}]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def compile_pattern(source: str, *, ignore_case: bool = False) -> Any:
+    """The grep pattern as RE2: matching time grows linearly with the text, whatever the pattern
+    (Python's ``re`` can backtrack for ever on ``(a+)+$`` and holds the GIL meanwhile)."""
+    options = re2.Options()
+    options.log_errors = False
+    options.case_sensitive = not ignore_case
+    try:
+        return re2.compile(source, options)
+    except re2.error as exc:
+        detail = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ToolError(
+            f"invalid regular expression: {detail} (grep uses RE2 syntax: no backreferences or "
+            "lookaround)"
+        ) from exc
 
 
 class WorkspaceTool(Tool):
@@ -126,8 +232,19 @@ class WorkspaceTool(Tool):
     async def run(self, args: dict[str, Any]) -> ToolResult:
         return await self.invoke(args, ToolContext())
 
+    def ws(self, ctx: ToolContext) -> Workspace:
+        """The workspace of the chat being served (per call), else the one given at creation."""
+        chosen = ctx.workspace
+        return chosen if isinstance(chosen, Workspace) else self.workspace
+
     def resolve(self, args: dict[str, Any], ctx: ToolContext, name: str = "path", **kw: Any) -> Resolved:
-        return self.workspace.resolve(args.get(name), read_only_roots=ctx.read_only_roots, **kw)
+        return self.ws(ctx).resolve(args.get(name), read_only_roots=ctx.read_only_roots, **kw)
+
+    @staticmethod
+    def shown_below(where: Resolved, rel: str) -> str:
+        if where.shown in (".", ""):
+            return rel
+        return f"{where.shown.rstrip('/')}/{rel}"
 
 
 class ListTool(WorkspaceTool):
@@ -147,20 +264,23 @@ class ListTool(WorkspaceTool):
         where = self.resolve(args, ctx, want="dir")
 
         def listing() -> str:
-            entries = sorted(os.scandir(where.real), key=lambda e: e.name)
-            lines = []
-            for entry in entries[:MAX_LIST_ENTRIES]:
-                try:
-                    if entry.is_symlink():
+            with _open_dir(where) as fd:
+                with os.scandir(fd) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+                lines = []
+                for entry in entries[:MAX_LIST_ENTRIES]:
+                    try:
+                        st = os.stat(entry.name, dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        lines.append(f"{entry.name} (unreadable)")
+                        continue
+                    if stat.S_ISLNK(st.st_mode):
                         lines.append(f"{entry.name} (symbolic link)")
-                    elif entry.is_dir():
+                    elif stat.S_ISDIR(st.st_mode):
                         lines.append(f"{entry.name}/")
                     else:
-                        st = entry.stat()
                         stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime(st.st_mtime))
                         lines.append(f"{entry.name}  {_size(st.st_size)}  {stamp}")
-                except OSError:
-                    lines.append(f"{entry.name} (unreadable)")
             more = f"\n[... {len(entries) - MAX_LIST_ENTRIES} more entries not shown]" if len(entries) > MAX_LIST_ENTRIES else ""
             if not entries:
                 return f"{where.shown}/ is empty."
@@ -196,29 +316,34 @@ class ReadFileTool(WorkspaceTool):
 
     async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         where = self.resolve(args, ctx, want="file")
+        # Opened once, link-free; every reader below works on this open file, never the name.
+        fh = await _off_loop(where.open_read)
+        try:
+            return await self._read(fh, where, args, ctx)
+        finally:
+            fh.close()
 
-        def head() -> bytes:
-            with open(where.real, "rb") as fh:
-                return fh.read(file_readers.SNIFF_BYTES)
-
-        kind = file_readers.sniff_kind(where.real, await _off_loop(head))
+    async def _read(self, fh: BinaryIO, where: Resolved, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        head = await _off_loop(lambda: os.pread(fh.fileno(), file_readers.SNIFF_BYTES, 0))
+        kind = file_readers.sniff_kind(where.real, head)
+        opened = _proc_path(fh, where.real)
         if kind == "text":
             offset = _int_arg(args, "offset", 1, minimum=1) or 1
             limit = _int_arg(args, "limit", file_readers.DEFAULT_LINES, minimum=1) or 1
             text = await _off_loop(lambda: file_readers.read_text(
-                where.real, shown=where.shown, offset=offset, limit=limit, max_chars=ctx.max_output_chars))
+                fh, shown=where.shown, offset=offset, limit=limit, max_chars=ctx.max_output_chars))
             return ToolResult.text(text)
         if kind == "pdf":
             offset = _int_arg(args, "offset", 1, minimum=1) or 1
             limit = _int_arg(args, "limit", file_readers.DEFAULT_PDF_PAGES, minimum=1) or 1
             text = await _off_loop(lambda: file_readers.read_pdf(
-                where.real, shown=where.shown, offset=offset, limit=limit, max_chars=ctx.max_output_chars))
+                opened, shown=where.shown, offset=offset, limit=limit, max_chars=ctx.max_output_chars))
             return ToolResult.text(text)
         if kind == "image":
-            return await self._image(where.real, where.shown, where.in_workspace)
+            return await self._image(opened, where.real.name, where.shown, where.in_workspace)
         if kind == "video":
-            return await self._video(where.real, where.shown, args, in_workspace=where.in_workspace)
-        size = where.real.stat().st_size
+            return await self._video(opened, where.real.stem, where.shown, args, in_workspace=where.in_workspace)
+        size = os.fstat(fh.fileno()).st_size
         if kind == "audio":
             raise ToolError(f"{where.shown} is an audio file ({_size(size)}); read_file cannot play or transcribe audio")
         raise ToolError(f"{where.shown} is a binary file ({_size(size)}) and cannot be shown as text")
@@ -228,13 +353,13 @@ class ReadFileTool(WorkspaceTool):
             raise ToolError("images cannot be shown in this setup (no attachment store)")
         return self.store
 
-    async def _image(self, real: Path, shown: str, in_workspace: bool) -> ToolResult:
+    async def _image(self, real: Path, name: str, shown: str, in_workspace: bool) -> ToolResult:
         from talon.errors import MediaError
         from talon.media.images import prepare_image
 
         store = self._need_store()
         try:
-            prepared = await _off_loop(lambda: prepare_image(real, store=store, limits=self.limits, name=real.name))
+            prepared = await _off_loop(lambda: prepare_image(real, store=store, limits=self.limits, name=name))
         except MediaError as exc:
             raise ToolError(f"{shown}: {exc}") from exc
         ref = prepared.ref.model_copy(update={"path": shown if in_workspace else None})
@@ -243,7 +368,8 @@ class ReadFileTool(WorkspaceTool):
             note += f" (shown downscaled to {ref.width}x{ref.height})"
         return ToolResult(content=[TextBlock(text=note), ImageBlock(ref=ref)])
 
-    async def _video(self, real: Path, shown: str, args: dict[str, Any], *, in_workspace: bool = True) -> ToolResult:
+    async def _video(self, real: Path, stem: str, shown: str, args: dict[str, Any], *,
+                     in_workspace: bool = True) -> ToolResult:
         store = self._need_store()
         start = _num_arg(args, "offset", 0.0) or 0.0
         length = _num_arg(args, "limit", None, minimum=0.001)
@@ -263,7 +389,7 @@ class ReadFileTool(WorkspaceTool):
             lines.append(f"[more video after {window.end_s:.1f}s; continue with offset={window.end_s:g}]")
         content.append(TextBlock(text="\n".join(lines)))
         for frame in window.frames:
-            ref = store.put_bytes(frame.jpeg, mime="image/jpeg", name=f"{real.stem}@{frame.timestamp_s:.1f}s.jpg",
+            ref = store.put_bytes(frame.jpeg, mime="image/jpeg", name=f"{stem}@{frame.timestamp_s:.1f}s.jpg",
                                   width=frame.width, height=frame.height)
             # The frame's path is the video's, as for inbound videos: an old frame's tombstone then
             # says how to look again (read_file the video) instead of "ask the user to resend".
@@ -290,13 +416,7 @@ class WriteFileTool(WorkspaceTool):
         if len(data) > MAX_WRITE_BYTES:
             raise ToolError(f"content is {_size(len(data))}, over the {_size(MAX_WRITE_BYTES)} write limit")
 
-        def write() -> bool:
-            existed = where.real.exists()
-            where.real.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(where.real, data)
-            return existed
-
-        existed = await _off_loop(write)
+        existed = await _off_loop(lambda: where.write_atomic(data))
         verb = "Overwrote" if existed else "Created"
         return ToolResult.text(
             f"{verb} {where.shown} ({_size(len(data))}, {content.count(chr(10)) + (1 if content and not content.endswith(chr(10)) else 0)} lines). "
@@ -332,7 +452,8 @@ class EditFileTool(WorkspaceTool):
         where = self.resolve(args, ctx, want="file", write=True)
 
         def edit() -> str:
-            raw = where.real.read_bytes()
+            with where.open_read() as fh:
+                raw = fh.read(MAX_EDIT_BYTES + 1)
             if len(raw) > MAX_EDIT_BYTES:
                 raise ToolError(f"{where.shown} is {_size(len(raw))}, too large to edit")
             try:
@@ -352,7 +473,7 @@ class EditFileTool(WorkspaceTool):
                 )
             first = text.index(old)
             updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-            _atomic_write(where.real, updated.encode("utf-8"))
+            where.write_atomic(updated.encode("utf-8"))
             start_line = text.count("\n", 0, first) + 1
             lines = updated.splitlines()
             lo = max(1, start_line - 2)
@@ -386,20 +507,24 @@ class GlobTool(WorkspaceTool):
             args = {**args, "path": "."}
         base = self.resolve(args, ctx, want="dir")
 
+        regex = glob_regex(pattern)
+
         def search() -> str:
             found: list[tuple[float, str]] = []
             scanned = 0
-            for match in base.real.glob(pattern):
+            for rel, name, dirfd in _walk_files(base):
                 scanned += 1
                 if scanned > GLOB_SCAN_LIMIT:
                     break
+                if not regex.fullmatch(rel):
+                    continue
                 try:
-                    checked = self.workspace.resolve(str(match), read_only_roots=ctx.read_only_roots)
-                    if not checked.real.is_file():
-                        continue
-                    found.append((checked.real.stat().st_mtime, checked.shown))
-                except (ToolError, OSError):
-                    continue  # links out of the workspace are silently not results
+                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                # Links are not results: what they name may be anywhere.
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    found.append((st.st_mtime, self.shown_below(base, rel)))
             found.sort(key=lambda f: (-f[0], f[1]))
             if not found:
                 return f"No files match {pattern!r} under {base.shown}."
@@ -413,7 +538,7 @@ class GlobTool(WorkspaceTool):
 class GrepTool(WorkspaceTool):
     name = "grep"
     description = (
-        "Search file contents with a regular expression (Python syntax) under path (a file or "
+        "Search file contents with a regular expression (RE2 syntax) under path (a file or "
         "directory, default: the workspace); include filters file names (e.g. *.md). Prints "
         "path:line: text."
     )
@@ -431,63 +556,69 @@ class GrepTool(WorkspaceTool):
     async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         source = _str_arg(args, "pattern")
         include = _str_arg(args, "include", required=False) or None
-        try:
-            regex = re.compile(source, re.IGNORECASE if args.get("ignore_case") else 0)
-        except re.error as exc:
-            raise ToolError(f"invalid regular expression: {exc}") from exc
+        regex = compile_pattern(source, ignore_case=bool(args.get("ignore_case")))
         if args.get("path") in (None, ""):
             args = {**args, "path": "."}
         base = self.resolve(args, ctx, want="any")
         if not base.real.exists():
             raise ToolError(f"{base.shown!r} does not exist")
+        budget = min(GREP_TIME_BUDGET_S, ctx.time_budget_s)
 
-        def files() -> Any:
-            if base.real.is_file():
-                yield base.real
-                return
-            for dirpath, dirnames, filenames in os.walk(base.real, followlinks=False):
-                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-                for name in sorted(filenames):
-                    if include is None or fnmatch.fnmatch(name, include):
-                        yield Path(dirpath) / name
+        def one_file(fh: BinaryIO, shown: str, hits: list[str], used: list[int], deadline: float,
+                     stop: threading.Event) -> str:
+            """Search one open file; returns why the search stopped, or ""."""
+            head = fh.read(file_readers.SNIFF_BYTES)
+            if b"\x00" in head:
+                return ""
+            fh.seek(0)
+            text_fh = io.TextIOWrapper(fh, encoding="utf-8", errors="replace")
+            for number, line in enumerate(text_fh, 1):
+                if number % 1024 == 0 and (time.monotonic() > deadline or stop.is_set()):
+                    return "the search took too long; narrow path or include"
+                line = line.rstrip("\n")
+                if regex.search(line[:file_readers.MAX_LINE_CHARS]):
+                    text = line if len(line) <= GREP_LINE_CHARS else line[:GREP_LINE_CHARS] + " [...]"
+                    hit = f"{shown}:{number}: {text}"
+                    hits.append(hit)
+                    used[0] += len(hit) + 1
+                    if len(hits) >= GREP_MAX_MATCHES or used[0] > ctx.max_output_chars:
+                        return "too many matches; narrow the pattern, path or include"
+            text_fh.detach()
+            return ""
 
-        def search() -> str:
-            deadline = time.monotonic() + GREP_TIME_BUDGET_S
+        def search(stop: threading.Event) -> str:
+            deadline = time.monotonic() + budget
             hits: list[str] = []
-            used = 0
+            used = [0]
             stopped = ""
-            for path in files():
-                if time.monotonic() > deadline:
-                    stopped = "the search took too long; narrow path or include"
-                    break
-                try:
-                    checked = self.workspace.resolve(str(path), want="file", read_only_roots=ctx.read_only_roots)
-                    if checked.real.stat().st_size > GREP_MAX_FILE_BYTES:
-                        continue
-                    with open(checked.real, "rb") as fh:
-                        if b"\x00" in fh.read(file_readers.SNIFF_BYTES):
+            if base.real.is_file():
+                with base.open_read() as fh:
+                    if os.fstat(fh.fileno()).st_size <= GREP_MAX_FILE_BYTES:
+                        stopped = one_file(fh, base.shown, hits, used, deadline, stop)
+            else:
+                for rel, name, dirfd in _walk_files(base, include):
+                    if time.monotonic() > deadline or stop.is_set():
+                        stopped = "the search took too long; narrow path or include"
+                        break
+                    opened = _open_entry(name, dirfd)
+                    if opened is None:
+                        continue  # a link, a device, a hard-linked file: not searched
+                    fh, st = opened
+                    with fh:
+                        if st.st_size > GREP_MAX_FILE_BYTES:
                             continue
-                    with open(checked.real, encoding="utf-8", errors="replace") as fh:
-                        for number, line in enumerate(fh, 1):
-                            line = line.rstrip("\n")
-                            if regex.search(line[:file_readers.MAX_LINE_CHARS]):
-                                text = line if len(line) <= GREP_LINE_CHARS else line[:GREP_LINE_CHARS] + " [...]"
-                                hit = f"{checked.shown}:{number}: {text}"
-                                hits.append(hit)
-                                used += len(hit) + 1
-                                if len(hits) >= GREP_MAX_MATCHES or used > ctx.max_output_chars:
-                                    stopped = "too many matches; narrow the pattern, path or include"
-                                    break
-                except (ToolError, OSError):
-                    continue
-                if stopped:
-                    break
+                        try:
+                            stopped = one_file(fh, self.shown_below(base, rel), hits, used, deadline, stop)
+                        except OSError:
+                            continue
+                    if stopped:
+                        break
             if not hits:
                 return f"No matches for {source!r} under {base.shown}." + (f" ({stopped})" if stopped else "")
             tail = f"\n[... stopped: {stopped}]" if stopped else ""
             return "\n".join(hits) + tail
 
-        return ToolResult.text(_clip(await _off_loop(search), ctx.max_output_chars, "narrow the search"))
+        return ToolResult.text(_clip(await _off_loop_stoppable(search), ctx.max_output_chars, "narrow the search"))
 
 
 class ShellTool(WorkspaceTool):
@@ -503,32 +634,51 @@ class ShellTool(WorkspaceTool):
     }
 
     def __init__(self, workspace: Workspace, *, default_timeout_s: float = SHELL_DEFAULT_TIMEOUT_S,
-                 max_output_chars: int = 20_000) -> None:
+                 max_output_chars: int = 20_000, sandboxed: bool = True) -> None:
         super().__init__(workspace)
         self.default_timeout_s = default_timeout_s
         self.max_output_chars = max_output_chars
+        # True: every command runs in a bubblewrap sandbox (``talon.agent.sandbox``); False only
+        # under TALON_SHELL_UNSANDBOXED=true.
+        self.sandboxed = sandboxed
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, workspace: Workspace | None = None) -> dict[str, str]:
         # Talon's environment holds API keys and bot tokens; a command gets none of it.
         return {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": str(self.workspace.real_root),
+            "HOME": str((workspace or self.workspace).real_root),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "TERM": "dumb",
         }
 
+    def _timeout(self, args: dict[str, Any]) -> float:
+        return min(_num_arg(args, "timeout", self.default_timeout_s, minimum=0.1) or self.default_timeout_s,
+                   SHELL_MAX_TIMEOUT_S)
+
+    def time_limit(self, args: dict[str, Any], default: float) -> float:
+        try:
+            return self._timeout(args) + 15.0  # its own timeout, then the kill and the last output
+        except ToolError:
+            return default
+
     async def invoke(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         command = _str_arg(args, "command")
         if not command.strip():
             raise ToolError("command is empty")
-        timeout = min(_num_arg(args, "timeout", self.default_timeout_s, minimum=0.1) or self.default_timeout_s,
-                      SHELL_MAX_TIMEOUT_S)
+        timeout = self._timeout(args)
         cap = max(1000, min(self.max_output_chars, ctx.max_output_chars))
+        workspace = self.ws(ctx)
+        if self.sandboxed:
+            argv = sandbox_argv(workspace.real_root, command)
+            env = {"PATH": SANDBOX_PATH}
+        else:
+            argv = ["/bin/sh", "-c", command]
+            env = self.environment(workspace)
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command,
-            cwd=self.workspace.real_root,
-            env=self.environment(),
+            *argv,
+            cwd=workspace.real_root,
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -563,6 +713,14 @@ class ShellTool(WorkspaceTool):
             except ProcessLookupError:
                 pass
             await proc.wait()
+        except asyncio.CancelledError:
+            # The turn was stopped (turn timeout, tool limit, SIGTERM): the command goes with it.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            reader.cancel()
+            raise
         try:
             await asyncio.wait_for(reader, 5.0)
         except TimeoutError:
@@ -591,8 +749,13 @@ def workspace_tools(
     store: AttachmentStore | None,
     limits: Limits | None = None,
     shell: bool = False,
+    shell_unsandboxed: bool = False,
 ) -> ToolRegistry:
-    """The standard tool set over one workspace; the shell only when asked for."""
+    """The standard tool set over one workspace; the shell only when asked for.
+
+    The shell runs in a bubblewrap sandbox. Where none can start, asking for the shell is a
+    ``ConfigError`` unless ``shell_unsandboxed`` (TALON_SHELL_UNSANDBOXED) says to run it bare.
+    """
     registry = ToolRegistry()
     for tool in (
         ListTool(workspace),
@@ -604,5 +767,15 @@ def workspace_tools(
     ):
         registry.add(tool)
     if shell:
-        registry.add(ShellTool(workspace))
+        problem = sandbox_problem()
+        if problem is not None and not shell_unsandboxed:
+            raise ConfigError(
+                f"TALON_SHELL_TOOL=true needs a sandbox, but {problem}. Install bubblewrap, or set "
+                "TALON_SHELL_UNSANDBOXED=true to run the shell without one (it can then read "
+                "everything the user running Talon can, including its data dir and .env)",
+                ["TALON_SHELL_UNSANDBOXED"],
+            )
+        if problem is not None:
+            log.warning("the shell tool runs WITHOUT a sandbox (TALON_SHELL_UNSANDBOXED=true): %s", problem)
+        registry.add(ShellTool(workspace, sandboxed=problem is None))
     return registry

@@ -25,6 +25,7 @@ from pypdf import PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
 from talon.errors import MediaError
+from talon.media.markers import defang_markers
 from talon.media.sniff import SNIFF_BYTES
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,6 @@ _TEXT_EXTENSIONS = {
 }
 # Controls other than tab, LF, FF, CR and ESC (terminal logs) mean binary.
 _CONTROL = set(range(0x00, 0x20)) - {0x09, 0x0A, 0x0C, 0x0D, 0x1B}
-_MARKER = re.compile(r"<<<\s*(END\s+)?UNTRUSTED", re.IGNORECASE)
 
 DocumentFormat = Literal["text", "pdf"]
 
@@ -220,36 +220,6 @@ def _declared_text(name: str | None, mime: str | None) -> bool:
         return True
     ext = (name or "").rsplit(".", 1)[-1].lower() if name and "." in name else ""
     return ext in _TEXT_EXTENSIONS
-
-
-def _defang(match: re.Match[str]) -> str:
-    return "<< <" + match.group(0)[3:]
-
-
-def defang_markers(text: str) -> str:
-    """``text`` with anything that reads as one of our markers broken up (``<<<`` -> ``<< <``).
-
-    Lookalikes count: invisible format characters (zero-width space...) and compatibility forms
-    (fullwidth ``＜``, ``ＥＮＤ``) read as the marker to a model, so matching runs on a folded copy
-    of non-ASCII text and each match is broken up at the same place in the original.
-    """
-    if text.isascii():
-        return _MARKER.sub(_defang, text)
-    folded: list[str] = []
-    origin: list[int] = []  # index in ``text`` of each character of ``folded``
-    for i, ch in enumerate(text):
-        if ch.isascii():
-            folded.append(ch)
-            origin.append(i)
-        elif unicodedata.category(ch) != "Cf":
-            for piece in unicodedata.normalize("NFKC", ch):
-                folded.append(piece)
-                origin.append(i)
-    cuts = [origin[m.start() + 1] + 1 for m in _MARKER.finditer("".join(folded))]
-    if not cuts:
-        return text
-    parts = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-    return " ".join(parts)
 
 
 def _attr(value: str) -> str:

@@ -32,6 +32,7 @@ _PATH_REASONS: tuple[tuple[str, str], ...] = (
     ("replaced while", "the file changed while it was being opened"),
     ("is a directory", "it is a directory, not a file"),
     ("not a regular file", "it is not a regular file"),
+    ("hard links", "it has more than one hard link (it may be a file from outside the media root)"),
     ("cannot be resolved", "the path cannot be resolved"),
     ("empty media path", "the path is empty"),
 )

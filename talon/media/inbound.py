@@ -305,8 +305,12 @@ _ROUTES = {
 def save_inbound_copy(blob: Path, media_root: Path, save_dir: str, name: str) -> str:
     """Copy ``blob`` to ``media_root/save_dir/name`` without overwriting; the relative path.
 
-    A name that is taken gets ``-1``, ``-2``... before its extension. The copy is a real file (not
-    a link to the store), so the agent editing it cannot corrupt a content-addressed blob.
+    A name that is taken gets ``-1``, ``-2``... before its extension. The copy is never a hard
+    link to the store: the tools refuse files with more than one link, and the agent editing it
+    must not corrupt a content-addressed blob. Where the file system can share blocks
+    copy-on-write (a reflink: btrfs, XFS, bcachefs) the copy shares them with the blob, so the
+    bytes are stored once and a later write to either copy separates them; elsewhere it is a
+    plain copy.
     """
     root = media_root.resolve()
     target_dir = (root / save_dir).resolve()
@@ -323,14 +327,31 @@ def save_inbound_copy(blob: Path, media_root: Path, save_dir: str, name: str) ->
             fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             continue
-        os.close(fd)
         try:
-            shutil.copyfile(blob, candidate)  # sendfile on Linux: no bytes pass through Python
+            if not reflink_copy(blob, fd):
+                shutil.copyfile(blob, candidate)  # sendfile on Linux: no bytes pass through Python
         except BaseException:
+            os.close(fd)
             candidate.unlink(missing_ok=True)
             raise
+        os.close(fd)
         return candidate.relative_to(root).as_posix()
     raise AttachmentError(f"too many files named {name!r} in {save_dir}")
+
+
+_FICLONE = 0x40049409  # Linux ioctl: make the target share the source's blocks copy-on-write
+
+
+def reflink_copy(source: Path, target_fd: int) -> bool:
+    """Clone ``source`` into the open, empty ``target_fd``; False where the file system cannot."""
+    try:
+        import fcntl
+
+        with open(source, "rb") as src:
+            fcntl.ioctl(target_fd, _FICLONE, src.fileno())
+    except (OSError, ImportError, ValueError):
+        return False
+    return True
 
 
 def safe_file_name(name: str | None, fallback: str) -> str:

@@ -117,12 +117,18 @@ def _inline_segments(text: str) -> list[Range]:
 
 _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
+_BRACKETS_ONLY = re.compile(r"[\[\]]")
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
 _TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")
 _SPACES = re.compile(r"\s+")
+_BARE_CR = re.compile(r"\r(?!\n)")
+_PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
+# A plain destination without escapes, parentheses or title, as the full parser would read it.
+_TAIL_TO_PAREN = re.compile(r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\(")
+_TAIL_SIMPLE = re.compile(r"\([ \t]*([^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*)[ \t]*\)")
 
 
 def _is_remote(dest: str) -> bool:
@@ -140,12 +146,28 @@ class _Scanner:
     def __init__(self, text: str) -> None:
         self.text = text
         self.paren_match: dict[int, int] = {}
+        # The first ')' at or after ``_close_from`` (-1: none): every tail needs one, and calls
+        # come in increasing order, so one forward pointer answers them all in linear time.
+        self._close_from = 0
+        self._next_close = -1 if ")" not in text else text.find(")")
 
     def tail(self, p: int, limit: int) -> tuple[str, int] | None:
         """Parse ``(...)`` starting at ``p``; return (raw destination, end) or None."""
         text = self.text
         if p >= limit or text[p] != "(":
             return None
+        if p >= self._close_from:  # (a nested image's tail comes after its outer one's: no pointer)
+            if 0 <= self._next_close < p:
+                self._next_close = text.find(")", p)
+            self._close_from = p
+            if self._next_close < 0 or self._next_close >= limit:
+                return None  # no ')' left in reach: no destination can close
+        simple = _TAIL_SIMPLE.match(text, p, limit)
+        if simple is not None:  # the everyday ``(path)`` / ``( path )``, in one regex step
+            return simple.group(1), simple.end()
+        inner = _TAIL_TO_PAREN.match(text, p, limit)
+        if inner is not None and self.paren_match.get(inner.end() - 1, 0) < 0:
+            return None  # the destination runs into a '(' already known never to close
         q = self._skip_ws(p + 1, limit)
         if q >= limit:
             return None
@@ -276,12 +298,26 @@ def _image_pairs(
     pairs: list[Range] = []
     stack: list[int] = []
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
+    if (ci >= len(spans) or spans[ci][0] >= end) and text.find("\\", start, end) < 0:
+        # No code span and no backslash here (the usual case, and most floods): brackets only.
+        push, pop = stack.append, stack.pop
+        for m in _BRACKETS_ONLY.finditer(text, start, end):
+            p = m.start()
+            if text[p] == "[":
+                push(p)
+            elif stack:
+                opener = pop()
+                if opener > start and text[opener - 1] == "!":
+                    pairs.append((opener, p))
+        pairs.sort()
+        return pairs
     escape_end = -1
+    count = len(spans)
     for m in _BRACKETS.finditer(text, start, end):
         p = m.start()
-        while ci < len(spans) and spans[ci][1] <= p:
+        while ci < count and spans[ci][1] <= p:
             ci += 1
-        if ci < len(spans) and spans[ci][0] <= p:
+        if ci < count and spans[ci][0] <= p:
             continue  # inside a code span
         ch = text[p]
         if ch == "\\":
@@ -294,6 +330,31 @@ def _image_pairs(
                 pairs.append((opener, p))
     pairs.sort()
     return pairs
+
+
+_DEFINITION = re.compile(r"^ {0,3}\[((?:[^\[\]\\\n]|\\.){1,999})\]:[ \t]*\S", re.MULTILINE)
+_LABEL_SPACE = re.compile(r"\s+")
+
+
+def _normal_label(label: str) -> str:
+    return _LABEL_SPACE.sub(" ", label.strip()).casefold()
+
+
+def _reference_labels(text: str) -> set[str]:
+    """The labels of the text's link reference definitions (``[label]: destination``)."""
+    return {_normal_label(m.group(1)) for m in _DEFINITION.finditer(text)}
+
+
+def _reference_image_end(text: str, opener: int, closer: int, limit: int, labels: set[str]) -> int | None:
+    """End of a reference image (full, collapsed or shortcut) at ``opener``, if its label is defined."""
+    after = closer + 1
+    if after < limit and text[after] == "[":
+        close = text.find("]", after + 1, limit)
+        if close < 0:
+            return None
+        label = text[after + 1 : close] or text[opener + 1 : closer]
+        return close + 1 if _normal_label(label) in labels else None
+    return after if _normal_label(text[opener + 1 : closer]) in labels else None
 
 
 # --- removal and tidying --------------------------------------------------------------------
@@ -405,6 +466,11 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     """
     if "![" not in text:
         return text, []
+    original = text
+    if "\r" in text:
+        # CommonMark ends a line at \n, \r\n or a bare \r; the scanners below know \n and
+        # \r\n, so a bare \r is read (and, if anything is lifted, returned) as \n.
+        text = _BARE_CR.sub("\n", text)
     segments = _inline_segments(text)
     spans: list[Range] = []
     for start, end in segments:
@@ -415,29 +481,45 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
 
     refs: list[MarkdownMediaRef] = []
     removals: list[Range] = []
+    labels: set[str] | None = None  # reference definitions, read only if an image might use one
     for seg_start, seg_end in segments:
         if text.find("![", seg_start, seg_end) < 0:
             continue
         consumed = seg_start
         for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
             if opener - 1 < consumed:
-                continue  # inside an earlier reference's alt text
-            nxt = bisect_left(span_starts, closer + 1)
-            limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+                continue  # inside an earlier image's alt text: only alt text, never a file
+            if span_starts:
+                nxt = bisect_left(span_starts, closer + 1)
+                limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+            else:
+                limit = seg_end
             parsed = scanner.tail(closer + 1, limit)
             if parsed is None:
+                if text.find("![", opener + 1, closer) >= 0:
+                    # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
+                    # (which is not lifted) makes the images in its label mere alt text.
+                    if labels is None:
+                        labels = _reference_labels(text)
+                    reference_end = _reference_image_end(text, opener, closer, limit, labels)
+                    if reference_end is not None:
+                        consumed = reference_end
                 continue
             raw_dest, end = parsed
             consumed = end
-            path = unescape(raw_dest)
+            path = unescape(raw_dest) if "\\" in raw_dest else raw_dest
             if not path.strip() or _is_remote(path):
                 continue
-            alt = _SPACES.sub(" ", unescape(text[opener + 1 : closer])).strip()
+            alt = text[opener + 1 : closer]
+            if "\\" in alt:
+                alt = unescape(alt)
+            if not _PLAIN_ALT.fullmatch(alt):
+                alt = _SPACES.sub(" ", alt).strip()
             refs.append(MarkdownMediaRef(alt=alt, path=path))
             removals.append((opener - 1, end))
 
     if not removals:
-        return text, []
+        return original, []
     rebuilt = _Rebuilder(text)
     pos = 0
     for start, end in removals:
@@ -445,4 +527,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
         rebuilt.remove(start)
         pos = end
     rebuilt.copy(pos, len(text))
-    return rebuilt.result(), refs
+    body = rebuilt.result()
+    if not body.strip(" \t\n"):
+        body = ""  # nothing but the blanks the references stood between
+    return body, refs

@@ -122,6 +122,13 @@ def _validate_text(raw: str, require_relative: bool) -> None:
         raise MediaPathError(f"{raw!r} contains a '..' component")
 
 
+def _refuse_links(shown: str, st: os.stat_result) -> None:
+    # A hard link inside the root to a file outside it has an inside path and outside content.
+    if st.st_nlink > 1:
+        raise MediaPathError(
+            f"{shown!r} has {st.st_nlink} hard links; files with more than one link are not sent")
+
+
 def check_media_path(
     path: str | os.PathLike[str], root: str | os.PathLike[str], *, require_relative: bool = False
 ) -> CheckedPath:
@@ -163,6 +170,7 @@ def check_media_path(
         raise MediaPathError(f"{raw!r} cannot be read: {exc.strerror}") from exc
     if not stat.S_ISREG(st.st_mode):
         raise MediaPathError(f"{raw!r} is {_kind_of(st.st_mode)}, not a regular file")
+    _refuse_links(raw, st)
     return CheckedPath(
         path=resolved, root=root_resolved, device=st.st_dev, inode=st.st_ino, size=st.st_size
     )
@@ -206,6 +214,7 @@ def open_checked(checked: CheckedPath) -> CheckedFile:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise MediaPathError(f"{shown!r} is {_kind_of(st.st_mode)}, not a regular file")
+        _refuse_links(shown, st)
         if (st.st_dev, st.st_ino) != (checked.device, checked.inode):
             raise MediaPathError(f"{shown!r} was replaced while it was being opened; not sent")
         # O_NONBLOCK only kept the open from hanging on a FIFO; reads should block as usual.
