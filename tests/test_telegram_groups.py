@@ -126,7 +126,8 @@ async def test_text_mention_and_commands_address_the_bot(
 
 async def test_answer_replies_in_place_in_the_right_topic(
         tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
-    root = Path(settings.media_root)
+    # The topic's own workspace: its files are what its answers may send.
+    root = settings.workspace_dir("telegram", f"{FORUM}:7")
     root.mkdir(parents=True, exist_ok=True)
     (root / "map.png").write_bytes(png("blue"))
     (root / "route.png").write_bytes(png("green"))
