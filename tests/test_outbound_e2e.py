@@ -201,7 +201,7 @@ async def test_album_member_that_cannot_be_resolved_is_reported_and_the_rest_go(
     calls = sends(tg)
     assert [c.method for c in calls] == ["sendMediaGroup", "sendMessage"]
     assert len(calls[0].media) == 2
-    assert calls[1].params["text"] == "Could not attach gone.png: no such file in the media root"
+    assert calls[1].params["text"] == "Could not attach gone.png: no such file in this chat's workspace"
 
 
 async def test_refused_album_is_sent_image_by_image(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:
@@ -336,10 +336,10 @@ async def test_path_escapes_and_missing_files_become_could_not_attach_lines(
     failures = [line for line in lines if line.startswith("Could not attach")]
     assert failures == [
         "Could not attach passwd: paths with '..' are not allowed",
-        "Could not attach passwd: it is outside the media root",
-        "Could not attach link.png: it is outside the media root",
-        "Could not attach secret.png: it is outside the media root",
-        "Could not attach missing.pdf: no such file in the media root",
+        "Could not attach passwd: it is outside this chat's workspace",
+        "Could not attach link.png: it is outside this chat's workspace",
+        "Could not attach secret.png: it is outside this chat's workspace",
+        "Could not attach missing.pdf: no such file in this chat's workspace",
     ]
     everything = "\n".join(texts(tg))
     assert str(tmp_path) not in everything and "/etc" not in everything

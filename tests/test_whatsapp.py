@@ -417,7 +417,7 @@ async def test_refs_that_cannot_be_sent_become_could_not_attach_lines(
     bodies = [m.body for m in sent]
     assert bodies[0] == "Files:"
     assert bodies[1] == "Could not attach secret.txt: paths with '..' are not allowed"
-    assert bodies[2] == "Could not attach missing.png: no such file in the media root"
+    assert bodies[2] == "Could not attach missing.png: no such file in this chat's workspace"
     assert not any(m.media_urls for m in sent)
     assert str(tmp_path) not in "".join(bodies)
 

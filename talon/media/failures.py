@@ -21,13 +21,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # more specific phrases come before the ones they contain.
 _PATH_REASONS: tuple[tuple[str, str], ...] = (
     ("NUL byte", "the path contains a NUL byte"),
-    ("is a URL", "it is a URL, not a file in the media root"),
+    ("is a URL", "it is a URL, not a file in this chat's workspace"),
     ("network path", "network paths are not allowed"),
     ("home-directory", "home-directory paths (~) are not allowed"),
     ("is absolute", "absolute paths are not allowed"),
     ("'..' component", "paths with '..' are not allowed"),
-    ("outside the media root", "it is outside the media root"),
-    ("no such file", "no such file in the media root"),
+    ("outside the media root", "it is outside this chat's workspace"),
+    ("no such file", "no such file in this chat's workspace"),
     ("changed while", "the file changed while it was being opened"),
     ("replaced while", "the file changed while it was being opened"),
     ("is a directory", "it is a directory, not a file"),
