@@ -112,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not (settings.telegram_configured() or settings.whatsapp_configured()):
         problems.append("no channel configured: set TELEGRAM_BOT_TOKEN (Telegram) or "
                         "TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM (WhatsApp)")
-        missing += ["TELEGRAM_BOT_TOKEN", "TWILIO_ACCOUNT_SID", "TWILIO_WHATSAPP_FROM"]
+        missing += ["TELEGRAM_BOT_TOKEN, or TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM"]
     if problems:
         return _fail("; ".join(problems), missing)
     try:
