@@ -24,7 +24,7 @@ from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import InboundMessage, OutboundReply
 from talon.errors import DeliveryError, ProviderError, ProviderUnavailable
-from talon.inbox import Inbox, InboxItem
+from talon.inbox import InboxItem, InboxStore
 from talon.media import extract_markdown_media
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
@@ -54,7 +54,7 @@ def quoted_text(message: InboundMessage) -> str:
 @dataclass
 class Bridge:
     agent: Agent
-    inbox: Inbox
+    inbox: InboxStore
     store: AttachmentStore
     limits: Limits
     media_root: Path

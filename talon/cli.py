@@ -71,10 +71,12 @@ def _load_settings() -> Settings:
 
 async def _run(settings: Settings) -> int:
     from talon.runtime import build_runtime, configured_channels, serve, shared_http_server
+    from talon.stores import open_stores
 
     http = shared_http_server(settings)  # one server for every channel's webhooks
-    channels = configured_channels(settings, http)
-    runtime = build_runtime(settings, channels, http=http)
+    stores = open_stores(settings)  # embedded, or PostgreSQL (TALON_DATABASE_URL)
+    channels = configured_channels(settings, http, stores)
+    runtime = build_runtime(settings, channels, http=http, stores=stores)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -198,11 +200,12 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def cmd_pair(args: argparse.Namespace) -> int:
     """List pairing requests and approvals, approve a code, or revoke an approval."""
-    from talon.access import CODE_TTL_S, AccessGate
+    from talon.access import CODE_TTL_S
+    from talon.stores import open_gate
     from talon.config import normalize_whatsapp_number
 
     settings = _load_settings()
-    gate = AccessGate.from_settings(settings)
+    gate = open_gate(settings)
     try:
         if args.revoke:
             channel, _, sender = args.revoke.partition(":")

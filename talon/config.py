@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     # --- storage -----------------------------------------------------------------------------
     media_root: Path = Field(default=Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
+    # Many workers (talon.scaleout): unset keeps the embedded stores in TALON_DATA_DIR.
+    database_url: str = Field(default="", validation_alias=_env("TALON_DATABASE_URL"))
+    database_pool_size: int = Field(default=10, ge=1, validation_alias=_env("TALON_DATABASE_POOL_SIZE"))
+    lease_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_LEASE_SECONDS"))
+    worker_id: str = Field(default="", validation_alias=_env("TALON_WORKER_ID"))
 
     # --- telegram ----------------------------------------------------------------------------
     telegram_bot_token: str = Field(default="", validation_alias=_env("TELEGRAM_BOT_TOKEN"))
