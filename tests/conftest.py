@@ -11,6 +11,7 @@ import pytest_asyncio
 from talon.config import Settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
+from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
 
 TOKEN = "123456:TEST-token"
 ALICE = 111
