@@ -140,6 +140,7 @@ class LoadBalancer:
         self.workers = workers
         self.turn = 0
         self.retries = 0
+        self.posted = 0
 
     async def post(self, update: dict[str, Any], timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -151,6 +152,7 @@ class LoadBalancer:
                                              headers={"X-Telegram-Bot-Api-Secret-Token": SECRET},
                                              timeout=aiohttp.ClientTimeout(total=10)) as resp:
                     if resp.status == 200:
+                        self.posted += 1
                         return worker.name
                     if resp.status < 500:
                         raise AssertionError(f"{worker.name} answered {resp.status}: {await resp.text()}")
