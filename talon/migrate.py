@@ -176,7 +176,7 @@ def _access(path: Path, db: Database) -> StoreReport:
                         "ON CONFLICT DO NOTHING", row)
             report.copied += max(cur.rowcount, 0)
     db.count(report.found)
-    checks = [("talon_approved", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in approved]),
+    checks: list[tuple[str, str, list[tuple[object, ...]]]] = [("talon_approved", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in approved]),
               ("talon_pairing_pending", "code = %s", [(r[3],) for r in pending]),
               ("talon_pairing_replied", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in replied])]
     for table, where, keys in checks:
