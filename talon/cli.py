@@ -170,6 +170,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                  else "off (TALON_PAIRING=false)"))
     rows.append(("media root", str(settings.media_root.resolve())))
     rows.append(("data dir", str(settings.data_dir.resolve())))
+    if settings.database_url:  # many workers: the shared stores
+        from talon.health import database_rows
+
+        rows += database_rows(settings.database_url)
     transcriber = Transcriber.from_settings(settings)
     rows.append(("transcriber", f"{settings.transcriber}: " + (
         f"ok ({transcriber.backend.name})" if transcriber.backend is not None

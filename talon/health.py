@@ -62,3 +62,40 @@ def add_health_route(runtime: Runtime) -> None:
 
     http.add_route("GET", HEALTH_PATH, handle)
     setattr(http, "_talon_health", True)
+
+
+def database_rows(url: str) -> list[tuple[str, str]]:
+    """``talon doctor``'s lines about the shared database: reachable, schema version, leases."""
+    from talon.errors import ConfigError
+    from talon.pg.db import SCHEMA_VERSION, Database, redact, schema_version
+    from talon.pg.leases import Leases
+
+    rows = [("database", redact(url))]
+    try:
+        db = Database(url, max_size=1, timeout_s=5.0)
+    except ConfigError as exc:
+        return rows + [("database status", f"UNREACHABLE: {exc}")]
+    try:
+        version = schema_version(db)
+        if version == SCHEMA_VERSION:
+            rows.append(("database schema", f"ok: version {version}"))
+        elif version < SCHEMA_VERSION:
+            rows.append(("database schema", f"version {version} of {SCHEMA_VERSION}: the next `talon run` "
+                                            "upgrades it"))
+        else:
+            rows.append(("database schema", f"NEWER ({version}) than this Talon knows ({SCHEMA_VERSION}): "
+                                            "upgrade Talon"))
+        if version >= 2:
+            live, expired, holders = Leases(db, "doctor", 0).summary()
+            poll = Leases(db, "doctor", 0).holder_of("telegram:poll")
+            rows.append(("leases", f"{live} live, held by {holders} worker(s); {expired} expired and not yet "
+                                   "taken over" + (" (a worker died or is stuck)" if expired else "")))
+            rows.append(("telegram poller", poll or "none (webhook mode, or no worker is polling)"))
+            pending = db.fetchone("SELECT count(*), min(created) FROM talon_inbox WHERE status = 'pending'")
+            if pending and pending[0]:
+                rows.append(("inbox", f"{pending[0]} message(s) pending, oldest {time.time() - pending[1]:.0f}s old"))
+            else:
+                rows.append(("inbox", "nothing pending"))
+    finally:
+        db.close()
+    return rows
