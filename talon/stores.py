@@ -6,6 +6,7 @@ same interfaces either way (``talon.inbox.InboxStore``, ``SessionStore``, ``Atta
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
     from channels.media_links import MediaLinks
     from talon.pg.db import Database
     from talon.pg.leases import Leases
+
+
+log = logging.getLogger(__name__)
 
 
 def default_worker_id() -> str:
@@ -59,6 +63,7 @@ class Stores:
         self.inbox.close()
         self.gate.close()
         if self.db is not None:
+            log.info("worker %s: %d database round trips", self.worker_id, self.db.round_trips)
             self.db.close()
 
 
