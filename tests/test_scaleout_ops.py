@@ -150,3 +150,24 @@ async def test_a_worker_that_lost_a_chat_lease_stops_serving_it(
         assert not tg.sent("sendMessage")
         with psycopg.connect(pg_url) as conn:
             assert conn.execute("SELECT status FROM talon_inbox").fetchone() == ("pending",)
+
+
+def test_talon_pair_approves_in_the_shared_database(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TALON_DATABASE_URL", pg_url)
+    monkeypatch.setenv("TALON_PAIRING", "true")
+    settings = Settings(_env_file=None, TALON_DATABASE_URL=pg_url, TALON_PAIRING=True,  # type: ignore[call-arg]
+                        TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m"))
+    stores = open_stores(settings)  # a worker
+    try:
+        pairing = stores.gate.request_pairing("telegram", "4242", "Dana")
+        assert pairing is not None
+        assert main(["pair"]) == 0  # the owner, on any host with the same settings
+        assert pairing.code in capsys.readouterr().out
+        assert main(["pair", pairing.code]) == 0
+        assert "approved telegram:4242 (Dana)" in capsys.readouterr().out
+        assert stores.gate.allowed("telegram", ["4242"])  # at once, for the running worker
+        assert not (tmp_path / "data" / "access.sqlite3").exists() and not (tmp_path / ".talon").exists()
+    finally:
+        stores.close()
