@@ -40,8 +40,8 @@ from tests.fakes.telegram import FakeTelegram  # noqa: E402
 from tests.pg import drop_database, new_database  # noqa: E402
 from tests.scaleout_helpers import Cluster, LoadBalancer, base_env, wait_healthy, webhook_env  # noqa: E402
 
-CHATS = 60
-PER_CHAT = 5
+CHATS = 300
+PER_CHAT = 2
 MODEL_DELAY_S = 0.2
 FIRST_USER = 7000
 ROUNDS = 2
