@@ -48,7 +48,7 @@ class SharedBridge(Bridge):
         self._leases: Leases = self.leases
         self._coordinator: asyncio.Task[None] | None = None
         self._retry_at: dict[ChatKey, float] = {}
-        self._renewed = 0.0
+        self._renewed = time.monotonic()  # leases taken from now on are fresh
 
     # --- intake ---------------------------------------------------------------------------
     def submit(self, message: InboundMessage) -> bool:
@@ -109,18 +109,21 @@ class SharedBridge(Bridge):
     async def _coordinate(self) -> None:
         while not self._stopped:
             try:
-                self._renew()
-                self._scan()
+                await self._renew()
+                await self._scan()
             except Exception as exc:  # the database is away: keep trying, the leases tell the rest
                 log.error("worker %s: coordination with the database failed (%s); retrying",
                           self.worker_id, exc)
+                self._drop_if_unrenewed()
             await asyncio.sleep(self.scan_interval_s)
 
-    def _renew(self) -> None:
+    async def _renew(self) -> None:
         now = time.monotonic()
         if now - self._renewed < self._leases.ttl_s / 3:
             return
-        held = self._leases.renew_all()
+        # In a thread, like the scan's query: with the database away, a call waits for a pooled
+        # connection, and the event loop must go on (webhooks answer, /healthz says 503).
+        held = await asyncio.to_thread(self._leases.renew_all)
         self._renewed = now
         for chat, task in list(self._workers.items()):
             if chat_lease(chat.channel, chat.chat_id) not in held and not task.done():
@@ -128,12 +131,21 @@ class SharedBridge(Bridge):
                           "serves it now", self.worker_id, chat, self._leases.ttl_s)
                 task.cancel()
 
-    def _scan(self) -> None:
+    def _drop_if_unrenewed(self) -> None:
+        """Past the lease time without a renewal, every lease of ours may be someone else's now."""
+        if self._workers and time.monotonic() - self._renewed > self._leases.ttl_s:
+            log.error("worker %s: leases not renewed for over %gs; stops serving its %d chat(s)",
+                      self.worker_id, self._leases.ttl_s, len(self._workers))
+            for task in list(self._workers.values()):
+                task.cancel()
+
+    async def _scan(self) -> None:
         channels = sorted(self._started)
         if not channels:
             return
+        waiting = await asyncio.to_thread(self._shared_inbox.pending_chats, channels, 100)
         now = time.monotonic()
-        for channel, chat_id in self._shared_inbox.pending_chats(channels, limit=100):
+        for channel, chat_id in waiting:
             chat = ChatKey(channel, chat_id)
             if self._retry_at.get(chat, 0.0) > now:
                 continue

@@ -171,3 +171,35 @@ def test_talon_pair_approves_in_the_shared_database(tmp_path: Path, pg_url: str,
         assert not (tmp_path / "data" / "access.sqlite3").exists() and not (tmp_path / ".talon").exists()
     finally:
         stores.close()
+
+
+async def test_a_worker_cut_off_from_the_database_stops_serving_its_chats(
+    tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI, pg_server: str, pg_url: str
+) -> None:
+    settings = wh_settings(tmp_path, tg, llm, TALON_DATABASE_URL=pg_url, TALON_WORKER_ID="cut-off",
+                           TALON_LEASE_SECONDS=1)
+    llm.hang = True
+    async with worker(settings) as runtime:
+        [channel] = runtime.channels
+        bridge = runtime.bridge
+        await post(channel, update(tg, 1, tg.text_message(ALICE, "are you there", user_id=ALICE)))  # type: ignore[arg-type]
+        await llm.wait_for_requests(1)
+        assert bridge._workers
+        block_connections(pg_server, pg_url, allow=False)
+        try:
+            for _ in range(100):
+                if not bridge._workers:
+                    break
+                await asyncio.sleep(0.05)
+            # Its lease may be another worker's by now: the turn here was given up.
+            assert not bridge._workers
+            assert not tg.sent("sendMessage")
+        finally:
+            block_connections(pg_server, pg_url, allow=True)
+        llm.hang = False
+        llm.release()
+        # The database is back: the message, still pending, is answered, once.
+        [reply] = await tg.wait_for("sendMessage", to_alice, timeout=20)
+        assert reply.params["text"] == "echo: are you there"
+        await asyncio.sleep(0.5)
+        assert len(tg.sent("sendMessage")) == 1
