@@ -48,6 +48,9 @@ class SharedBridge(Bridge):
         self._leases: Leases = self.leases
         self._coordinator: asyncio.Task[None] | None = None
         self._retry_at: dict[ChatKey, float] = {}
+        # How many times each chat's lease was taken here: a renewal that started before the
+        # latest taking says nothing about it.
+        self._taken: dict[ChatKey, int] = {}
         self._renewed = time.monotonic()  # leases taken from now on are fresh
 
     # --- intake ---------------------------------------------------------------------------
@@ -74,8 +77,14 @@ class SharedBridge(Bridge):
         worker = self._workers.get(chat)
         if worker is not None and not worker.done():
             return  # it asks the inbox for the chat's next message after each one
-        if self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
+        if self._take(chat):
             self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
+
+    def _take(self, chat: ChatKey) -> bool:
+        if not self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
+            return False
+        self._taken[chat] = self._taken.get(chat, 0) + 1
+        return True
 
     # --- serving one chat -------------------------------------------------------------------
     async def _work(self, chat: ChatKey) -> None:
@@ -91,7 +100,7 @@ class SharedBridge(Bridge):
                     # A message stored by a worker that found the lease still held must not wait
                     # for the scan: look once more now that the lease is free.
                     again = self._shared_inbox.next_pending(chat.channel, chat.chat_id)
-                    if again is None or again.seq in tried or not self._leases.acquire(name):
+                    if again is None or again.seq in tried or not self._take(chat):
                         return
                     continue
                 tried.add(item.seq)
@@ -104,6 +113,7 @@ class SharedBridge(Bridge):
         finally:
             if self._workers.get(chat) is asyncio.current_task():
                 self._workers.pop(chat, None)
+                self._taken.pop(chat, None)
 
     # --- leases and the scan --------------------------------------------------------------
     async def _coordinate(self) -> None:
@@ -121,12 +131,18 @@ class SharedBridge(Bridge):
         now = time.monotonic()
         if now - self._renewed < self._leases.ttl_s / 3:
             return
+        # Only the chats served now, as they are now: a chat taken while the renewal runs has a
+        # fresh lease, and a lease row of ours that nothing here serves any more must expire.
+        serving = dict(self._workers)
+        taken = dict(self._taken)
+        names = [chat_lease(chat.channel, chat.chat_id) for chat in serving]
         # In a thread, like the scan's query: with the database away, a call waits for a pooled
         # connection, and the event loop must go on (webhooks answer, /healthz says 503).
-        held = await asyncio.to_thread(self._leases.renew_all)
+        held = await asyncio.to_thread(self._leases.renew, names) if names else set()
         self._renewed = now
-        for chat, task in list(self._workers.items()):
-            if chat_lease(chat.channel, chat.chat_id) not in held and not task.done():
+        for chat, task in serving.items():
+            if (chat_lease(chat.channel, chat.chat_id) not in held and not task.done()
+                    and self._workers.get(chat) is task and self._taken.get(chat) == taken.get(chat)):
                 log.error("worker %s: lost the lease of chat %s (not renewed within %gs); another worker "
                           "serves it now", self.worker_id, chat, self._leases.ttl_s)
                 task.cancel()

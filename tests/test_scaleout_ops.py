@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -203,3 +204,38 @@ async def test_a_worker_cut_off_from_the_database_stops_serving_its_chats(
         assert reply.params["text"] == "echo: are you there"
         await asyncio.sleep(0.5)
         assert len(tg.sent("sendMessage")) == 1
+
+
+async def test_chats_taken_while_a_renewal_runs_are_not_given_up(
+    tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    users = [7100 + i for i in range(12)]
+    settings = wh_settings(tmp_path, tg, llm, TALON_DATABASE_URL=pg_url, TALON_WORKER_ID="busy",
+                           TALON_LEASE_SECONDS=0.9, TALON_TELEGRAM_ALLOWED_USERS=",".join(map(str, users)))
+    llm.delay = 1.0  # every turn spans several renewals
+    async with worker(settings) as runtime:
+        [channel] = runtime.channels
+        bridge = runtime.bridge
+        assert isinstance(bridge, SharedBridge)
+        leases = bridge._leases
+        real, real_all = leases.renew, leases.renew_all
+
+        def slow_renew(names: list[str]) -> set[str]:
+            held = real(names)
+            time.sleep(0.25)  # the answer is late: chats are taken meanwhile
+            return held
+
+        def slow_renew_all() -> set[str]:
+            held = real_all()
+            time.sleep(0.25)
+            return held
+
+        leases.renew = slow_renew  # type: ignore[method-assign]
+        leases.renew_all = slow_renew_all  # type: ignore[method-assign]
+        for n, user in enumerate(users):
+            await post(channel, update(tg, n + 1, tg.text_message(user, f"hi {user}", user_id=user)))  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)
+        for user in users:
+            await tg.wait_for("sendMessage", lambda c, u=user: str(c.params.get("chat_id")) == str(u), timeout=20)
+    assert "lost the lease" not in caplog.text
+    assert sorted(int(c.params["chat_id"]) for c in tg.sent("sendMessage")) == users

@@ -34,6 +34,14 @@ class Leases:
             (self.ttl_s, self.holder))
         return {str(r[0]) for r in rows}
 
+    def renew(self, names: list[str]) -> set[str]:
+        """Extend the named leases, where still ours and live; the names renewed."""
+        rows = self.db.fetchall(
+            "UPDATE talon_leases SET expires = clock_timestamp() + make_interval(secs => %s) "
+            "WHERE holder = %s AND name = ANY(%s) AND expires > clock_timestamp() RETURNING name",
+            (self.ttl_s, self.holder, names))
+        return {str(r[0]) for r in rows}
+
     def release(self, name: str) -> None:
         self.db.execute("DELETE FROM talon_leases WHERE name = %s AND holder = %s", (name, self.holder))
 
