@@ -47,6 +47,7 @@ class SharedBridge(Bridge):
         self._shared_inbox: PgInbox = self.inbox
         self._leases: Leases = self.leases
         self._coordinator: asyncio.Task[None] | None = None
+        self._lease_watch: asyncio.Task[None] | None = None
         self._retry_at: dict[ChatKey, float] = {}
         # How many times each chat's lease was taken here: a renewal that started before the
         # latest taking says nothing about it.
@@ -70,6 +71,7 @@ class SharedBridge(Bridge):
         super().channel_started(name)
         if self._coordinator is None and not self._stopped:
             self._coordinator = asyncio.create_task(self._coordinate(), name="talon-coordinator")
+            self._lease_watch = asyncio.create_task(self._watch_leases(), name="talon-lease-watch")
 
     def _claim(self, chat: ChatKey) -> None:
         if self._stopped or chat.channel not in self._started:
@@ -124,7 +126,6 @@ class SharedBridge(Bridge):
             except Exception as exc:  # the database is away: keep trying, the leases tell the rest
                 log.error("worker %s: coordination with the database failed (%s); retrying",
                           self.worker_id, exc)
-                self._drop_if_unrenewed()
             await asyncio.sleep(self.scan_interval_s)
 
     async def _renew(self) -> None:
@@ -147,13 +148,17 @@ class SharedBridge(Bridge):
                           "serves it now", self.worker_id, chat, self._leases.ttl_s)
                 task.cancel()
 
-    def _drop_if_unrenewed(self) -> None:
-        """Past the lease time without a renewal, every lease of ours may be someone else's now."""
-        if self._workers and time.monotonic() - self._renewed > self._leases.ttl_s:
-            log.error("worker %s: leases not renewed for over %gs; stops serving its %d chat(s)",
-                      self.worker_id, self._leases.ttl_s, len(self._workers))
-            for task in list(self._workers.values()):
-                task.cancel()
+    async def _watch_leases(self) -> None:
+        """Past the lease time without a renewal (the database does not answer, and the renewal
+        waits for it), every lease of ours may be someone else's now: stop serving those chats.
+        A task of its own, since the coordinator is the one that is stuck waiting."""
+        while not self._stopped:
+            await asyncio.sleep(min(0.2, self._leases.ttl_s / 3))
+            if self._workers and time.monotonic() - self._renewed > self._leases.ttl_s:
+                log.error("worker %s: leases not renewed for over %gs; stops serving its %d chat(s)",
+                          self.worker_id, self._leases.ttl_s, len(self._workers))
+                for task in list(self._workers.values()):
+                    task.cancel()
 
     async def _scan(self) -> None:
         channels = sorted(self._started)
@@ -170,9 +175,10 @@ class SharedBridge(Bridge):
 
     async def stop(self) -> None:
         self._stopped = True
-        if self._coordinator is not None:
-            self._coordinator.cancel()
-            await asyncio.gather(self._coordinator, return_exceptions=True)
+        for task in (self._coordinator, self._lease_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await super().stop()
         try:
             self._leases.release_all()  # the other workers take the chats over at once

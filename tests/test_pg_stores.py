@@ -117,11 +117,11 @@ def test_leases_one_holder_until_expiry(db: Database) -> None:
     assert w1.acquire("chat:x") and w1.acquire("chat:x")  # ours: taking it again renews
     assert not w2.acquire("chat:x")
     assert w2.holder_of("chat:x") == "w1"
-    assert w1.renew_all() == {"chat:x"}
+    assert w1.renew(["chat:x", "chat:y"]) == {"chat:x"}
     time.sleep(0.6)  # w1 "died": no renewal
     assert w2.holder_of("chat:x") is None
     assert w2.acquire("chat:x")
-    assert w1.renew_all() == set()  # w1 learns it lost the lease
+    assert w1.renew(["chat:x"]) == set()  # w1 learns it lost the lease
     assert not w1.acquire("chat:x")
     assert w2.summary() == (1, 0, 1)
     w2.release("chat:x")

@@ -218,20 +218,14 @@ async def test_chats_taken_while_a_renewal_runs_are_not_given_up(
         bridge = runtime.bridge
         assert isinstance(bridge, SharedBridge)
         leases = bridge._leases
-        real, real_all = leases.renew, leases.renew_all
+        real = leases.renew
 
         def slow_renew(names: list[str]) -> set[str]:
             held = real(names)
             time.sleep(0.25)  # the answer is late: chats are taken meanwhile
             return held
 
-        def slow_renew_all() -> set[str]:
-            held = real_all()
-            time.sleep(0.25)
-            return held
-
         leases.renew = slow_renew  # type: ignore[method-assign]
-        leases.renew_all = slow_renew_all  # type: ignore[method-assign]
         for n, user in enumerate(users):
             await post(channel, update(tg, n + 1, tg.text_message(user, f"hi {user}", user_id=user)))  # type: ignore[arg-type]
             await asyncio.sleep(0.05)

@@ -1,7 +1,7 @@
 """Leases: a named right (serve this chat, poll Telegram) held by one worker until it expires.
 
 A lease is one row. Taking it is one conditional upsert: it succeeds when the row is absent,
-expired, or already ours. The holder renews all its leases in one statement; a lease it fails to
+expired, or already ours. The holder renews the leases it uses in one statement; one it fails to
 renew in time is free for others. Expiry is the database's clock, so workers' clocks do not matter.
 """
 
@@ -25,14 +25,6 @@ class Leases:
             "RETURNING 1",
             (name, self.holder, self.ttl_s))
         return row is not None
-
-    def renew_all(self) -> set[str]:
-        """Extend every live lease this worker holds; the names still held."""
-        rows = self.db.fetchall(
-            "UPDATE talon_leases SET expires = clock_timestamp() + make_interval(secs => %s) "
-            "WHERE holder = %s AND expires > clock_timestamp() RETURNING name",
-            (self.ttl_s, self.holder))
-        return {str(r[0]) for r in rows}
 
     def renew(self, names: list[str]) -> set[str]:
         """Extend the named leases, where still ours and live; the names renewed."""
