@@ -57,6 +57,10 @@ async def store_response(resp: httpx.Response, store: AttachmentStore, remote: R
         raise DownloadTooLarge(name, remote.size, exc.limit) from None
 
 
+# Typing pings still finishing after their turn ended (kept referenced until done).
+_lingering: set[asyncio.Task[None]] = set()
+
+
 class Channel(abc.ABC):
     name: str
     typing_interval_s: float = 4.0
@@ -104,20 +108,27 @@ class Channel(abc.ABC):
     async def typing(self, chat_id: str, thread_id: str | None = None) -> AsyncIterator[None]:
         """Keep the typing indicator alive for as long as the block runs."""
 
+        done = asyncio.Event()
+
         async def keep_alive() -> None:
-            while True:
+            while not done.is_set():
                 try:
                     await self.send_typing(chat_id, thread_id)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # a lost typing ping is cosmetic
                     log.debug("typing indicator for %s failed: %s", chat_id, exc)
-                await asyncio.sleep(self.typing_interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), self.typing_interval_s)
 
         task = asyncio.create_task(keep_alive())
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # A ping in flight is let finish, never cancelled: httpcore 1.0.9 can lose a pool slot
+            # for a request cancelled while it waits for a connection (encode/httpcore#1093), and
+            # with every slot lost all sends fail with PoolTimeout. The reply does not wait for it.
+            done.set()
+            if not task.done():
+                _lingering.add(task)
+                task.add_done_callback(_lingering.discard)

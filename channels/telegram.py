@@ -115,6 +115,7 @@ from channels.telegram_groups import (
     thread_of,
     topic_title,
 )
+from channels.telegram_leader import PollLeader
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +296,8 @@ class TelegramChannel(Channel):
         self._webhook_error_seen: dt.datetime | None = None
         self._owns_http = False
         self.http: HttpServer | None = None
+        # Set by the runtime when workers share a database (channels.telegram_leader).
+        self.poll_leader: PollLeader | None = None
         if self.webhook_url:
             self._owns_http = http is None
             self.http = http or HttpServer(settings.http_host, settings.http_port)
@@ -311,6 +314,9 @@ class TelegramChannel(Channel):
         await self.app.start()
         if self.http is not None:
             await self._start_webhook()
+            return
+        if self.poll_leader is not None:  # many workers: only the lease holder polls
+            self._watchdog = asyncio.create_task(self.poll_leader.run(self), name="telegram-leader")
             return
         await self._start_polling()
         log.info("telegram: polling as @%s", self.bot.username)

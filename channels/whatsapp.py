@@ -45,9 +45,9 @@ import base64
 import logging
 import mimetypes
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -401,7 +401,9 @@ class WhatsAppChannel(Channel):
     name = "whatsapp"
 
     def __init__(self, settings: Settings, *, http: HttpServer | None = None,
-                 retry_base_s: float = 1.0, media_drain_s: float = MEDIA_DRAIN_S) -> None:
+                 retry_base_s: float = 1.0, media_drain_s: float = MEDIA_DRAIN_S,
+                 links: Callable[[Path, str, float], MediaLinks] | None = None) -> None:
+        # ``links`` makes the table of media links (channels.shared_media_links with many workers).
         check_whatsapp_settings(settings)
         self.settings = settings
         self.limits: Limits = settings.limits()
@@ -420,7 +422,7 @@ class WhatsAppChannel(Channel):
         self._owns_http = http is None
         self.http = http or HttpServer(settings.http_host, settings.http_port)
         self.links: MediaLinks | None = (
-            MediaLinks(settings.media_root, self.public_base_url, settings.media_url_ttl_s)
+            (links or MediaLinks)(settings.media_root, self.public_base_url, settings.media_url_ttl_s)
             if self.public_base_url else None
         )
         self.http.add_route("POST", self.webhook_path, self._on_webhook)

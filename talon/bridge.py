@@ -35,7 +35,7 @@ from talon.errors import (
     RateLimited,
 )
 from talon.groups import group_prompt_note, group_turn_text
-from talon.inbox import Inbox, InboxItem
+from talon.inbox import InboxItem, InboxStore
 from talon.media import extract_markdown_media
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
@@ -67,7 +67,7 @@ def quoted_text(message: InboundMessage) -> str:
 @dataclass
 class Bridge:
     agent: Agent
-    inbox: Inbox
+    inbox: InboxStore
     store: AttachmentStore
     limits: Limits
     media_root: Path

@@ -73,10 +73,12 @@ def _load_settings() -> Settings:
 
 async def _run(settings: Settings) -> int:
     from talon.runtime import build_runtime, configured_channels, serve, shared_http_server
+    from talon.stores import open_stores
 
     http = shared_http_server(settings)  # one server for every channel's webhooks
-    channels = configured_channels(settings, http)
-    runtime = build_runtime(settings, channels, http=http)
+    stores = open_stores(settings)  # embedded, or PostgreSQL (TALON_DATABASE_URL)
+    channels = configured_channels(settings, http, stores)
+    runtime = build_runtime(settings, channels, http=http, stores=stores)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -211,6 +213,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                  else "off (TALON_PAIRING=false)"))
     rows.append(("media root", str(settings.media_root.resolve())))
     rows.append(("data dir", str(settings.data_dir.resolve())))
+    if settings.database_url:  # many workers: the shared stores
+        from talon.health import database_rows
+
+        rows += database_rows(settings.database_url)
     transcriber = Transcriber.from_settings(settings)
     rows.append(("transcriber", f"{settings.transcriber}: " + (
         f"ok ({transcriber.backend.name})" if transcriber.backend is not None
@@ -249,11 +255,12 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def cmd_pair(args: argparse.Namespace) -> int:
     """List pairing requests and approvals, approve a code, or revoke an approval."""
-    from talon.access import CODE_TTL_S, AccessGate
+    from talon.access import CODE_TTL_S
+    from talon.stores import open_gate
     from talon.config import normalize_whatsapp_number
 
     settings = _load_settings()
-    gate = AccessGate.from_settings(settings)
+    gate = open_gate(settings)
     try:
         if args.revoke:
             channel, _, sender = args.revoke.partition(":")
@@ -301,6 +308,38 @@ def cmd_pair(args: argparse.Namespace) -> int:
         gate.close()
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy."""
+    from talon.migrate import migrate_embedded
+    from talon.pg.db import Database, redact
+
+    settings = _load_settings()
+    _setup_logging("WARNING", _secrets(settings))
+    url = (args.to or "").strip()
+    if not url:
+        return _fail("talon migrate needs --to postgresql://... (the TALON_DATABASE_URL the workers will use)",
+                     ["TALON_DATABASE_URL"])
+    if not settings.data_dir.is_dir():
+        return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"])
+    try:
+        db = Database(url, max_size=2)
+    except ConfigError as exc:
+        return _fail(str(exc), exc.missing)
+    try:
+        report = migrate_embedded(settings.data_dir, db)
+    finally:
+        db.close()
+    print(f"from {settings.data_dir.resolve()} to {redact(url)}")
+    rows = [("store", "found", "copied now", "verified")]
+    rows += [(s.name, str(s.found), str(s.copied), str(s.verified)) for s in report.stores]
+    _table(rows)
+    for store in report.stores:
+        for problem in store.problems:
+            print(f"PROBLEM: {problem}")
+    print("ok: every item is in the database and checked" if report.ok else "NOT OK: see the problems above")
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -309,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("-v", "--verbose", action="store_true", help="show logs")
     chat.set_defaults(func=cmd_chat)
     sub.add_parser("doctor", help="show what is configured").set_defaults(func=cmd_doctor)
+    migrate = sub.add_parser("migrate", help="copy an embedded deployment (TALON_DATA_DIR) into PostgreSQL")
+    migrate.add_argument("--to", metavar="URL", help="the PostgreSQL URL (TALON_DATABASE_URL of the workers)")
+    migrate.set_defaults(func=cmd_migrate)
     pair = sub.add_parser("pair", help="list pairing requests, approve a code, or revoke an approval")
     which = pair.add_mutually_exclusive_group()
     which.add_argument("code", nargs="?", help="the code the newcomer was sent, e.g. K7Q-4MX2")

@@ -113,6 +113,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
     # chat: one workspace per conversation under the media root; shared: the media root for all.
     workspace: Literal["chat", "shared"] = Field(default="chat", validation_alias=_env("TALON_WORKSPACE"))
+    # Many workers (talon.scaleout): unset keeps the embedded stores in TALON_DATA_DIR.
+    database_url: str = Field(default="", validation_alias=_env("TALON_DATABASE_URL"))
+    database_pool_size: int = Field(default=10, ge=1, validation_alias=_env("TALON_DATABASE_POOL_SIZE"))
+    lease_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_LEASE_SECONDS"))
+    worker_id: str = Field(default="", validation_alias=_env("TALON_WORKER_ID"))
 
     # --- telegram ----------------------------------------------------------------------------
     telegram_bot_token: str = Field(default="", validation_alias=_env("TELEGRAM_BOT_TOKEN"))

@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from talon.access import AccessGate
 from talon.agent.context import ContextPolicy
 from talon.agent.discovery import Discoverer
 from talon.agent.learned import LearnedFacts
@@ -25,11 +24,12 @@ from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
 from talon.errors import ConfigError
 from talon.envelope import InboundMessage
-from talon.inbox import Inbox
+from talon.inbox import InboxStore
 from talon.media import InboundContext, normalize_inbound
 from talon.speech import Transcriber
 from talon.tts import Synthesizer
 from talon.voice_replies import SpeakTool, VoiceReplies
+from talon.stores import Stores, open_stores
 
 if TYPE_CHECKING:
     from channels.base import Channel
@@ -96,7 +96,7 @@ class Runtime:
     settings: Settings
     store: AttachmentStore
     sessions: SessionStore
-    inbox: Inbox
+    inbox: InboxStore
     agent: Agent
     bridge: Bridge
     channels: list["Channel"] = field(default_factory=list)
@@ -104,6 +104,7 @@ class Runtime:
     http: "HttpServer | None" = None  # shared by the channels' webhooks; routes added already
     synthesizer: Synthesizer | None = None  # voice replies; None when they are off
     warmup: "asyncio.Task[None] | None" = None
+    stores: Stores | None = None
 
     async def start(self) -> None:
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
@@ -118,7 +119,16 @@ class Runtime:
         # Pending messages from an earlier run go first, before new ones can arrive; each chat's
         # messages are handled once its channel has started.
         self.bridge.recover()
+        if self.stores is not None and self.stores.leases is not None:
+            from channels.telegram_leader import PollLeader
+
+            for channel in self.channels:
+                if hasattr(channel, "poll_leader"):  # Telegram in polling mode: one worker polls
+                    channel.poll_leader = PollLeader(self.stores.leases)
         if self.http is not None:
+            from talon.health import add_health_route
+
+            add_health_route(self)
             # Listening before the channels start: a webhook that comes early gets 503 and is retried.
             await self.http.start()
         for channel in self.channels:
@@ -163,15 +173,19 @@ class Runtime:
             self.transcriber.close()
         if self.synthesizer is not None:
             self.synthesizer.close()
-        self.inbox.close()
-        self.bridge.gate.close()
+        if self.stores is not None:
+            self.stores.close()
+        else:
+            self.inbox.close()
+            self.bridge.gate.close()
 
 
 def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *,
-                  http: "HttpServer | None" = None) -> Runtime:
-    settings.ensure_dirs()
-    store = AttachmentStore(settings.data_dir / "attachments")
-    sessions = SessionStore(settings.data_dir)
+                  http: "HttpServer | None" = None, stores: Stores | None = None) -> Runtime:
+    # Embedded (SQLite, JSONL, files) or PostgreSQL, after TALON_DATABASE_URL; the same interfaces.
+    stores = stores or open_stores(settings)
+    store = stores.attachments
+    sessions = stores.sessions
     provider = build_provider(settings, store)
     workspace = Workspace(settings.media_root)
     summary_provider = (
@@ -205,22 +219,29 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
     )
-    inbox = Inbox(settings.data_dir / "inbox.sqlite3")
+    inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
-    bridge = Bridge(
+    bridge_kw = dict(
         agent=agent,
         inbox=inbox,
         store=store,
         limits=settings.limits(),
         media_root=settings.media_root,
-        gate=AccessGate.from_settings(settings),
+        gate=stores.gate,
         normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision),
         model_label=settings.model,
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
     )
+    if stores.shared:
+        from talon.scaleout import SharedBridge
+
+        bridge: Bridge = SharedBridge(**bridge_kw, leases=stores.leases,  # type: ignore[arg-type]
+                                      worker_id=stores.worker_id)
+    else:
+        bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
-                   synthesizer=voice.synthesizer if voice is not None else None)
+                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None)
 
 
 def voice_replies(settings: Settings) -> VoiceReplies | None:
@@ -292,7 +313,8 @@ def shared_http_server(settings: Settings) -> "HttpServer | None":
     return None
 
 
-def configured_channels(settings: Settings, http: "HttpServer | None" = None) -> list["Channel"]:
+def configured_channels(settings: Settings, http: "HttpServer | None" = None,
+                        stores: Stores | None = None) -> list["Channel"]:
     """Every platform channel whose settings are present. Channels that take webhooks add their
     routes to ``http`` (see ``shared_http_server``); without it each brings its own server."""
     channels: list[Channel] = []
@@ -305,7 +327,8 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None) ->
         from channels.whatsapp import WhatsAppChannel
 
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
-        channels.append(WhatsAppChannel(settings, http=http))
+        channels.append(WhatsAppChannel(settings, http=http,
+                                        links=stores.media_links() if stores is not None else None))
     return channels
 
 

@@ -12,6 +12,7 @@ import pytest_asyncio
 from talon.config import Settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
+from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
 
 # Talon warms Whisper and the voice at every start; most tests start a runtime and never speak,
 # so the suite turns that off (Settings reads the environment). Tests of the warm-up turn it on.

@@ -1,0 +1,101 @@
+"""``GET /healthz`` on Talon's HTTP server: 200 when this worker can do its job, else 503.
+
+A load balancer or an orchestrator asks it. Unhealthy means: the shared database does not answer
+(with ``TALON_DATABASE_URL``), or a channel has been silent too long (Telegram polling with no
+successful ``getUpdates`` for the poll timeout plus a minute, the watchdog's own threshold). The
+body lists each check, one per line, so a person reading it sees which failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from talon.runtime import Runtime
+
+HEALTH_PATH = "/healthz"
+
+
+async def health_checks(runtime: Runtime) -> list[tuple[str, bool, str]]:
+    checks: list[tuple[str, bool, str]] = []
+    stores = runtime.stores
+    if stores is not None and stores.db is not None:
+        problem = await asyncio.to_thread(stores.db.ping)
+        checks.append(("database", problem is None, problem or "reachable"))
+    for channel in runtime.channels:
+        silent = _telegram_silence(channel)
+        if silent is not None:
+            seconds, limit = silent
+            checks.append((f"channel {channel.name}", seconds < limit,
+                           f"last getUpdates {seconds:.0f}s ago (limit {limit:.0f}s)"))
+        else:
+            checks.append((f"channel {channel.name}", True, "running"))
+    if stores is not None:
+        checks.append(("worker", True, stores.worker_id))
+    return checks
+
+
+def _telegram_silence(channel: object) -> tuple[float, float] | None:
+    """(seconds since the last good getUpdates, the limit) while this worker polls Telegram."""
+    request = getattr(channel, "_poll_request", None)
+    app = getattr(channel, "app", None)
+    updater = getattr(app, "updater", None)
+    if request is None or updater is None or not updater.running:
+        return None
+    return time.monotonic() - request.last_ok, float(getattr(channel, "_stall_after"))
+
+
+def add_health_route(runtime: Runtime) -> None:
+    http = runtime.http
+    if http is None or http.running or getattr(http, "_talon_health", False):
+        return
+
+    async def handle(request: web.Request) -> web.Response:
+        checks = await health_checks(runtime)
+        ok = all(good for _, good, _ in checks)
+        body = "".join(f"{'ok  ' if good else 'FAIL'} {name}: {detail}\n" for name, good, detail in checks)
+        return web.Response(status=200 if ok else 503, text=body)
+
+    http.add_route("GET", HEALTH_PATH, handle)
+    setattr(http, "_talon_health", True)
+
+
+def database_rows(url: str) -> list[tuple[str, str]]:
+    """``talon doctor``'s lines about the shared database: reachable, schema version, leases."""
+    from talon.errors import ConfigError
+    from talon.pg.db import SCHEMA_VERSION, Database, redact, schema_version
+    from talon.pg.leases import Leases
+
+    rows = [("database", redact(url))]
+    try:
+        db = Database(url, max_size=1, timeout_s=5.0)
+    except ConfigError as exc:
+        return rows + [("database status", f"UNREACHABLE: {exc}")]
+    try:
+        version = schema_version(db)
+        if version == SCHEMA_VERSION:
+            rows.append(("database schema", f"ok: version {version}"))
+        elif version < SCHEMA_VERSION:
+            rows.append(("database schema", f"version {version} of {SCHEMA_VERSION}: the next `talon run` "
+                                            "upgrades it"))
+        else:
+            rows.append(("database schema", f"NEWER ({version}) than this Talon knows ({SCHEMA_VERSION}): "
+                                            "upgrade Talon"))
+        if version >= 2:
+            live, expired, holders = Leases(db, "doctor", 0).summary()
+            poll = Leases(db, "doctor", 0).holder_of("telegram:poll")
+            rows.append(("leases", f"{live} live, held by {holders} worker(s); {expired} expired and not yet "
+                                   "taken over" + (" (a worker died or is stuck)" if expired else "")))
+            rows.append(("telegram poller", poll or "none (webhook mode, or no worker is polling)"))
+            pending = db.fetchone("SELECT count(*), min(created) FROM talon_inbox WHERE status = 'pending'")
+            if pending and pending[0]:
+                rows.append(("inbox", f"{pending[0]} message(s) pending, oldest {time.time() - pending[1]:.0f}s old"))
+            else:
+                rows.append(("inbox", "nothing pending"))
+    finally:
+        db.close()
+    return rows

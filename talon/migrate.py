@@ -1,0 +1,229 @@
+"""``talon migrate --to URL``: copy an embedded deployment into PostgreSQL, then check the copy.
+
+What is copied from ``TALON_DATA_DIR``: the inbox (every row, done or pending, so dedup and
+pending work carry over), the sessions (every thread of every chat, checkpoints included, and
+which thread is current), access (approvals, live pairing codes, the code-reply log) and the
+attachments (streamed in chunks). Everything is keyed, so running it again copies only what is
+missing: the inbox by message key, session lines by (chat, thread, line number), attachments by
+sha256. Afterwards every item is checked on the database side: the inbox keys, a sha256 over each
+thread's lines, the access rows, and each attachment's bytes hashed again as read back.
+
+The context files (summary archives, evicted tool outputs) stay files in
+``TALON_DATA_DIR/sessions/*/*/context/``: with many workers that directory is on shared storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from talon.attachments import AttachmentStore
+from talon.content import Message
+from talon.pg.attachments import PgAttachmentStore
+from talon.pg.db import Database, migrate_schema
+
+log = logging.getLogger(__name__)
+
+_HEX = set("0123456789abcdef")
+
+
+@dataclass
+class StoreReport:
+    name: str
+    found: int = 0
+    copied: int = 0
+    verified: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.verified == self.found
+
+
+@dataclass
+class MigrationReport:
+    stores: list[StoreReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok for s in self.stores)
+
+
+def _sqlite(path: Path) -> sqlite3.Connection | None:
+    if not path.is_file():
+        return None
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+
+def migrate_embedded(data_dir: Path, db: Database) -> MigrationReport:
+    migrate_schema(db)
+    return MigrationReport([
+        _inbox(data_dir / "inbox.sqlite3", db),
+        _sessions(data_dir / "sessions", db),
+        _access(data_dir / "access.sqlite3", db),
+        _attachments(data_dir / "attachments", db, data_dir),
+    ])
+
+
+def _inbox(path: Path, db: Database) -> StoreReport:
+    report = StoreReport("inbox")
+    src = _sqlite(path)
+    if src is None:
+        return report
+    with src:
+        rows = src.execute("SELECT key, channel, chat_id, payload, status, attempts, delivered_parts, created, "
+                           "finished FROM inbox ORDER BY seq").fetchall()
+    src.close()
+    report.found = len(rows)
+    with db.transaction() as conn, conn.cursor() as cur:
+        for row in rows:  # in arrival order, so the new sequence keeps it
+            cur.execute("INSERT INTO talon_inbox (key, channel, chat_id, payload, status, attempts, "
+                        "delivered_parts, created, finished) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                        "ON CONFLICT (key) DO NOTHING", row)
+            report.copied += max(cur.rowcount, 0)
+    db.count(len(rows))
+    copied = {str(r[0]): (str(r[1]), str(r[2]), str(r[3])) for r in db.fetchall(
+        "SELECT key, channel, chat_id, payload FROM talon_inbox WHERE key = ANY(%s)", ([r[0] for r in rows],))}
+    for key, channel, chat_id, payload, *_ in rows:
+        if copied.get(key) == (channel, chat_id, payload):
+            report.verified += 1
+        else:
+            report.problems.append(f"inbox message {key} differs in the database")
+    return report
+
+
+def _thread_lines(path: Path) -> list[str]:
+    """A thread's complete, readable lines, as the embedded store would load them."""
+    lines = []
+    for number, line in enumerate(path.read_bytes().decode("utf-8", "replace").split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            Message.from_json(line)
+        except ValueError:
+            log.warning("session %s line %d is unreadable (torn write?); not copied", path, number)
+            continue
+        lines.append(line)
+    return lines
+
+
+def _digest(lines: list[str]) -> str:
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def _sessions(root: Path, db: Database) -> StoreReport:
+    report = StoreReport("sessions (threads)")
+    if not root.is_dir():
+        return report
+    for channel_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for chat_dir in sorted(p for p in channel_dir.iterdir() if p.is_dir()):
+            channel, chat_id = channel_dir.name, chat_dir.name
+            current = chat_dir / "CURRENT"
+            if current.is_file() and current.read_text("utf-8").strip():
+                db.execute("INSERT INTO talon_threads (channel, chat_id, current) VALUES (%s, %s, %s) "
+                           "ON CONFLICT (channel, chat_id) DO UPDATE SET current = EXCLUDED.current",
+                           (channel, chat_id, current.read_text("utf-8").strip()))
+            for thread_file in sorted(chat_dir.glob("*.jsonl")):
+                thread = thread_file.stem
+                lines = _thread_lines(thread_file)
+                report.found += 1
+                with db.transaction() as conn, conn.cursor() as cur:
+                    for n, line in enumerate(lines, 1):
+                        cur.execute("INSERT INTO talon_session_lines (channel, chat_id, thread, n, body) "
+                                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                                    (channel, chat_id, thread, n, line))
+                        report.copied += max(cur.rowcount, 0)
+                db.count(len(lines))
+                stored = [str(r[0]) for r in db.fetchall(
+                    "SELECT body FROM talon_session_lines WHERE channel = %s AND chat_id = %s AND thread = %s "
+                    "AND n <= %s ORDER BY n", (channel, chat_id, thread, len(lines)))]
+                if _digest(stored) == _digest(lines):
+                    report.verified += 1
+                else:
+                    report.problems.append(f"session {channel}/{chat_id}/{thread}: the database holds other "
+                                           "lines than the file (sha256 differs)")
+    return report
+
+
+def _access(path: Path, db: Database) -> StoreReport:
+    report = StoreReport("access (approvals, codes)")
+    src = _sqlite(path)
+    if src is None:
+        return report
+    with src:
+        approved = src.execute("SELECT channel, sender_id, name, approved_at FROM approved").fetchall()
+        pending = src.execute("SELECT channel, sender_id, name, code, created FROM pending ORDER BY rowid").fetchall()
+        replied = src.execute("SELECT channel, sender_id, at FROM replied").fetchall()
+    src.close()
+    report.found = len(approved) + len(pending) + len(replied)
+    with db.transaction() as conn, conn.cursor() as cur:
+        for row in approved:
+            cur.execute("INSERT INTO talon_approved (channel, sender_id, name, approved_at) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT DO NOTHING", row)
+            report.copied += max(cur.rowcount, 0)
+        for row in pending:
+            cur.execute("INSERT INTO talon_pairing_pending (channel, sender_id, name, code, created) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", row)
+            report.copied += max(cur.rowcount, 0)
+        for row in replied:
+            cur.execute("INSERT INTO talon_pairing_replied (channel, sender_id, at) VALUES (%s, %s, %s) "
+                        "ON CONFLICT DO NOTHING", row)
+            report.copied += max(cur.rowcount, 0)
+    db.count(report.found)
+    checks: list[tuple[str, str, list[tuple[object, ...]]]] = [("talon_approved", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in approved]),
+              ("talon_pairing_pending", "code = %s", [(r[3],) for r in pending]),
+              ("talon_pairing_replied", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in replied])]
+    for table, where, keys in checks:
+        for key in keys:
+            if db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
+                report.verified += 1
+            else:
+                report.problems.append(f"{table} row {key} is missing in the database")
+    return report
+
+
+def _attachments(root: Path, db: Database, data_dir: Path) -> StoreReport:
+    report = StoreReport("attachments")
+    if not root.is_dir():
+        return report
+    source = AttachmentStore(root)
+    # Read back into a scratch cache, so the check reads the database, never the source files.
+    check_dir = data_dir / "migrate-check"
+    target = PgAttachmentStore(db, check_dir)
+    for shard in sorted(p for p in root.iterdir() if p.is_dir() and len(p.name) == 2):
+        for blob in sorted(shard.iterdir()):
+            sha = blob.name
+            if len(sha) != 64 or not set(sha) <= _HEX:
+                continue
+            report.found += 1
+            digest = hashlib.sha256()
+            with open(blob, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+            if digest.hexdigest() != sha:
+                report.problems.append(f"attachment {sha[:12]} on disk does not match its name: not copied")
+                continue
+            if target.upload(source.path_for(sha), sha):
+                report.copied += 1
+            try:
+                target.file_path(sha)  # streamed back from the database and hashed again
+            except Exception as exc:
+                report.problems.append(f"attachment {sha[:12]}: {exc}")
+                continue
+            target.path_for(sha).unlink()
+            report.verified += 1
+    _remove_tree(check_dir)
+    return report
+
+
+def _remove_tree(path: Path) -> None:
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        child.rmdir() if child.is_dir() else child.unlink()
+    if path.exists():
+        path.rmdir()

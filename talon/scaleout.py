@@ -1,0 +1,195 @@
+"""Many workers, one order per chat: the bridge when the stores are shared (PostgreSQL).
+
+A worker serves a chat only while it holds the chat's lease (``talon.pg.leases``): a row that says
+who serves it until when. The worker that stores a message tries to take the lease and, if it
+gets it, serves the chat's pending messages from the shared inbox one at a time, oldest first,
+until none is left, then gives the lease back. If another worker holds it, that worker finds the
+new message when it asks the inbox for the chat's next one. Every worker also scans the inbox
+every ``scan_interval_s`` for chats with pending messages and no live lease (a worker died, or a
+message arrived while the lease was being given back), and renews its leases every third of the
+lease time. A worker that could not renew a lease in time stops serving that chat: someone else
+may have it by now.
+
+A worker that dies (SIGKILL, power) loses its chats when their leases expire
+(``TALON_LEASE_SECONDS``); other workers carry on from the inbox. A message whose reply was sent
+but not yet recorded when the worker died is answered again: that send-then-record window is the
+only source of duplicates (see docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from talon.agent.session import ChatKey
+from talon.bridge import Bridge
+from talon.envelope import InboundMessage
+from talon.pg.inbox import PgInbox
+from talon.pg.leases import Leases, chat_lease
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SharedBridge(Bridge):
+    leases: Leases | None = None
+    worker_id: str = ""
+    scan_interval_s: float = 0.5
+    # A chat whose message could not be finished here (delivery kept failing) is left to the
+    # scan (of any worker) again only after this long.
+    retry_after_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        assert isinstance(self.inbox, PgInbox) and self.leases is not None
+        self._shared_inbox: PgInbox = self.inbox
+        self._leases: Leases = self.leases
+        self._coordinator: asyncio.Task[None] | None = None
+        self._lease_watch: asyncio.Task[None] | None = None
+        self._retry_at: dict[ChatKey, float] = {}
+        # How many times each chat's lease was taken here: a renewal that started before the
+        # latest taking says nothing about it.
+        self._taken: dict[ChatKey, int] = {}
+        self._renewed = time.monotonic()  # leases taken from now on are fresh
+
+    # --- intake ---------------------------------------------------------------------------
+    def submit(self, message: InboundMessage) -> bool:
+        item = self.inbox.add(message)
+        if item is None:
+            log.info("duplicate message %s ignored", message.key)
+            return False
+        self._claim(ChatKey(message.channel, message.chat_id))
+        return True
+
+    def recover(self) -> int:
+        """Nothing to queue here: pending messages are found by the scan once channels start."""
+        return 0
+
+    def channel_started(self, name: str) -> None:
+        super().channel_started(name)
+        if self._coordinator is None and not self._stopped:
+            self._coordinator = asyncio.create_task(self._coordinate(), name="talon-coordinator")
+            self._lease_watch = asyncio.create_task(self._watch_leases(), name="talon-lease-watch")
+
+    def _claim(self, chat: ChatKey) -> None:
+        if self._stopped or chat.channel not in self._started:
+            return
+        worker = self._workers.get(chat)
+        if worker is not None and not worker.done():
+            return  # it asks the inbox for the chat's next message after each one
+        if self._take(chat):
+            self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
+
+    def _take(self, chat: ChatKey) -> bool:
+        if not self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
+            return False
+        self._taken[chat] = self._taken.get(chat, 0) + 1
+        return True
+
+    # --- serving one chat -------------------------------------------------------------------
+    async def _work(self, chat: ChatKey) -> None:
+        name = chat_lease(chat.channel, chat.chat_id)
+        tried: set[int] = set()
+        try:
+            while not self._stopped:
+                item = self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+                if item is None or item.seq in tried:
+                    if item is not None:  # its delivery failed for now; give others a go later
+                        self._retry_at[chat] = time.monotonic() + self.retry_after_s
+                    self._leases.release(name)
+                    # A message stored by a worker that found the lease still held must not wait
+                    # for the scan: look once more now that the lease is free.
+                    again = self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+                    if again is None or again.seq in tried or not self._take(chat):
+                        return
+                    continue
+                tried.add(item.seq)
+                try:
+                    await self._process(item)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("chat %s: message %s failed unexpectedly", chat, item.message.message_id)
+        finally:
+            if self._workers.get(chat) is asyncio.current_task():
+                self._workers.pop(chat, None)
+                self._taken.pop(chat, None)
+
+    # --- leases and the scan --------------------------------------------------------------
+    async def _coordinate(self) -> None:
+        while not self._stopped:
+            try:
+                await self._renew()
+                await self._scan()
+            except Exception as exc:  # the database is away: keep trying, the leases tell the rest
+                log.error("worker %s: coordination with the database failed (%s); retrying",
+                          self.worker_id, exc)
+            await asyncio.sleep(self.scan_interval_s)
+
+    async def _renew(self) -> None:
+        now = time.monotonic()
+        if now - self._renewed < self._leases.ttl_s / 3:
+            return
+        # Only the chats served now, as they are now: a chat taken while the renewal runs has a
+        # fresh lease, and a lease row of ours that nothing here serves any more must expire.
+        serving = dict(self._workers)
+        taken = dict(self._taken)
+        names = [chat_lease(chat.channel, chat.chat_id) for chat in serving]
+        # In a thread, like the scan's query: with the database away, a call waits for a pooled
+        # connection, and the event loop must go on (webhooks answer, /healthz says 503).
+        held = await asyncio.to_thread(self._leases.renew, names) if names else set()
+        self._renewed = now
+        for chat, task in serving.items():
+            if (chat_lease(chat.channel, chat.chat_id) not in held and not task.done()
+                    and self._workers.get(chat) is task and self._taken.get(chat) == taken.get(chat)):
+                log.error("worker %s: lost the lease of chat %s (not renewed within %gs); another worker "
+                          "serves it now", self.worker_id, chat, self._leases.ttl_s)
+                task.cancel()
+
+    async def _watch_leases(self) -> None:
+        """Past the lease time without a renewal (the database does not answer, and the renewal
+        waits for it), every lease of ours may be someone else's now: stop serving those chats.
+        A task of its own, since the coordinator is the one that is stuck waiting."""
+        while not self._stopped:
+            await asyncio.sleep(min(0.2, self._leases.ttl_s / 3))
+            if self._workers and time.monotonic() - self._renewed > self._leases.ttl_s:
+                log.error("worker %s: leases not renewed for over %gs; stops serving its %d chat(s)",
+                          self.worker_id, self._leases.ttl_s, len(self._workers))
+                for task in list(self._workers.values()):
+                    task.cancel()
+
+    async def _scan(self) -> None:
+        channels = sorted(self._started)
+        if not channels:
+            return
+        waiting = await asyncio.to_thread(self._shared_inbox.pending_chats, channels, 100)
+        now = time.monotonic()
+        for channel, chat_id in waiting:
+            chat = ChatKey(channel, chat_id)
+            if self._retry_at.get(chat, 0.0) > now:
+                continue
+            self._retry_at.pop(chat, None)
+            self._claim(chat)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for task in (self._coordinator, self._lease_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await super().stop()
+        try:
+            self._leases.release_all()  # the other workers take the chats over at once
+        except Exception as exc:
+            log.warning("worker %s: could not give its leases back (%s); they expire in %gs",
+                        self.worker_id, exc, self._leases.ttl_s)
+
+    # --- chat commands ----------------------------------------------------------------------
+    async def _command(self, chat: ChatKey, message: InboundMessage) -> str | None:
+        text = await super()._command(chat, message)
+        word = message.text.strip().split(maxsplit=1)[0].lower() if message.text.strip() else ""
+        if text is not None and word.split("@", 1)[0] == "/status":
+            text += f"\nWorker: {self.worker_id}"
+        return text

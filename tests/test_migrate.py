@@ -1,0 +1,138 @@
+"""`talon migrate --to URL`: an embedded data dir (inbox, sessions with checkpoints, pairings,
+attachments) copied into PostgreSQL, checked, idempotent, and then served by the PostgreSQL stores."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from talon.access import AccessGate
+from talon.agent.session import ChatKey, SessionStore
+from talon.attachments import AttachmentStore
+from talon.cli import main
+from talon.content import ImageBlock, Message, TextBlock
+from talon.envelope import InboundMessage
+from talon.inbox import Inbox
+from talon.pg.access import PgAccessGate
+from talon.pg.attachments import PgAttachmentStore
+from talon.pg.db import Database
+from talon.pg.inbox import PgInbox
+from talon.pg.sessions import PgSessionStore
+
+
+def png_bytes() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (10, 200, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def embedded_deployment(data: Path) -> dict[str, object]:
+    store = AttachmentStore(data / "attachments")
+    image = store.put_bytes(png_bytes(), mime="image/png", name="chart.png")
+    blob = store.put_bytes(os.urandom(700_000), mime="application/octet-stream", name="data.bin")
+    sessions = SessionStore(data)
+    chat = ChatKey("telegram", "111")
+    sessions.append(chat, Message(role="user", content=[TextBlock(text="look"), ImageBlock(ref=image)]),
+                    Message(role="assistant", content=[TextBlock(text="a green box")]))
+    sessions.append(chat, Message(role="user", content=[TextBlock(text="summary of the above")],
+                                  meta={"checkpoint": "summary", "replaces": 2}))
+    with open(sessions.thread_path(chat), "ab") as fh:
+        fh.write(b'{"role": "user", "cont')  # a torn last line, as a crash leaves it
+    sessions.new_thread(chat)
+    sessions.append(chat, Message(role="user", content=[TextBlock(text="fresh start")]))
+    sessions.append(ChatKey("whatsapp", "+15550001111"), Message(role="user", content=[TextBlock(text="hola")]))
+    inbox = Inbox(data / "inbox.sqlite3")
+    for n in range(3):
+        inbox.add(InboundMessage(channel="telegram", chat_id="111", message_id=str(n), sender_id="111",
+                                 text=f"m{n}"))
+    inbox.mark_done("telegram:111:0")
+    inbox.close()
+    gate = AccessGate(data / "access.sqlite3", {}, pairing=True)
+    approved = gate.request_pairing("telegram", "222", "Bob")
+    waiting = gate.request_pairing("whatsapp", "+15550003333", "Carol")
+    assert approved is not None and waiting is not None
+    gate.approve(approved.code)
+    gate.close()
+    return {"sessions": sessions, "chat": chat, "image": image, "blob": blob, "code": waiting.code}
+
+
+def run_migrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data: Path,
+                url: str) -> tuple[int, str]:
+    monkeypatch.chdir(data.parent)
+    monkeypatch.setenv("TALON_DATA_DIR", str(data))
+    code = main(["migrate", "--to", url])
+    return code, capsys.readouterr().out
+
+
+def test_migrate_copies_checks_and_is_idempotent(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    made = embedded_deployment(data)
+    code, out = run_migrate(monkeypatch, capsys, data, pg_url)
+    assert code == 0, out
+    rows = {line.split("  ")[1].strip(): line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert out.count("ok: every item is in the database and checked") == 1
+    # store, found, copied now, verified
+    assert rows["inbox"][-3:] == ["3", "3", "3"]
+    assert rows["sessions (threads)"][-3:] == ["3", "5", "3"]  # 3 threads, 5 readable lines (torn one left)
+    assert rows["access (approvals, codes)"][-3:] == ["3", "3", "3"]  # 1 approval, 1 code, 1 code reply
+    assert rows["attachments"][-3:] == ["2", "2", "2"]
+
+    code, again = run_migrate(monkeypatch, capsys, data, pg_url)
+    assert code == 0, again
+    rows = {line.split("  ")[1].strip(): line.split() for line in again.splitlines() if line.startswith("  ")}
+    assert [rows[k][-2] for k in rows if k != "store"] == ["0", "0", "0", "0"]  # nothing copied twice
+
+    db = Database(pg_url)
+    try:
+        sessions = made["sessions"]
+        assert isinstance(sessions, SessionStore)
+        chat = made["chat"]
+        assert isinstance(chat, ChatKey)
+        pg_sessions = PgSessionStore(db, tmp_path / "worker")
+        assert pg_sessions.current_thread(chat) == sessions.current_thread(chat) != "main"
+        for thread in ("main", sessions.current_thread(chat)):
+            assert [m.to_json() for m in pg_sessions.load(chat, thread)] == \
+                [m.to_json() for m in sessions.load(chat, thread)]
+        assert pg_sessions.load(chat, "main")[-1].meta["checkpoint"] == "summary"
+        inbox = PgInbox(db)
+        assert [i.message.text for i in inbox.pending()] == ["m1", "m2"]
+        assert inbox.add(InboundMessage(channel="telegram", chat_id="111", message_id="0", sender_id="111",
+                                        text="m0")) is None  # dedup carried over
+        gate = PgAccessGate(db, {}, pairing=True)
+        assert gate.allowed("telegram", ["222"]) and not gate.allowed("whatsapp", ["+15550003333"])
+        gate.approve(str(made["code"]))  # the live code still works after the move
+        assert gate.allowed("whatsapp", ["+15550003333"])
+        attachments = PgAttachmentStore(db, tmp_path / "worker" / "attachments")
+        source = AttachmentStore(data / "attachments")
+        for ref in (made["image"], made["blob"]):
+            assert attachments.read_bytes(ref) == source.read_bytes(ref)  # type: ignore[arg-type]
+    finally:
+        db.close()
+    assert not (data / "migrate-check").exists()
+
+
+def test_migrate_reports_a_corrupt_attachment(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    made = embedded_deployment(data)
+    blob = made["blob"]
+    path = AttachmentStore(data / "attachments").path_for(blob.id)  # type: ignore[attr-defined]
+    path.write_bytes(b"bit rot")
+    code, out = run_migrate(monkeypatch, capsys, data, pg_url)
+    assert code == 1
+    assert f"PROBLEM: attachment {blob.id[:12]} on disk does not match its name: not copied" in out  # type: ignore[attr-defined]
+    assert "NOT OK" in out
+
+
+def test_migrate_without_a_url_names_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TALON_DATA_DIR", str(tmp_path / "data"))
+    assert main(["migrate"]) == 2
+    assert "talon migrate needs --to postgresql://" in capsys.readouterr().err
