@@ -91,9 +91,11 @@ def test_doctor_reports_the_database(tmp_path: Path, pg_url: str, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TALON_DATABASE_URL", pg_url)
     monkeypatch.setenv("TALON_TRANSCRIBER", "off")
-    assert main(["doctor"]) == 0
-    out = capsys.readouterr().out
-    assert doctor_rows(out)["database schema"] == "version 0 of 2: the next `talon run` upgrades it"
+    assert main(["doctor"]) == 1  # no model is configured here; the database rows are what counts
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "problems with model" in captured.err and "database" not in captured.err
+    assert doctor_rows(out)["database schema"] == "version 0 of 3: the next `talon run` upgrades it"
     stores = open_stores(Settings(_env_file=None, TALON_DATABASE_URL=pg_url,  # type: ignore[call-arg]
                                   TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m")))
     try:
@@ -102,14 +104,16 @@ def test_doctor_reports_the_database(tmp_path: Path, pg_url: str, monkeypatch: p
             conn.execute("INSERT INTO talon_leases VALUES ('chat:telegram:2', 'dead-worker', now() - interval '1 s')")
     finally:
         stores.close()
-    assert main(["doctor"]) == 0
+    assert main(["doctor"]) == 1  # still no model, and nothing wrong with the database
     rows = doctor_rows(capsys.readouterr().out)
-    assert rows["database schema"] == "ok: version 2"
+    assert rows["database schema"] == "ok: version 3"
     assert rows["leases"] == "1 live, held by 1 worker(s); 1 expired and not yet taken over (a worker died or is stuck)"
     assert rows["inbox"] == "nothing pending"
     monkeypatch.setenv("TALON_DATABASE_URL", f"host={tmp_path} dbname=none")
-    assert main(["doctor"]) == 0
-    assert doctor_rows(capsys.readouterr().out)["database status"].startswith("UNREACHABLE: cannot reach the database")
+    assert main(["doctor"]) == 1
+    captured = capsys.readouterr()
+    assert doctor_rows(captured.out)["database status"].startswith("UNREACHABLE: cannot reach the database")
+    assert "database status" in captured.err  # named among the problems
 
 
 def test_worker_without_the_shared_media_root_refuses_to_start(tmp_path: Path, pg_url: str) -> None:

@@ -44,7 +44,7 @@ async def test_webhook_to_one_worker_media_link_fetched_from_the_other(
     shared = dict(TALON_DATABASE_URL=pg_url)
     settings_a = wa_settings(tmp_path, twilio, llm, TALON_WORKER_ID="wa-1", **shared)
     settings_b = wa_settings(tmp_path, twilio, llm, TALON_WORKER_ID="wa-2", **shared)
-    root = settings_a.media_root
+    root = settings_a.workspace_dir("whatsapp", ALICE)  # the chat's own workspace, on shared storage
     root.mkdir(parents=True, exist_ok=True)
     chart = png()
     (root / "chart.png").write_bytes(chart)
