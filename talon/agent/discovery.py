@@ -368,10 +368,10 @@ async def discover(kind: str, *, base_url: str | None, api_key: str, model: str,
             else:
                 await _ask_openai_compatible(ask, facts, base)
     except TimeoutError:
-        facts.error = f"the server did not answer discovery within {timeout_s:.0f} s"
+        facts.error = f"the server did not answer discovery within {timeout_s:g} s"
         facts.reachable = facts.family != "unknown" or bool(facts.found)
         if not facts.reachable:
-            facts.error = f"no answer within {timeout_s:.0f} s"
+            facts.error = f"no answer within {timeout_s:g} s"
     except httpx.HTTPError as exc:
         facts.reachable = False
         facts.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
