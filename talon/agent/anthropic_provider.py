@@ -38,12 +38,11 @@ from talon.agent.provider import (
     ToolSpec,
     Usage,
     block_text,
-    has_images,
     image_placeholder,
     try_hydrate,
 )
-from talon.agent.refusals import classify, refusal_error
-from talon.agent.retries import TIMEOUTS, TRANSPORT_ERRORS, Retryable, SendAgain, complete_with_retries
+from talon.agent.refusals import classify
+from talon.agent.retries import TIMEOUTS, TRANSPORT_ERRORS, Retryable, adapt_or_fail, complete_with_retries
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderUnavailable
 
@@ -258,24 +257,7 @@ class AnthropicProvider(Provider):
         return ModelResponse(message=from_anthropic_message(resp), usage=usage, finish_reason=resp.stop_reason)
 
     def _refused(self, status: int | None, body: Any, headers: Any, request: ModelRequest) -> Exception:
-        refusal = classify(status, body, headers)
-        images = has_images(request.messages)
-        if refusal.kind == "images_unsupported" and self.vision and images:
-            log.warning("model %s takes no images (%s); sending text notices instead from now on",
-                        self.model, refusal.short())
-            self.vision = False
-            return SendAgain()
-        if refusal.kind == "tools_unsupported" and self.tools and request.tools:
-            log.warning("model %s cannot call tools (%s); running without tools from now on",
-                        self.model, refusal.short())
-            self.tools = False
-            return SendAgain()
-        if refusal.kind == "stream_unsupported" and self.stream:
-            log.warning("model server refused streaming (%s); asking without it from now on", refusal.short())
-            self.stream = False
-            return SendAgain()
-        error = refusal_error(refusal, has_images=images and self.vision)
-        return Retryable(error, refusal.retry_after) if refusal.transient else error
+        return adapt_or_fail(self, classify(status, body, headers), request)
 
     async def aclose(self) -> None:
         await self._client.close()

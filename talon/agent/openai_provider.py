@@ -34,12 +34,18 @@ from talon.agent.provider import (
     ToolSpec,
     Usage,
     block_text,
-    has_images,
     image_placeholder,
     try_hydrate,
 )
-from talon.agent.refusals import classify, refusal_error
-from talon.agent.retries import TIMEOUTS, TRANSPORT_ERRORS, Retryable, SendAgain, complete_with_retries
+from talon.agent.refusals import classify
+from talon.agent.retries import (
+    TIMEOUTS,
+    TRANSPORT_ERRORS,
+    Retryable,
+    SendAgain,
+    adapt_or_fail,
+    complete_with_retries,
+)
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderError, ProviderUnavailable
 
@@ -354,31 +360,17 @@ class OpenAIProvider(Provider):
     def _refused(self, status: int | None, body: Any, headers: Any, request: ModelRequest) -> Exception:
         """What to do about an error response: send again differently, retry, or give up."""
         refusal = classify(status, body, headers)
-        images = has_images(request.messages)
-        if refusal.kind == "images_unsupported" and self.vision and images:
-            log.warning("model %s takes no images (%s); sending text notices instead from now on",
-                        self.model, refusal.short())
-            self.vision = False
-            return SendAgain()
-        if refusal.kind == "tools_unsupported" and self.tools and request.tools:
-            log.warning("model %s cannot call tools (%s); running without tools from now on",
-                        self.model, refusal.short())
-            self.tools = False
-            return SendAgain()
-        if refusal.kind == "stream_unsupported" and self.stream:
-            if self.stream_usage and "stream_options" in refusal.message:
-                self.stream_usage = False
-            else:
-                self.stream = False
-            log.warning("model server refused streaming (%s); asking without %s from now on",
-                        refusal.short(), "stream_options" if self.stream else "streaming")
+        if refusal.kind == "stream_unsupported" and self.stream and self.stream_usage \
+                and "stream_options" in refusal.message:
+            log.warning("model server refused stream_options (%s); streaming without usage from now on",
+                        refusal.short())
+            self.stream_usage = False
             return SendAgain()
         if not self.reasoning and "max_completion_tokens" in refusal.message and "max_tokens" in refusal.message:
             log.warning("model %s wants max_completion_tokens; using it from now on", self.model)
             self.reasoning = True
             return SendAgain()
-        error = refusal_error(refusal, has_images=images and self.vision)
-        return Retryable(error, refusal.retry_after) if refusal.transient else error
+        return adapt_or_fail(self, refusal, request)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -18,7 +18,8 @@ from typing import Protocol
 
 import httpx
 
-from talon.agent.provider import ModelRequest, ModelResponse
+from talon.agent.provider import ModelRequest, ModelResponse, has_images
+from talon.agent.refusals import Refusal, refusal_error
 from talon.errors import ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,36 @@ class _Retrying(Protocol):
     model: str
     max_retries: int
     total_timeout_s: float
+
+
+class _Adapting(Protocol):
+    model: str
+    vision: bool
+    tools: bool
+    stream: bool
+
+
+def adapt_or_fail(provider: _Adapting, refusal: Refusal, request: ModelRequest) -> Exception:
+    """What a provider does about a refusal: ``SendAgain`` after switching off what the server
+    said it cannot take (images, tools, streaming: from now on), ``Retryable`` for a transient
+    one, else the typed error to give up with. Adapter-specific switches come before this."""
+    images = has_images(request.messages)
+    if refusal.kind == "images_unsupported" and provider.vision and images:
+        log.warning("model %s takes no images (%s); sending text notices instead from now on",
+                    provider.model, refusal.short())
+        provider.vision = False
+        return SendAgain()
+    if refusal.kind == "tools_unsupported" and provider.tools and request.tools:
+        log.warning("model %s cannot call tools (%s); running without tools from now on",
+                    provider.model, refusal.short())
+        provider.tools = False
+        return SendAgain()
+    if refusal.kind == "stream_unsupported" and provider.stream:
+        log.warning("model server refused streaming (%s); asking without it from now on", refusal.short())
+        provider.stream = False
+        return SendAgain()
+    error = refusal_error(refusal, has_images=images and provider.vision)
+    return Retryable(error, refusal.retry_after) if refusal.transient else error
 
 
 async def complete_with_retries(
