@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     )
     telegram_allowed_users: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_USERS"))
     telegram_poll_timeout_s: int = Field(default=30, validation_alias=_env("TALON_TELEGRAM_POLL_TIMEOUT"))
-    # Groups (see channels/telegram_groups.py): which are served, when a message is a turn, and
+    # Groups (see channels/telegram/groups.py): which are served, when a message is a turn, and
     # how many unaddressed messages travel with the next turn as context.
     telegram_allowed_chats: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_CHATS"))
     telegram_group_trigger: Literal["mention", "all"] = Field(

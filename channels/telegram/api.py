@@ -1,0 +1,153 @@
+"""How the Telegram channel calls the Bot API: where a send goes, pacing, retries.
+
+- Groups: every send of a reply goes to its forum topic (``message_thread_id``), the first
+  part's sends reply to the message that asked, and sends into a group are paced (``SendPacer``,
+  about 20 messages a minute).
+- Retries: a 429 waits the retry_after Telegram asks for; network errors are retried with backoff
+  (3 tries); refusals (400/403) are never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import datetime as dt
+import logging
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from telegram import ReplyParameters
+from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.ext import Application
+from telegram.warnings import PTBDeprecationWarning
+
+from talon.config import Limits, Settings
+from talon.errors import DeliveryError
+
+from channels.base import Channel
+from channels.send_pace import SendPacer
+from channels.telegram.groups import ChatterLog
+
+if TYPE_CHECKING:
+    from channels.telegram.intake import _Album
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SEND_TRIES = 3
+MAX_RETRY_AFTER_S = 120.0
+
+
+@dataclass(frozen=True)
+class _SendTarget:
+    """Where in a chat the sends of the part being delivered go: a forum topic, and the message
+    they answer (groups). Set around each part, so every send of it lands in the same place."""
+
+    thread_id: int | None = None
+    reply_to: int | None = None
+
+
+_send_target: contextvars.ContextVar[_SendTarget | None] = contextvars.ContextVar(
+    "telegram_send_target", default=None)
+
+
+def _where() -> dict[str, Any]:
+    """The Bot API parameters that put a send in the current target's topic, as its reply."""
+    target = _send_target.get()
+    kwargs: dict[str, Any] = {}
+    if target is not None and target.thread_id is not None:
+        kwargs["message_thread_id"] = target.thread_id
+    if target is not None and target.reply_to is not None:
+        # A deleted question must not cost the answer.
+        kwargs["reply_parameters"] = ReplyParameters(message_id=target.reply_to,
+                                                     allow_sending_without_reply=True)
+    return kwargs
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None else None
+
+
+def _retry_seconds(exc: RetryAfter) -> float:
+    with warnings.catch_warnings():
+        # PTB 22 warns that retry_after will become a timedelta; both forms are handled here.
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = exc.retry_after
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+
+
+def _refused_markup(exc: DeliveryError) -> bool:
+    text = str(exc).lower()
+    return exc.permanent and ("parse" in text or "entit" in text)
+
+
+def _refusal_reason(exc: DeliveryError) -> str:
+    cause = exc.__cause__
+    detail = cause.message if isinstance(cause, TelegramError) else str(exc)
+    return f"Telegram refused it ({detail})"
+
+
+class TelegramCore(Channel):
+    """What every part of the Telegram channel shares: its settings, the Bot API client, and the
+    one way a Bot API call is made (paced in groups, with retries). The jobs are mixins on it
+    (intake, webhook, polling, downloads, delivery); ``TelegramChannel`` puts them together."""
+
+    name = "telegram"
+    settings: Settings
+    limits: Limits
+    app: Application
+    pacer: SendPacer
+    chatter: ChatterLog
+    allowed_chats: set[int]
+    _bridge: Any
+    _albums: "dict[str, _Album]"
+
+    if TYPE_CHECKING:  # provided by the mixins, used across them
+        async def _send_plain(self, chat_id: str, text: str) -> None: ...
+        def _flush_album(self, key: str) -> None: ...
+
+    @property
+    def bot(self) -> Any:
+        return self.app.bot
+
+    def _paced(self, chat_id: str, call: Callable[[], Awaitable[T]], messages: int = 1) -> Callable[[], Awaitable[T]]:
+        """``call``, waiting first for room in a group's send allowance (each try counts)."""
+        if not chat_id.startswith("-"):  # users have positive ids; groups negative
+            return call
+
+        async def paced() -> T:
+            waited = await self.pacer.acquire(chat_id, messages)
+            if waited:
+                log.info("telegram: chat=%s: paced %.1fs (about %d messages a minute into a group)",
+                         chat_id, waited, self.pacer.limit)
+            return await call()
+
+        return paced
+
+    async def _with_retries(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """Honour 429 retry_after, retry network errors with backoff, never retry a refusal."""
+        network_failures = 0
+        waited = 0.0
+        while True:
+            try:
+                return await call()
+            except RetryAfter as exc:
+                delay = _retry_seconds(exc)
+                if waited + delay > MAX_RETRY_AFTER_S:
+                    raise DeliveryError(f"{what}: Telegram asked us to wait {delay:.0f}s more") from exc
+                log.warning("telegram: %s rate limited; retrying in %.1fs", what, delay)
+                waited += delay
+                await asyncio.sleep(delay)
+            except (BadRequest, Forbidden, InvalidToken) as exc:
+                raise DeliveryError(f"{what}: {exc.message}", permanent=True) from exc
+            except NetworkError as exc:
+                network_failures += 1
+                if network_failures >= SEND_TRIES:
+                    raise DeliveryError(f"{what}: network error after {SEND_TRIES} tries: {exc.message}") from exc
+                delay = 0.5 * 2 ** network_failures
+                log.warning("telegram: %s failed (%s); retry %d in %.1fs", what, exc.message,
+                            network_failures, delay)
+                await asyncio.sleep(delay)
