@@ -208,6 +208,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         model_label=settings.model,
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
+        busy_mode=settings.busy_mode,
     )
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
                    synthesizer=voice.synthesizer if voice is not None else None)

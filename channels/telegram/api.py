@@ -1,10 +1,13 @@
 """How the Telegram channel calls the Bot API: where a send goes, pacing, retries.
 
-- Groups: every send of a reply goes to its forum topic (``message_thread_id``), the first
-  part's sends reply to the message that asked, and sends into a group are paced (``SendPacer``,
-  about 20 messages a minute).
-- Retries: a 429 waits the retry_after Telegram asks for; network errors are retried with backoff
-  (3 tries); refusals (400/403) are never retried.
+- Groups: every send of a reply goes to its forum topic (``message_thread_id``), and the first
+  part's sends reply to the message that asked.
+- One send budget per chat (``channels/send_budget.py``): every send, draft, edit, typing ping
+  and reaction into a chat counts. Sends wait for room (about 20 messages a minute into a group,
+  ``PRIVATE_WINDOW`` into a private chat); cosmetic calls are dropped when the chat is short.
+- Retries: a 429 blocks the chat's budget for the retry_after Telegram names (so drafts and edits
+  stop and the next send waits it out) and the send is tried again then; network errors are
+  retried with backoff (3 tries); refusals (400/403) are never retried.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from talon.config import Limits, Settings
 from talon.errors import DeliveryError
 
 from channels.base import Channel
-from channels.send_pace import SendPacer
+from channels.send_budget import SendBudget, Window
 from channels.telegram.groups import ChatterLog
 
 if TYPE_CHECKING:
@@ -38,7 +41,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SEND_TRIES = 3
+# The updates Talon asks for: messages, and their edits (see intake.py).
+ALLOWED_UPDATES = ("message", "edited_message")
 MAX_RETRY_AFTER_S = 120.0
+# Telegram asks bots to stay near one message a second in a chat; drafts and edits count too.
+# Cosmetic calls leave a quarter of each window to the messages of a reply.
+PRIVATE_WINDOW = Window(limit=90, seconds=60.0, reserve=20)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,17 @@ def _where() -> dict[str, Any]:
         kwargs["reply_parameters"] = ReplyParameters(message_id=target.reply_to,
                                                      allow_sending_without_reply=True)
     return kwargs
+
+
+def is_group_chat(chat_id: str) -> bool:
+    return chat_id.startswith("-")  # users have positive ids; groups negative
+
+
+def telegram_budget(limits: Limits) -> SendBudget:
+    """The per-chat budget: Telegram's pace into groups, about one call a second otherwise."""
+    per_minute = limits.telegram_group_messages_per_minute
+    group = Window(limit=per_minute, seconds=60.0, reserve=max(1, per_minute // 4) if per_minute > 1 else 0)
+    return SendBudget(lambda chat: group if is_group_chat(chat) else PRIVATE_WINDOW)
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -99,7 +118,7 @@ class TelegramCore(Channel):
     settings: Settings
     limits: Limits
     app: Application
-    pacer: SendPacer
+    budget: SendBudget
     chatter: ChatterLog
     allowed_chats: set[int]
     _bridge: Any
@@ -107,6 +126,7 @@ class TelegramCore(Channel):
 
     if TYPE_CHECKING:  # provided by the mixins, used across them
         async def _send_plain(self, chat_id: str, text: str) -> None: ...
+        def live_showing(self, chat_id: str, thread_id: str | None = None) -> bool: ...
         def _flush_album(self, key: str) -> None: ...
 
     @property
@@ -114,16 +134,19 @@ class TelegramCore(Channel):
         return self.app.bot
 
     def _paced(self, chat_id: str, call: Callable[[], Awaitable[T]], messages: int = 1) -> Callable[[], Awaitable[T]]:
-        """``call``, waiting first for room in a group's send allowance (each try counts)."""
-        if not chat_id.startswith("-"):  # users have positive ids; groups negative
-            return call
+        """``call``, waiting first for room in the chat's send budget (each try counts); a 429
+        blocks the chat's budget for as long as Telegram asks."""
 
         async def paced() -> T:
-            waited = await self.pacer.acquire(chat_id, messages)
+            waited = await self.budget.acquire(chat_id, messages)
             if waited:
-                log.info("telegram: chat=%s: paced %.1fs (about %d messages a minute into a group)",
-                         chat_id, waited, self.pacer.limit)
-            return await call()
+                log.info("telegram: chat=%s: waited %.1fs for the chat's send budget%s", chat_id, waited,
+                         " (about 20 messages a minute into a group)" if is_group_chat(chat_id) else "")
+            try:
+                return await call()
+            except RetryAfter as exc:
+                self.budget.penalize(chat_id, _retry_seconds(exc))
+                raise
 
         return paced
 

@@ -16,18 +16,20 @@ from talon.config import Limits, Settings
 from talon.errors import ConfigError
 
 from channels.http import HttpServer
-from channels.send_pace import SendPacer
+from channels.telegram.api import telegram_budget
 from channels.telegram.delivery import Delivery
 from channels.telegram.downloads import Downloads
 from channels.telegram.groups import ChatterLog
 from channels.telegram.intake import Intake, _Album
 from channels.telegram.polling import Polling, _PollingRequest
+from channels.telegram.reactions import Reactions, check_reaction
+from channels.telegram.streaming import Streaming, TelegramLiveView
 from channels.telegram.webhook import Webhook
 
 log = logging.getLogger(__name__)
 
 
-class TelegramChannel(Intake, Webhook, Polling, Downloads, Delivery):
+class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions, Delivery):
     name = "telegram"
 
     def __init__(self, settings: Settings, *, watchdog_interval_s: float = 15.0,
@@ -41,7 +43,10 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Delivery):
         # Groups (channels/telegram/groups.py); a bad TALON_TELEGRAM_ALLOWED_CHATS fails here.
         self.allowed_chats = settings.telegram_allowed_chat_ids
         self.chatter = ChatterLog(settings.telegram_group_context)
-        self.pacer = SendPacer(self.limits.telegram_group_messages_per_minute, 60.0)
+        self.budget = telegram_budget(self.limits)  # every call into a chat counts (api.py)
+        self.ack_reaction = check_reaction(settings.telegram_ack_reaction)
+        self._acknowledged: set[str] = set()
+        self._live: dict[str, TelegramLiveView] = {}  # conversation -> the answer shown as it is written
         self._unlisted_logged: set[int] = set()
         base = settings.telegram_api_base_url.rstrip("/")
         self._poll_request = _PollingRequest(
@@ -57,7 +62,8 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Delivery):
             .get_updates_request(self._poll_request)
             .build()
         )
-        self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE, self._on_message))
+        self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE | filters.UpdateType.EDITED_MESSAGE,
+                                            self._on_message))
         self.app.add_error_handler(self._on_handler_error)
         self._bridge: Any = None
         self._albums: dict[str, _Album] = {}

@@ -51,7 +51,7 @@ from channels.telegram.api import (
     _SendTarget,
     _where,
 )
-from channels.telegram.parts import MediaPart, NoticePart, Part, TextPart, plan_parts
+from channels.telegram.parts import MediaPart, NoticePart, Part, RetirePart, TextPart, plan_parts
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ class Delivery(TelegramCore):
     """Replies out: the parts of a reply, each sent (text, files, albums) with its fallbacks."""
 
     async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        # Cosmetic: not while the answer itself is on screen, nor when the chat's budget is short.
+        if self.live_showing(chat_id, thread_id) or not self.budget.try_spend(chat_id):
+            return
         where = {"message_thread_id": int(thread_id)} if thread_id is not None else {}
         await self.bot.send_chat_action(chat_id=int(chat_id), action=ChatAction.TYPING, **where)
 
@@ -93,8 +96,12 @@ class Delivery(TelegramCore):
         await deliver_parts(self.reply_parts(reply), send, skip_parts=skip_parts, on_part=on_part)
 
     async def _send_part(self, chat_id: str, part: Part) -> None:
-        if isinstance(part, TextPart):
+        if isinstance(part, TextPart) and part.edit is not None:
+            await self._edit_text(chat_id, part.edit, part.markdown)
+        elif isinstance(part, TextPart):
             await self._send_text(chat_id, part.markdown)
+        elif isinstance(part, RetirePart):
+            await self._retire(chat_id, part.message_id)
         elif isinstance(part, NoticePart):
             await self._send_plain(chat_id, part.text)
         else:
@@ -117,6 +124,43 @@ class Delivery(TelegramCore):
                 raise
             log.warning("telegram: chat %s refused our HTML (%s); resending as plain text", chat_id, exc)
             await self._send_plain(chat_id, plain_text_fallback(markdown))
+
+    async def _edit_text(self, chat_id: str, message_id: int, markdown: str) -> None:
+        """The last edit of a streamed message: the final text, formatted; plain if Telegram
+        cannot parse it; sent as a new message if the old one is gone (deleted, too old)."""
+        if not plain_text_fallback(markdown).strip():
+            await self._retire(chat_id, message_id)
+            return
+
+        def edit(text: str, mode: str | None) -> Callable[[], Awaitable[Any]]:
+            return self._paced(chat_id, lambda: self.bot.edit_message_text(
+                chat_id=int(chat_id), message_id=message_id, text=text, parse_mode=mode,
+                disable_web_page_preview=True))
+
+        try:
+            try:
+                await self._with_retries(edit(markdown_to_telegram_html(markdown), ParseMode.HTML), "editMessageText")
+            except DeliveryError as exc:
+                if not _refused_markup(exc):
+                    raise
+                log.warning("telegram: chat %s refused our HTML (%s); editing in plain text", chat_id, exc)
+                await self._with_retries(edit(plain_text_fallback(markdown), None), "editMessageText")
+        except DeliveryError as exc:
+            if "not modified" in str(exc).lower():
+                return  # the last update already showed exactly this
+            if not exc.permanent:
+                raise
+            log.warning("telegram: chat=%s: cannot edit the streamed message %s (%s); sending the answer "
+                        "as a new message", chat_id, message_id, exc)
+            await self._send_text(chat_id, markdown)
+
+    async def _retire(self, chat_id: str, message_id: int) -> None:
+        try:
+            await self._with_retries(self._paced(chat_id, lambda: self.bot.delete_message(
+                chat_id=int(chat_id), message_id=message_id)), "deleteMessage")
+        except DeliveryError as exc:
+            log.warning("telegram: chat=%s: could not delete the streamed message %s: %s", chat_id,
+                        message_id, exc)
 
     async def _send_plain(self, chat_id: str, text: str) -> None:
         for chunk in split_markdown(text, self.limits.telegram_text_max, utf16_len):

@@ -6,6 +6,7 @@ are gathered into one); files are referenced by file_id and downloaded during th
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from dataclasses import dataclass, field
 
@@ -65,7 +66,8 @@ class Intake(TelegramCore):
             failures.append(context.error)  # the webhook answers 500, so Telegram retries
 
     async def _on_message(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        msg = update.message
+        # An edited message comes the same way; its edit_date marks it (see _submit).
+        msg = update.message or update.edited_message
         if msg is None or msg.from_user is None:
             return
         user = msg.from_user
@@ -97,7 +99,7 @@ class Intake(TelegramCore):
                     log.warning("telegram: could not send the pairing code to user %s: %s", user.id, exc)
             return
         files = _remote_files(msg)
-        if msg.media_group_id:
+        if msg.media_group_id and msg.edit_date is None:
             self._collect_album(msg, files)
             return
         text = msg.text or msg.caption or ""
@@ -134,7 +136,7 @@ class Intake(TelegramCore):
         spoken_to = ((self.settings.telegram_group_trigger == "all"
                       and not for_another_bot(msg.text or msg.caption or "", self.bot.username))
                      or addressed(msg, self.bot.id, self.bot.username))
-        if msg.media_group_id:
+        if msg.media_group_id and msg.edit_date is None:
             self._collect_album(msg, files, addressed=spoken_to)
             return
         text = msg.text or msg.caption or ""
@@ -144,7 +146,8 @@ class Intake(TelegramCore):
                 return  # a service message (someone joined, a pin...)
             text = described
         if not spoken_to:
-            self.chatter.add(conversation_of(msg), label(msg), describe_unaddressed(text, len(files)))
+            if msg.edit_date is None:  # an edit that does not address the bot is not kept twice
+                self.chatter.add(conversation_of(msg), label(msg), describe_unaddressed(text, len(files)))
             return
         if not files and not await self._group_command_allowed(msg, text):
             return
@@ -240,6 +243,7 @@ class Intake(TelegramCore):
                 thread_title=topic_title(msg) if group else None,
                 chatter=self.chatter.take(conversation_of(msg)) if group and not command else [],
                 reply_to_sender=self._replied_to(msg) if group else None,
+                edited_at=_edit_stamp(msg, text),
             )
         )
 
@@ -251,6 +255,15 @@ class Intake(TelegramCore):
         if root.from_user is not None and root.from_user.id == self.bot.id:
             return "you"
         return label(root)
+
+
+def _edit_stamp(msg: TgMessage, text: str) -> str | None:
+    """Which edit of a message this is (None: not an edit): its edit time and a digest of the
+    text, so two edits within one second are still two."""
+    if msg.edit_date is None:
+        return None
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{int(msg.edit_date.timestamp())}-{digest}"
 
 
 def _remote_files(msg: TgMessage) -> list[RemoteFile]:

@@ -11,6 +11,9 @@
   to at most 1024 UTF-16 units, the text becomes that part's caption (on the album's first item)
   instead of a message of its own. Otherwise the text goes first and the media follow without
   captions, so a caption never has to be cut.
+- A streamed answer (``reply.live_message_id``): the first text part is the last edit of the
+  message that showed the answer while it was written (``TextPart.edit``), never a caption; a
+  reply with no text at all retires that message (``RetirePart``: it is deleted).
 """
 
 from __future__ import annotations
@@ -27,9 +30,18 @@ from talon.render.telegram import markdown_to_telegram_html, split_markdown_for_
 
 @dataclass(frozen=True)
 class TextPart:
-    """One chunk of the reply's markdown, sent as an HTML message."""
+    """One chunk of the reply's markdown, sent as an HTML message; with ``edit``, the message of
+    that id (the streamed one) is edited to it instead."""
 
     markdown: str
+    edit: int | None = None
+
+
+@dataclass(frozen=True)
+class RetirePart:
+    """The streamed message of a reply that has no text after all: it is deleted."""
+
+    message_id: int
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,7 @@ class MediaPart:
     caption: str = ""
 
 
-Part = TextPart | NoticePart | MediaPart
+Part = TextPart | NoticePart | MediaPart | RetirePart
 
 _IMAGE_NAME = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp"})
 ALBUM_MAX = 10
@@ -58,11 +70,14 @@ def plan_parts(reply: OutboundReply, limits: Limits) -> list[Part]:
     chunks = [chunk for chunk in split_markdown_for_telegram(reply.text, limits.telegram_text_max)
               if chunk.strip()]
     groups = _media_groups(reply.media)
+    live = int(reply.live_message_id) if reply.live_message_id else None
     caption = ""
-    if (len(groups) == 1 and len(chunks) == 1
+    if (live is None and len(groups) == 1 and len(chunks) == 1
             and utf16_len(markdown_to_telegram_html(chunks[0])) <= limits.telegram_caption_max):
         caption, chunks = chunks[0], []
-    parts: list[Part] = [TextPart(chunk) for chunk in chunks]
+    parts: list[Part] = [TextPart(chunk, edit=live if i == 0 else None) for i, chunk in enumerate(chunks)]
+    if live is not None and not chunks:
+        parts.append(RetirePart(live))
     parts.extend(MediaPart(group, caption if i == 0 else "") for i, group in enumerate(groups))
     parts.extend(NoticePart(notice) for notice in reply.notices if notice.strip())
     return parts

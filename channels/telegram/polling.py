@@ -12,7 +12,7 @@ from typing import Any
 from telegram.error import TelegramError
 from telegram.request import HTTPXRequest
 
-from channels.telegram.api import TelegramCore
+from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Polling(TelegramCore):
         self._poll_request.last_ok = time.monotonic()
         await self.app.updater.start_polling(
             timeout=self.settings.telegram_poll_timeout_s,
-            allowed_updates=["message"],
+            allowed_updates=list(ALLOWED_UPDATES),
             error_callback=self._on_poll_error,
         )
 

@@ -25,7 +25,7 @@ from telegram.error import BadRequest, TelegramError
 from talon.errors import ConfigError
 
 from channels.http import HttpServer
-from channels.telegram.api import TelegramCore
+from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Webhook(TelegramCore):
             await self.bot.set_webhook(
                 url=self.webhook_url,
                 secret_token=self._webhook_secret.decode(),
-                allowed_updates=["message"],
+                allowed_updates=list(ALLOWED_UPDATES),
                 drop_pending_updates=False,  # what arrived while we were away is still wanted
             )
         except BadRequest as exc:
