@@ -3,8 +3,9 @@ away once the reply has been delivered (``TALON_TELEGRAM_ACK_REACTION``, 👀 by
 none). A message that joins a running turn (steer) is acknowledged when it joins.
 
 Setting the reaction is cosmetic (dropped when the chat's send budget is short); clearing it waits
-for room, since a reaction left behind would say the bot is still at work. Failures of either are
-logged by the bridge and never touch the turn.
+for room, since a reaction left behind would say the bot is still at work (but not for a 429's
+wait of more than ``CLEAR_WAIT_MAX_S``). Failures of either are logged by the bridge and never
+touch the turn.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from channels.telegram.api import TelegramCore
 
 log = logging.getLogger(__name__)
 
+# Longest a cleared reaction waits for a chat that a 429 blocked; beyond it the reaction stays.
+CLEAR_WAIT_MAX_S = 10.0
 ALLOWED_REACTIONS = frozenset(e.value for e in ReactionEmoji)
 
 
@@ -52,6 +55,11 @@ class Reactions(TelegramCore):
         if message.key not in self._acknowledged:
             return
         self._acknowledged.discard(message.key)
+        blocked = self.budget.blocked_for(message.chat_id)
+        if blocked > CLEAR_WAIT_MAX_S:
+            log.info("telegram: chat=%s: the reaction on %s stays: Telegram asked to wait %.0fs", message.chat_id,
+                     message.message_id, blocked)
+            return
         await self.budget.acquire(message.chat_id)
         await self.bot.set_message_reaction(chat_id=int(message.chat_id), message_id=int(message.message_id),
                                             reaction=[])
