@@ -13,7 +13,7 @@ from pathlib import Path
 from channels.telegram import TelegramChannel
 from talon.agent.session import ChatKey
 from talon.config import Settings
-from talon.content import Message
+from talon.envelope import InboundMessage
 from talon.runtime import Runtime, build_runtime
 from tests.conftest import ALICE, make_settings
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
@@ -216,3 +216,54 @@ async def test_edits_before_during_and_after_a_turn(
     assert texts == ["first question", "what is 3+3", "first question, fixed"]
     assert "what is 2+2" not in json.dumps(llm.requests[1].json)
     assert "edited a message of theirs that you already answered" in last_user_text(llm.requests[2])
+
+
+async def test_interrupt_mode_stops_the_running_turn_and_answers_the_new_message(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    llm.chunk_delay = 0.5
+    llm.queue(ANSWER * 2, "Here is the short version.")
+    async with running(live_settings(tmp_path, tg, llm, TALON_BUSY_MODE="interrupt")) as runtime:
+        tg.push_update(tg.text_message(ALICE, "tell me about tides", user_id=ALICE))
+        await tg.wait_for("sendMessageDraft", to(ALICE), timeout=15)
+        llm.chunk_delay = 0.0
+        tg.push_update(tg.text_message(ALICE, "actually, just the short version", user_id=ALICE))
+        [reply] = await tg.wait_for("sendMessage", to(ALICE), timeout=10)
+        await asyncio.sleep(0.3)
+        assert runtime.inbox.pending() == []
+        session = runtime.sessions.load(ChatKey("telegram", str(ALICE)))
+    assert reply.params["text"] == "Here is the short version."
+    assert len(tg.sent("sendMessage", ALICE)) == 1  # the stopped turn sent nothing of its own
+    assert [m.meta.get("interrupted", False) for m in session if m.role == "assistant"] == [True, False]
+    assert last_user_text(llm.requests[1]).endswith("just the short version")
+
+
+async def test_whatsapp_has_no_streaming_but_stop_works_the_same(
+        llm: FakeOpenAI, tmp_path: Path) -> None:
+    from tests.fakes.twilio import FakeTwilio
+    from tests.test_whatsapp import ALICE as WA_ALICE
+    from tests.test_whatsapp import post
+    from tests.test_whatsapp import running as wa_running
+    from tests.test_whatsapp import wa_settings
+
+    llm.chunk_delay = 0.5
+    llm.queue(ANSWER * 2, "Fresh answer.")
+    async with FakeTwilio() as twilio:
+        async with wa_running(wa_settings(tmp_path, twilio, llm)) as (runtime, channel):
+            assert channel.live_reply(_wa_message(WA_ALICE)) is None  # no edits there: no live view
+            await post(channel, twilio.inbound_params(WA_ALICE, "tell me about tides"), sign_with=twilio)
+            await llm.wait_for_requests(1)
+            await asyncio.sleep(1.0)  # it is streaming now
+            asked = time.monotonic()
+            await post(channel, twilio.inbound_params(WA_ALICE, "/stop"), sign_with=twilio)
+            [stopped] = await twilio.wait_for_messages(1, to=WA_ALICE)
+            answered = time.monotonic()
+            llm.chunk_delay = 0.0
+            await post(channel, twilio.inbound_params(WA_ALICE, "and now?"), sign_with=twilio)
+            replies = await twilio.wait_for_messages(2, to=WA_ALICE)
+    assert stopped.body == "Stopped." and answered - asked < 1.0
+    assert replies[1].body == "Fresh answer."
+    assert len(llm.requests) == 2
+
+
+def _wa_message(number: str) -> InboundMessage:
+    return InboundMessage(channel="whatsapp", chat_id=number, sender_id=number, message_id="SM1", text="hi")
