@@ -114,6 +114,7 @@ class Req:
     end: float | None = None
     status: int | None = None
     response: dict[str, Any] | None = None
+    first_text_at: float | None = None  # time.monotonic() when a streamed answer's first text went out
 
     def last_user_text(self) -> str:
         return last_user_text(self)
@@ -377,6 +378,8 @@ class FakeOpenAI(LoopbackServer):
         for piece in pieces:
             if self.chunk_delay:
                 await asyncio.sleep(self.chunk_delay)
+            if req.first_text_at is None:
+                req.first_text_at = time.monotonic()
             await send({"content": piece})
         for index, call in enumerate(message.get("tool_calls") or []):
             args = call["function"]["arguments"]
