@@ -267,3 +267,26 @@ async def test_whatsapp_has_no_streaming_but_stop_works_the_same(
 
 def _wa_message(number: str) -> InboundMessage:
     return InboundMessage(channel="whatsapp", chat_id=number, sender_id=number, message_id="SM1", text="hi")
+
+
+async def test_stop_during_a_tool_kills_the_command_and_the_next_message_works(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    marker = tmp_path / "media_root" / "finished.txt"
+    llm.queue(FakeOpenAI.tool_call("shell", {"command": "sleep 2 && touch finished.txt", "timeout": 30}),
+              "Next answer.")
+    async with running(live_settings(tmp_path, tg, llm, TALON_SHELL_TOOL=True)):
+        tg.push_update(tg.text_message(ALICE, "run the long job", user_id=ALICE))
+        await llm.wait_for_requests(1)
+        await asyncio.sleep(0.8)  # the command is running now
+        asked = time.monotonic()
+        tg.push_update(tg.text_message(ALICE, "/stop", user_id=ALICE))
+        [stopped] = await tg.wait_for("sendMessage", to(ALICE), timeout=10)
+        answered = time.monotonic()
+        tg.push_update(tg.text_message(ALICE, "something else", user_id=ALICE))
+        await tg.wait_for("sendMessage", to(ALICE), count=2, timeout=10)
+        await asyncio.sleep(2.5)  # long enough for the command to have finished, had it lived
+    assert stopped.params["text"] == "Stopped." and answered - asked < 1.0
+    assert not marker.exists()  # the command was killed with the turn
+    assert [c.params["text"] for c in tg.sent("sendMessage", ALICE)] == ["Stopped.", "Next answer."]
+    # the unanswered tool call reached the model with an "interrupted" result, not a broken history
+    assert [m["role"] for m in llm.requests[1].json["messages"]][-4:] == ["assistant", "tool", "assistant", "user"]

@@ -14,6 +14,7 @@ user running Talon can; that is why it is opt-in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import os
 import re
@@ -556,6 +557,11 @@ class ShellTool(WorkspaceTool):
         reader = asyncio.create_task(pump())
         try:
             await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.CancelledError:  # the turn was stopped (/stop): the command goes with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            reader.cancel()
+            raise
         except TimeoutError:
             timed_out = True
             try:
