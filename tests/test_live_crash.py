@@ -16,6 +16,7 @@ from tests.test_cli_process import start_talon, stop_talon, to_chat
 
 GROUP = -1001234567890
 ANSWER = " ".join(f"Sentence {i} of a long answer about the sea." for i in range(1, 31))
+LAST = "Sentence 30 of a long answer about the sea."
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def test_sigkill_mid_stream_in_a_group_then_restart_edits_the_same_message(
     [streamed] = tg.sent("sendMessage", GROUP)
     proc, log = start_talon(tmp_path, env_for(tmp_path, tg, llm), "second.log")
     try:
-        tg.wait_for_sync("editMessageText", lambda c: str(c.params.get("text", "")).endswith("about the sea."),
+        tg.wait_for_sync("editMessageText", lambda c: str(c.params.get("text", "")).endswith(LAST),
                          timeout=30)
     finally:
         stop_talon(proc)

@@ -290,3 +290,26 @@ async def test_stop_during_a_tool_kills_the_command_and_the_next_message_works(
     assert [c.params["text"] for c in tg.sent("sendMessage", ALICE)] == ["Stopped.", "Next answer."]
     # the unanswered tool call reached the model with an "interrupted" result, not a broken history
     assert [m["role"] for m in llm.requests[1].json["messages"]][-4:] == ["assistant", "tool", "assistant", "user"]
+
+
+async def test_an_edit_while_its_turn_runs_reaches_the_next_model_step(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    async def slow_tool_call(body: dict[str, object]) -> object:
+        await asyncio.sleep(1.0)
+        return FakeOpenAI.tool_call("ls", {"path": "."})
+
+    llm.queue(slow_tool_call, "Paris it is.")
+    async with running(live_settings(tmp_path, tg, llm, TALON_BUSY_MODE="queue")) as runtime:
+        update = tg.text_message(ALICE, "plan a trip to Rome", user_id=ALICE)
+        tg.push_update(update)
+        await llm.wait_for_requests(1)
+        tg.push_update(tg.edited_text_message(ALICE, update["message"]["message_id"], "plan a trip to Paris"))
+        await tg.wait_for("sendMessage", to(ALICE), timeout=15)
+        await asyncio.sleep(0.3)
+        assert runtime.inbox.pending() == []
+    assert len(llm.requests) == 2  # the edit joined the turn (even in queue mode): no turn of its own
+    last = llm.requests[1].json["messages"][-1]
+    assert last["role"] == "user"
+    assert "just edited the message you are answering" in json.dumps(last)
+    assert "plan a trip to Paris" in json.dumps(last)
+    assert len(tg.sent("sendMessage", ALICE)) == 1
