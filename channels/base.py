@@ -72,10 +72,19 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None: ...
 
-    def live_reply(self, message: InboundMessage) -> LiveReply | None:
+    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], None] | None = None,
+                   resume_id: str | None = None) -> LiveReply | None:
         """Where the answer to ``message`` is shown while it is written; None (the default):
-        the chat sees only the finished reply."""
+        the chat sees only the finished reply. A live view that posts a message which the final
+        reply will edit reports its id to ``placed`` at once (the bridge records it in the inbox);
+        ``resume_id`` is such a message from before a restart, to be edited instead of a new one."""
         return None
+
+    async def acknowledge(self, message: InboundMessage) -> None:  # noqa: B027 - optional
+        """Show the person that ``message`` was taken up (a reaction); no-op by default."""
+
+    async def unacknowledge(self, message: InboundMessage) -> None:  # noqa: B027 - optional
+        """Take that sign away again: the reply has been delivered."""
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""

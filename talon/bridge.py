@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
 
+# Commands the bridge answers itself, without the model.
+COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop"})
+
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
 
@@ -62,6 +66,32 @@ def quoted_text(message: InboundMessage) -> str:
         head = f"In reply to {message.reply_to_sender}:" if message.reply_to_sender else "In reply to:"
         text = f"({head}\n{quote}\n)\n{text}" if text else f"({head}\n{quote}\n)"
     return text
+
+
+def command_of(message: InboundMessage) -> str:
+    """The bridge command a message is (``/status@talon_bot`` is ``/status``), or ""."""
+    if message.files or not message.text.strip():
+        return ""
+    word = message.text.strip().split(maxsplit=1)[0].lower().split("@", 1)[0]
+    return word if word in COMMANDS else ""
+
+
+def edit_note(message: InboundMessage, *, while_running: bool) -> str:
+    """What the model is told about an edited message, before its new text."""
+    if while_running:
+        return "(The person has just edited the message you are answering. It now reads:)"
+    return "(The person edited a message of theirs that you already answered. It now reads:)"
+
+
+@dataclass
+class _Running:
+    """The turn a conversation's worker is running now."""
+
+    item: InboxItem
+    task: "asyncio.Task[OutboundReply] | None" = None
+    stopped: str = ""  # why it was cancelled: "stop" (/stop) or "interrupt" (a new message)
+    partial: str = ""  # the reply text of the current model step, as streamed so far
+    absorbed: list[InboxItem] = field(default_factory=list)  # messages that joined it (steer)
 
 
 @dataclass
@@ -85,9 +115,14 @@ class Bridge:
     stop_grace_s: float = 10.0
     # Voice replies (TALON_VOICE_REPLIES); None: answers are text only.
     voice: "VoiceReplies | None" = None
+    # A message that arrives while its conversation's turn runs (TALON_BUSY_MODE): "steer" joins
+    # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
+    busy_mode: str = "queue"
 
     def __post_init__(self) -> None:
-        self._queues: dict[ChatKey, asyncio.Queue[InboxItem]] = {}
+        self._queues: dict[ChatKey, deque[InboxItem]] = {}
+        self._running: dict[ChatKey, _Running] = {}
+        self._stops: dict[str, bool] = {}  # /stop message key -> whether it stopped a turn
         self._workers: dict[ChatKey, asyncio.Task[None]] = {}
         # Channels whose messages may be handled now. A chat's worker starts only once its channel
         # has started: a message recovered at start-up must not be downloaded or answered
@@ -112,12 +147,51 @@ class Bridge:
 
     # --- intake ---------------------------------------------------------------------------
     def submit(self, message: InboundMessage) -> bool:
-        """Persist and queue a message. False when it is a duplicate (already seen)."""
+        """Persist and queue a message. False when it is a duplicate (already seen).
+
+        ``/stop`` cancels the conversation's running turn and is answered before anything else
+        queued; in ``interrupt`` mode any other message does the same (it is answered next). An
+        edited message (``edited_at``) replaces its original if that has not started yet.
+        """
         item = self.inbox.add(message)
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
+        chat = conversation_key(message)
+        running = self._running.get(chat)
+        command = command_of(message)
+        if message.edited_at is not None and self._replace_queued(chat, message):
+            self.inbox.mark_done(message.key)  # the original, not yet started, now carries it
+            return True
+        if command == "/stop":
+            self._stops[message.key] = self._cancel(chat, "stop")
+            self._enqueue(item, first=True)
+            return True
+        if (self.busy_mode == "interrupt" and running is not None and not command
+                and message.edited_at is None):
+            self._cancel(chat, "interrupt")
         self._enqueue(item)
+        return True
+
+    def _replace_queued(self, chat: ChatKey, edit: InboundMessage) -> bool:
+        """Put an edit's text into its original while that still waits in the queue."""
+        for index, queued in enumerate(self._queues.get(chat, ())):
+            if queued.message.key == edit.original_key and queued.attempts == 0:
+                updated = edit.model_copy(update={"edited_at": None, "received_at": queued.message.received_at})
+                if not self.inbox.replace_pending(updated):
+                    return False
+                self._queues[chat][index] = dataclasses.replace(queued, message=updated)
+                log.info("message %s was edited before its turn; the new text is answered", edit.original_key)
+                return True
+        return False
+
+    def _cancel(self, chat: ChatKey, why: str) -> bool:
+        """Stop the conversation's running turn (not a reply being delivered)."""
+        running = self._running.get(chat)
+        if running is None or running.task is None or running.task.done() or running.stopped:
+            return False
+        running.stopped = why
+        running.task.cancel()
         return True
 
     def recover(self) -> int:
@@ -133,10 +207,13 @@ class Bridge:
             log.info("recovered %d pending message(s) from the inbox", len(items))
         return len(items)
 
-    def _enqueue(self, item: InboxItem) -> None:
+    def _enqueue(self, item: InboxItem, *, first: bool = False) -> None:
         chat = conversation_key(item.message)
-        queue = self._queues.setdefault(chat, asyncio.Queue())
-        queue.put_nowait(item)
+        queue = self._queues.setdefault(chat, deque())
+        if first:
+            queue.appendleft(item)
+        else:
+            queue.append(item)
         self._start_worker(chat)
 
     def _start_worker(self, chat: ChatKey) -> None:
@@ -153,9 +230,9 @@ class Bridge:
         while True:
             try:
                 if self._stopped:  # the rest stays pending in the inbox for the next start
-                    raise asyncio.QueueEmpty
-                item = queue.get_nowait()
-            except asyncio.QueueEmpty:
+                    raise IndexError
+                item = queue.popleft()
+            except IndexError:
                 # No await between the empty check and the removal: a new message cannot
                 # slip in and find a worker that is about to leave.
                 self._workers.pop(chat, None)
@@ -197,6 +274,9 @@ class Bridge:
         chat = conversation_key(message)
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
         attempts = self.inbox.begin_attempt(message.key)
+        if attempts > 1 and self._joined_earlier(chat, message):
+            self.inbox.mark_done(message.key)  # answered by the turn it joined, before a restart
+            return
         if attempts > MAX_ATTEMPTS:
             log.error("%s: giving up after %d attempts", ids, attempts - 1)
             await self._deliver(channel, message, OutboundReply(
@@ -211,9 +291,32 @@ class Bridge:
 
         started = time.monotonic()
         self.turns_started += 1
+        running = self._running[chat] = _Running(item)
+        await self._acknowledge(channel, message)
+        try:
+            await self._run_and_deliver(channel, chat, message, item, running, ids)
+        finally:
+            self._running.pop(chat, None)
+            for done in [item, *running.absorbed]:
+                await self._acknowledge(channel, done.message, clear=True)
+        log.info("%s: answered in %.1fs", ids, time.monotonic() - started)
+
+    async def _run_and_deliver(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
+                               item: InboxItem, running: _Running, ids: str) -> None:
         async with channel.typing(message.chat_id, message.thread_id):
+            running.task = asyncio.create_task(self._turn(channel, chat, message, running),
+                                               name=f"turn-{message.key}")
             try:
-                reply = await asyncio.wait_for(self._turn(channel, chat, message), self.turn_timeout_s)
+                reply = await asyncio.wait_for(running.task, self.turn_timeout_s)
+            except asyncio.CancelledError:
+                if not running.stopped or self._stopped:
+                    raise  # shutting down: the message stays pending for the next start
+                # /stop, or a new message in interrupt mode: what was said so far is kept.
+                self.agent.record_interrupted(chat, message.key, running.partial)
+                log.info("%s: turn stopped (%s)", ids, running.stopped)
+                for done in [item, *running.absorbed]:
+                    self.inbox.mark_done(done.message.key)
+                return
             except TimeoutError:
                 log.error("%s: turn stopped after %.0fs (TALON_TURN_TIMEOUT)", ids, self.turn_timeout_s)
                 reply = OutboundReply(
@@ -230,23 +333,103 @@ class Bridge:
         if self.voice is not None:
             self.voice.forget(message)  # a turn that failed never read what was heard
         await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
-        log.info("%s: answered in %.1fs", ids, time.monotonic() - started)
+        for joined in running.absorbed:  # answered by the same reply
+            self.inbox.mark_done(joined.message.key)
 
-    async def _turn(self, channel: "Channel", chat: ChatKey, message: InboundMessage) -> OutboundReply:
-        """Download, normalize, run the agent: everything between a message and its reply."""
+    async def _acknowledge(self, channel: "Channel", message: InboundMessage, *, clear: bool = False) -> None:
+        try:
+            if clear:
+                await channel.unacknowledge(message)
+            else:
+                await channel.acknowledge(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a reaction is a courtesy; the turn goes on without it
+            log.warning("message %s: could not %s the acknowledgement: %s", message.key,
+                        "clear" if clear else "show", exc)
+
+    def _joined_earlier(self, chat: ChatKey, message: InboundMessage) -> bool:
+        """Did this message join another turn (steer) that was answered before a restart?"""
+        return any(m.role == "user" and m.meta.get("joined") == message.key
+                   for m in self.agent.sessions.load(chat))
+
+    async def _user_message(self, channel: "Channel", chat: ChatKey, message: InboundMessage, *,
+                            running: bool = False) -> Message:
+        """A platform message as the agent sees it: files downloaded and normalized, the quoted
+        reply, the speaker and chatter in groups, a note when it is an edit."""
         files = [await channel.download(remote, self.store, self.limits) for remote in message.files]
         text = quoted_text(message)
+        if message.edited_at is not None and self.inbox.seen(message.original_key):
+            text = f"{edit_note(message, while_running=running)}\n{text}"
         if message.is_group:
             # Who speaks, and what the group said meanwhile; the prompt says where the agent is.
             text = group_turn_text(message, text)
             self.agent.chat_notes[chat] = group_prompt_note(message)
         content = await self.normalize(message, text, files)
-        user = Message(role="user", content=content,
+        return Message(role="user", content=content,
                        meta={"message_id": message.message_id, "sender": message.sender_id})
-        live = channel.live_reply(message)
-        result = await self.agent.run_turn(chat, user, turn_id=message.key,
-                                           on_text=live.on_text if live else None,
-                                           on_step=live.on_step if live else None)
+
+    def _steerable(self, chat: ChatKey, running: _Running) -> list[InboxItem]:
+        """Queued messages that join the running turn now: in steer mode every plain message,
+        in any mode an edit of a message this turn answers."""
+        answering = {running.item.message.key, *(i.message.key for i in running.absorbed)}
+        queue = self._queues.get(chat)
+        if not queue:
+            return []
+        taken: list[InboxItem] = []
+        for queued in list(queue):
+            m = queued.message
+            if command_of(m):
+                break  # a command keeps its place: it is answered after this turn
+            if m.edited_at is not None and m.original_key in answering:
+                taken.append(queued)
+            elif self.busy_mode == "steer" and queued.attempts == 0:
+                taken.append(queued)
+            else:
+                break  # order is kept: nothing jumps over a message that waits
+        for queued in taken:
+            queue.remove(queued)
+        return taken
+
+    async def _turn(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
+                    running: _Running | None = None) -> OutboundReply:
+        """Download, normalize, run the agent: everything between a message and its reply."""
+        running = running or _Running(InboxItem(0, message, 0, 0))
+        user = await self._user_message(channel, chat, message)
+        key = message.key
+        live = channel.live_reply(message, placed=lambda mid: self.inbox.set_live_message(key, mid),
+                                  resume_id=self.inbox.live_message(key))
+
+        async def on_text(delta: str) -> None:
+            running.partial += delta
+            if live is not None:
+                await live.on_text(delta)
+
+        async def on_step(asked_for_tools: bool) -> None:
+            if asked_for_tools:
+                running.partial = ""  # the preamble is in the session with its tool calls
+            if live is not None and live.on_step is not None:
+                await live.on_step(asked_for_tools)
+
+        async def steer() -> list[Message]:
+            joined = []
+            for queued in self._steerable(chat, running):
+                m = queued.message
+                self.inbox.begin_attempt(m.key)
+                running.absorbed.append(queued)
+                await self._acknowledge(channel, m)
+                user_joined = await self._user_message(channel, chat, m, running=True)
+                user_joined.meta["joined"] = m.key
+                joined.append(user_joined)
+                log.info("chat %s: message %s joins the running turn %s", chat, m.message_id, key)
+            return joined
+
+        try:
+            result = await self.agent.run_turn(chat, user, turn_id=key, on_text=on_text,
+                                               on_step=on_step, steer=steer)
+        finally:
+            if live is not None and live.close is not None:
+                await live.close()
         reply = prepare_reply(result.text)
         if self.voice is not None:
             turn = result.messages
@@ -268,6 +451,10 @@ class Bridge:
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
                                         reply_to_message_id=message.message_id)
+        live_id = self.inbox.live_message(message.key)
+        if live_id is not None and reply.live_message_id is None:
+            # The streamed message becomes the answer (also after a restart): edited, not doubled.
+            reply = dataclasses.replace(reply, live_message_id=live_id)
         self._delivering.add(chat)
         spoken = self._start_voice(channel, message, reply)
         try:
@@ -337,13 +524,19 @@ class Bridge:
         word = word.split("@", 1)[0]  # /status@talon_bot in groups
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
-                    "/new starts a fresh conversation; /status shows the model and context use.")
+                    "/new starts a fresh conversation; /status shows the model and context use; "
+                    "/stop stops what I am doing.")
         if word == "/new":
             thread = self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
         if word == "/status":
             await self.agent.discover()  # what the server says now (bounded; never fails /status)
             return self.agent.status_text(chat, self.model_label)
+        if word == "/stop":
+            # The running turn was cancelled when /stop arrived (see submit); this answers it.
+            if self._stops.pop(message.key, False):
+                return "Stopped."
+            return "Nothing to stop: I was not working on anything."
         return None
 
 

@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
     max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
     system_prompt: str = Field(default="", validation_alias=_env("TALON_SYSTEM_PROMPT"))
+    # A message that arrives while its chat's turn runs: steer (joins the turn at its next model
+    # step), queue (waits its turn) or interrupt (stops the turn and is answered instead).
+    busy_mode: Literal["steer", "queue", "interrupt"] = Field(default="steer", validation_alias=_env("TALON_BUSY_MODE"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
     # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
     shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
@@ -126,13 +129,22 @@ class Settings(BaseSettings):
     )
     telegram_allowed_users: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_USERS"))
     telegram_poll_timeout_s: int = Field(default=30, validation_alias=_env("TALON_TELEGRAM_POLL_TIMEOUT"))
-    # Groups (see channels/telegram_groups.py): which are served, when a message is a turn, and
+    # Groups (see channels/telegram/groups.py): which are served, when a message is a turn, and
     # how many unaddressed messages travel with the next turn as context.
     telegram_allowed_chats: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_ALLOWED_CHATS"))
     telegram_group_trigger: Literal["mention", "all"] = Field(
         default="mention", validation_alias=_env("TALON_TELEGRAM_GROUP_TRIGGER")
     )
     telegram_group_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_TELEGRAM_GROUP_CONTEXT"))
+    # Live replies (channels/telegram/streaming.py): draft (private chats; groups are edited),
+    # edit (a message edited in place everywhere) or off; at most one update per interval.
+    telegram_streaming: Literal["draft", "edit", "off"] = Field(
+        default="draft", validation_alias=_env("TALON_TELEGRAM_STREAMING")
+    )
+    telegram_stream_interval_s: float = Field(default=1.0, ge=0.2, le=60,
+                                              validation_alias=_env("TALON_TELEGRAM_STREAM_INTERVAL"))
+    # The reaction set on a message when its turn starts, cleared when answered; empty: none.
+    telegram_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_TELEGRAM_ACK_REACTION"))
     # Webhook mode: empty URL means long polling (the default).
     telegram_webhook_url: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_URL"))
     telegram_webhook_secret: str = Field(default="", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_SECRET"))

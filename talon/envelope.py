@@ -57,6 +57,9 @@ class InboundMessage(BaseModel):
     sender_username: str | None = None
     reply_to_sender: str | None = None  # who wrote the message replied to ("you": the bot)
     chatter: list[Chatter] = Field(default_factory=list)  # unaddressed messages seen before this one
+    # A person edited message ``message_id``; this is its new version (the platform's edit time,
+    # so each edit is its own inbox row). None for a message as first sent.
+    edited_at: str | None = None
 
     @property
     def is_group(self) -> bool:
@@ -70,7 +73,13 @@ class InboundMessage(BaseModel):
 
     @property
     def key(self) -> str:
-        """Unique per platform message: the dedup key of the inbox."""
+        """Unique per platform message (and per edit of it): the dedup key of the inbox."""
+        key = f"{self.channel}:{self.chat_id}:{self.message_id}"
+        return key if self.edited_at is None else f"{key}:edit:{self.edited_at}"
+
+    @property
+    def original_key(self) -> str:
+        """The key of the message as first sent (an edit's original)."""
         return f"{self.channel}:{self.chat_id}:{self.message_id}"
 
 
@@ -94,6 +103,9 @@ class OutboundReply:
     reply_to_message_id: str | None = None
     # Set when the answer is also to be spoken; the bridge delivers the voice note after the text.
     voice: VoiceWish | None = None
+    # The message that showed this answer while it was written (streamed, then edited): the
+    # reply's first text part edits it instead of sending a new message.
+    live_message_id: str | None = None
 
 
 @dataclass
@@ -101,9 +113,13 @@ class LiveReply:
     """Where a channel shows a reply while the model writes it (streamed text).
 
     ``on_text`` gets each text delta of the current model step; ``on_step`` hears when a step
-    ended, True when it asked for tools (the text so far was a preamble; more follows). The final
-    reply is still delivered through ``Channel.deliver``; what the live view showed is cosmetic.
+    ended, True when it asked for tools (the text so far was a preamble; more follows). ``close``
+    is called when the turn ended (answered, failed or stopped), before the final reply goes, so no
+    update lands after it. The final reply is still delivered through ``Channel.deliver``; if the
+    live view left a message that is to become the answer, the channel reported its id through
+    the ``placed`` callback it was given, and the reply's ``live_message_id`` names it.
     """
 
     on_text: Callable[[str], Awaitable[None]]
     on_step: Callable[[bool], Awaitable[None]] | None = None
+    close: Callable[[], Awaitable[None]] | None = None

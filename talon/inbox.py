@@ -33,6 +33,8 @@ CREATE TABLE IF NOT EXISTS inbox (
 );
 CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(status, seq);
 """
+# Added later; databases made before get the column at open.
+_LIVE_COLUMN = "ALTER TABLE inbox ADD COLUMN live_message_id TEXT"
 
 
 @dataclass
@@ -54,6 +56,9 @@ class InboxStore(Protocol):
     def set_delivered_parts(self, key: str, parts: int) -> None: ...
     def mark_done(self, key: str) -> None: ...
     def status(self, key: str) -> str | None: ...
+    def set_live_message(self, key: str, message_id: str) -> None: ...
+    def live_message(self, key: str) -> str | None: ...
+    def replace_pending(self, message: InboundMessage) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -67,6 +72,9 @@ class Inbox:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(inbox)")}
+            if "live_message_id" not in columns:
+                self._db.execute(_LIVE_COLUMN)
             self._db.execute(
                 "DELETE FROM inbox WHERE status='done' AND finished < ?", (time.time() - keep_done_s,)
             )
@@ -119,6 +127,25 @@ class Inbox:
                 self._db.execute("UPDATE inbox SET delivered_parts=? WHERE key=?", (parts, key))
             finally:
                 self._db.execute("PRAGMA synchronous=FULL")
+
+    def set_live_message(self, key: str, message_id: str) -> None:
+        """The platform message that shows this message's answer while it is written (a
+        streamed message that is edited); the final reply edits it, also after a restart."""
+        with self._lock:
+            self._db.execute("UPDATE inbox SET live_message_id=? WHERE key=?", (message_id, key))
+
+    def live_message(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT live_message_id FROM inbox WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def replace_pending(self, message: InboundMessage) -> bool:
+        """Store an edited version of a message whose turn has not started; False otherwise."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE inbox SET payload=? WHERE key=? AND status='pending' AND attempts=0",
+                (message.model_dump_json(), message.key))
+        return cur.rowcount > 0
 
     def mark_done(self, key: str) -> None:
         with self._lock:

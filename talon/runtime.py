@@ -232,6 +232,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         model_label=settings.model,
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
+        busy_mode=settings.busy_mode,
     )
     if stores.shared:
         from talon.scaleout import SharedBridge

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from talon.agent.session import ChatKey
-from talon.bridge import Bridge
+from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
 from talon.pg.inbox import PgInbox
 from talon.pg.leases import Leases, chat_lease
@@ -60,6 +60,13 @@ class SharedBridge(Bridge):
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
+        # /stop (and a new message in interrupt mode) cancels the turn when this worker runs it;
+        # a turn running on another worker finishes there, and the /stop is answered after it.
+        command = command_of(message)
+        if command == "/stop":
+            self._stops[message.key] = self._cancel(conversation_key(message), "stop")
+        elif self.busy_mode == "interrupt" and not command and message.edited_at is None:
+            self._cancel(conversation_key(message), "interrupt")
         self._claim(ChatKey(message.channel, message.chat_id))
         return True
 

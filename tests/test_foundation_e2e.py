@@ -173,7 +173,8 @@ async def test_tool_loop_runs_tools_and_respects_step_limit(
         async def run(self, args: dict) -> ToolResult:
             return ToolResult.text(str(args["a"] + args["b"]))
 
-    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_MAX_STEPS=3)
+    # Strict order: in the default steer mode the second message would join the first turn.
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_MAX_STEPS=3, TALON_BUSY_MODE="queue")
     llm.queue(FakeOpenAI.tool_call("add", {"a": 2, "b": 40}))
     llm.queue("The answer is 42.")
     for _ in range(5):

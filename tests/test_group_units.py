@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from channels.send_pace import SendPacer
+from channels.send_budget import SendBudget, Window
 from talon.config import Settings
 from talon.envelope import Chatter, InboundMessage
 from talon.errors import ConfigError
@@ -67,7 +67,7 @@ def test_group_turn_text_and_prompt_note() -> None:
     assert "Several people" in note
 
 
-async def test_pacer_waits_for_the_window_and_keeps_chats_apart() -> None:
+async def test_budget_paces_sends_within_the_window_and_keeps_chats_apart() -> None:
     now = [100.0]
     slept: list[float] = []
 
@@ -75,19 +75,46 @@ async def test_pacer_waits_for_the_window_and_keeps_chats_apart() -> None:
         slept.append(seconds)
         now[0] += seconds
 
-    pacer = SendPacer(3, 60.0, clock=lambda: now[0], sleep=sleep)
+    budget = SendBudget(lambda chat: Window(3, 60.0), clock=lambda: now[0], sleep=sleep)
     for _ in range(3):
-        assert await pacer.acquire("-1") == 0
+        assert await budget.acquire("-1") == 0
         now[0] += 1.0
-    assert await pacer.acquire("-2") == 0  # another chat has its own allowance
-    assert await pacer.acquire("-1") == pytest.approx(57.0)  # the first send leaves the window at 160
+    assert await budget.acquire("-2") == 0  # another chat has its own allowance
+    assert await budget.acquire("-1") == pytest.approx(57.0)  # the first send leaves the window at 160
     assert now[0] == pytest.approx(160.0)
     # an album of 3 needs the whole allowance: it waits until the send at 160 has left too
-    assert await pacer.acquire("-1", messages=3) == pytest.approx(60.0)
+    assert await budget.acquire("-1", calls=3) == pytest.approx(60.0)
     assert slept == [pytest.approx(57.0), pytest.approx(60.0)]
-    assert pacer.waited_s == pytest.approx(117.0)
+    assert budget.waited_s == pytest.approx(117.0)
     with pytest.raises(ValueError):
-        SendPacer(0)
+        Window(0, 60.0)
+    with pytest.raises(ValueError):
+        Window(3, 60.0, reserve=3)
+
+
+async def test_budget_drops_cosmetic_calls_first_and_a_429_blocks_the_chat() -> None:
+    now = [0.0]
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    budget = SendBudget(lambda chat: Window(4, 10.0, reserve=2), clock=lambda: now[0], sleep=sleep)
+    # cosmetic calls (drafts, edits, typing) may use the window only down to its reserve
+    assert [budget.try_spend("-1") for _ in range(3)] == [True, True, False]
+    assert budget.dropped == 1
+    # the reserve is for the messages of a reply: they still go, without waiting
+    assert await budget.acquire("-1") == 0 and await budget.acquire("-1") == 0
+    assert not budget.try_spend("-1")
+    # a 429 with retry_after=5: cosmetic calls are refused, a send waits it out
+    now[0] = 20.0  # the window is empty again
+    budget.penalize("-1", 5.0)
+    assert not budget.try_spend("-1")
+    assert budget.try_spend("-2")  # only that chat is blocked
+    assert await budget.acquire("-1") == pytest.approx(5.0)
+    assert now[0] == pytest.approx(25.0) and budget.try_spend("-1")
+    # no window at all (a chat the platform does not limit): only a 429 ever holds it back
+    free = SendBudget(lambda chat: None, clock=lambda: now[0], sleep=sleep)
+    assert all(free.try_spend("1") for _ in range(100))
 
 
 @pytest.mark.parametrize("value, wanted", [

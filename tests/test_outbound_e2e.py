@@ -110,9 +110,13 @@ async def ask(tg: FakeTelegram, runtime, text: str = "go", turn: int = 1) -> Non
     await runtime.bridge.idle()
 
 
+# Calls that show progress, not the reply: typing, the live draft, the acknowledgement reaction.
+COSMETIC = frozenset({"sendChatAction", "sendMessageDraft", "setMessageReaction"})
+
+
 def sends(tg: FakeTelegram) -> list[Call]:
     """Every successful send to Alice, in order (typing pings left out)."""
-    return [c for c in tg.sent(chat_id=ALICE) if c.method != "sendChatAction"]
+    return [c for c in tg.sent(chat_id=ALICE) if c.method not in COSMETIC]
 
 
 def texts(tg: FakeTelegram) -> list[str]:

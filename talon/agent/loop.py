@@ -69,6 +69,13 @@ StepDone = Callable[[bool], Awaitable[None]]
 """Called after each model step of a streamed turn; True when the step asked for tools (so the
 text it streamed was a preamble, and more text follows in the next step)."""
 
+Steer = Callable[[], Awaitable[list[Message]]]
+"""Asked before each model step after the first: user messages that arrived meanwhile and join
+the running turn (they are appended to the session with the turn's id)."""
+
+INTERRUPTED_TURN = "interrupted"
+"""Meta flag of the assistant message that closes a turn the person stopped."""
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -509,9 +516,11 @@ class Agent:
 
     # --- turns --------------------------------------------------------------------------------
     async def run_turn(self, chat: ChatKey, user: Message, turn_id: str, *,
-                       on_text: TextSink | None = None, on_step: StepDone | None = None) -> TurnResult:
+                       on_text: TextSink | None = None, on_step: StepDone | None = None,
+                       steer: Steer | None = None) -> TurnResult:
         """Answer one user message. ``on_text`` gets the reply's text as it streams, step by
-        step; ``on_step`` hears when a step ended (True: it asked for tools, more text follows)."""
+        step; ``on_step`` hears when a step ended (True: it asked for tools, more text follows);
+        ``steer`` hands over messages that arrived meanwhile, before each later step."""
         history = self.sessions.load(chat)
         start = next(
             (i for i, m in enumerate(history) if m.role == "user" and m.meta.get("turn_id") == turn_id),
@@ -533,7 +542,7 @@ class Agent:
                     text = done.text + (cut_off_note(int(done.meta["cut_off"])) if done.meta.get("cut_off") else "")
                     return TurnResult(text=text, steps=0, replayed=True, messages=[done])
         try:
-            return await self._steps(chat, history, start, turn_id, on_text, on_step)
+            return await self._steps(chat, history, start, turn_id, on_text, on_step, steer)
         except ProviderUnavailable:
             raise  # worth another try later: the message stays in the conversation
         except ProviderError as exc:
@@ -544,7 +553,8 @@ class Agent:
             raise
 
     async def _steps(self, chat: ChatKey, history: list[Message], start: int, turn_id: str,
-                     on_text: TextSink | None, on_step: StepDone | None) -> TurnResult:
+                     on_text: TextSink | None, on_step: StepDone | None,
+                     steer: Steer | None = None) -> TurnResult:
         produced: list[Message] = []
         steps = 0
         usage: Usage | None = None
@@ -560,6 +570,12 @@ class Agent:
                 self.sessions.append(chat, final)
                 produced.append(final)
                 return TurnResult(text=final.text, steps=steps, usage=usage, messages=produced)
+            if steer is not None and steps > 0:
+                for joined in await steer():
+                    joined = joined.model_copy(update={"meta": {**joined.meta, "turn_id": turn_id}})
+                    self.sessions.append(chat, joined)
+                    history.append(joined)
+                    produced.append(joined)
             request, response = await self._complete(chat, history, on_text)
             steps += 1
             usage = response.usage or usage
@@ -588,6 +604,15 @@ class Agent:
                     log.info("chat %s: the reply was cut off at the %s-token limit", chat, meta["cut_off"])
                     text += cut_off_note(int(str(meta["cut_off"])))
                 return TurnResult(text=text, steps=steps, usage=usage, messages=produced)
+
+    def record_interrupted(self, chat: ChatKey, turn_id: str, partial: str) -> Message:
+        """Close a turn the person stopped: what was written of the reply so far is kept, marked
+        as interrupted, so the next turn knows what was said and that it was cut short."""
+        note = "[stopped by the person before the answer was finished]"
+        text = f"{partial.rstrip()}\n\n{note}" if partial.strip() else note
+        message = Message.assistant(text, turn_id=turn_id, final=True, **{INTERRUPTED_TURN: True})
+        self.sessions.append(chat, message)
+        return message
 
     async def _answer_pending_tool_calls(
         self, chat: ChatKey, history: list[Message], start: int, turn_id: str, produced: list[Message]

@@ -18,6 +18,7 @@ minimal environment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import io
 import logging
@@ -706,6 +707,11 @@ class ShellTool(WorkspaceTool):
         reader = asyncio.create_task(pump())
         try:
             await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.CancelledError:  # the turn was stopped (/stop): the command goes with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            reader.cancel()
+            raise
         except TimeoutError:
             timed_out = True
             try:

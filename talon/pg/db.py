@@ -94,6 +94,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE talon_media_links ADD COLUMN root TEXT;
     """,
+    # 4: the platform message that shows an answer while it is written (live replies), so the
+    # final reply edits it, on whichever worker finishes the turn.
+    """
+    ALTER TABLE talon_inbox ADD COLUMN live_message_id TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -69,6 +69,20 @@ class PgInbox:
     def set_delivered_parts(self, key: str, parts: int) -> None:
         self.db.execute("UPDATE talon_inbox SET delivered_parts = %s WHERE key = %s", (parts, key))
 
+    def set_live_message(self, key: str, message_id: str) -> None:
+        self.db.execute("UPDATE talon_inbox SET live_message_id = %s WHERE key = %s", (message_id, key))
+
+    def live_message(self, key: str) -> str | None:
+        row = self.db.fetchone("SELECT live_message_id FROM talon_inbox WHERE key = %s", (key,))
+        return str(row[0]) if row and row[0] is not None else None
+
+    def replace_pending(self, message: InboundMessage) -> bool:
+        """Store an edited version of a message whose turn has not started; False otherwise."""
+        row = self.db.fetchone(
+            "UPDATE talon_inbox SET payload = %s WHERE key = %s AND status = 'pending' AND attempts = 0 "
+            "RETURNING seq", (message.model_dump_json(), message.key))
+        return row is not None
+
     def mark_done(self, key: str) -> None:
         self.db.execute("UPDATE talon_inbox SET status = 'done', finished = %s WHERE key = %s", (time.time(), key))
 

@@ -114,6 +114,7 @@ class Req:
     end: float | None = None
     status: int | None = None
     response: dict[str, Any] | None = None
+    first_text_at: float | None = None  # time.monotonic() when a streamed answer's first text went out
 
     def last_user_text(self) -> str:
         return last_user_text(self)
@@ -359,12 +360,26 @@ class FakeOpenAI(LoopbackServer):
             chunk = base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
+        try:
+            await self._write_stream(resp, req, body, completion, message, choice, send)
+        except ConnectionResetError:  # the client went away mid-stream (a stopped turn)
+            with self._cond:
+                req.end, req.status, req.response = time.monotonic(), 0, completion
+            self._notify()
+        return resp
+
+    async def _write_stream(self, resp: web.StreamResponse, req: Req, body: dict[str, Any], completion: dict[str, Any],
+                            message: dict[str, Any], choice: dict[str, Any],
+                            send: Callable[..., Awaitable[None]]) -> None:
+        base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
         await send({"role": "assistant", "content": ""})
         text = message.get("content") or ""
         pieces = re.findall(r".{1,%d}(?:\s+|$)|\S+" % self.chunk_chars, text, re.S) if text else []
         for piece in pieces:
             if self.chunk_delay:
                 await asyncio.sleep(self.chunk_delay)
+            if req.first_text_at is None:
+                req.first_text_at = time.monotonic()
             await send({"content": piece})
         for index, call in enumerate(message.get("tool_calls") or []):
             args = call["function"]["arguments"]
@@ -380,7 +395,6 @@ class FakeOpenAI(LoopbackServer):
         with self._cond:
             req.end, req.status, req.response = time.monotonic(), 200, completion
         self._notify()
-        return resp
 
     async def _answer(
         self, request: web.Request, body: Any

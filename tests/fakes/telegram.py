@@ -18,7 +18,14 @@ What it imitates, because Talon's behaviour depends on it:
   forum topics (``message_thread_id`` with ``is_topic_message``; a send into a topic of a chat
   that is not a forum is refused "message thread not found"), ``reply_parameters`` (a reply to a
   message the chat does not have is refused unless ``allow_sending_without_reply``), and
-  getChatMember answering the statuses set with ``set_member_status`` ("member" otherwise).
+  getChatMember answering the statuses set with ``set_member_status`` ("member" otherwise);
+- live replies: ``sendMessageDraft`` (private chats only, a non-zero ``draft_id``, the text limits
+  of a message; the chat's draft is kept in ``drafts`` until the bot sends a message there),
+  ``editMessageText`` (only the bot's own messages; "message is not modified" for the same text;
+  every version kept in ``edit_history``), ``deleteMessage``, and ``setMessageReaction`` (only
+  on a message the chat has, only Telegram's standard reaction emoji; the current reactions are
+  in ``reactions`` and every change in ``reaction_log``). 429s on any method are scripted with
+  ``fail_next``/``fail_when`` like everywhere else.
 
 Everything received is recorded as a :class:`Call`; failures are scripted with ``fail_next``,
 ``fail_when`` and ``drop_connection_next``.
@@ -73,14 +80,15 @@ _SEND_MEDIA = {
 }
 
 _ALWAYS_OK = (
-    "deleteWebhook", "setMyCommands", "deleteMyCommands", "sendChatAction", "deleteMessage",
-    "deleteMessages", "answerCallbackQuery", "setMessageReaction", "setMyDescription",
+    "deleteWebhook", "setMyCommands", "deleteMyCommands", "sendChatAction",
+    "deleteMessages", "answerCallbackQuery", "setMyDescription",
     "setMyShortDescription", "setMyName", "setChatMenuButton", "close", "logOut",
 )
 
 _ALL_METHODS = (
     "getMe", "getUpdates", "setWebhook", "getWebhookInfo", "getMyCommands", "sendMessage",
     "editMessageText", "editMessageCaption", "getFile", "sendMediaGroup", "getChatMember",
+    "sendMessageDraft", "setMessageReaction", "deleteMessage",
     *_SEND_MEDIA, *_ALWAYS_OK,
 )
 # Telegram method names are case-insensitive; calls are recorded under the canonical spelling.
@@ -88,6 +96,9 @@ _CANONICAL = {name.lower(): name for name in _ALL_METHODS}
 
 # Update types delivered when allowed_updates is empty or never set.
 _OPT_IN_UPDATES = frozenset({"chat_member", "message_reaction", "message_reaction_count"})
+
+# The reactions Telegram lets a bot set (its standard emoji reactions), a sample that covers the tests.
+REACTION_EMOJI = frozenset("👍👎❤🔥🥰👏😁🤔🤯😱🤬😢🎉🤩🤮💩🙏👌🕊🤡🥱🥴😍🐳🌚🌭💯🤣⚡🍌🏆💔🤨😐🍓🍾💋🖕😈😴😭🤓👻👀🎃🙈😇😨🤝✍🤗🫡🎅🎄☃💅🤪🗿🆒💘🙉🦄😘💊🙊😎👾🤷😡")
 
 _HTML_TAGS = frozenset(
     {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler", "a",
@@ -333,6 +344,10 @@ class FakeTelegram(LoopbackServer):
         # Seconds to hold a method's successful answer after the call was recorded (a slow API).
         self.response_delay: dict[str, float] = {}
         self._member_status: dict[tuple[int, int], str] = {}  # (chat_id, user_id) -> status
+        self.drafts: dict[int | str, dict[str, Any]] = {}  # chat -> its current draft (draft_id, text)
+        self.edit_history: dict[tuple[int | str, int], list[str]] = {}  # every text a message had
+        self.reactions: dict[tuple[int | str, int], list[str]] = {}  # the bot's current reactions
+        self.reaction_log: list[tuple[int | str, int, list[str]]] = []
 
     @property
     def base_url(self) -> str:
@@ -798,6 +813,20 @@ class FakeTelegram(LoopbackServer):
             self.messages[(chat_id, message["message_id"])] = message
         return {update_type: message}
 
+    def edited_text_message(self, chat_id: int, message_id: int, text: str) -> dict[str, Any]:
+        """An ``edited_message`` Update: a message the fake knows (sent by a person through
+        ``text_message``), with its new text, fresh entities and an ``edit_date``."""
+        with self._cond:
+            original = self.messages[(chat_id, message_id)]
+        message = {k: v for k, v in original.items() if k != "entities"}
+        message.update(text=text, edit_date=int(time.time()))
+        found = _auto_entities(text)
+        if found:
+            message["entities"] = found
+        with self._cond:
+            self.messages[(chat_id, message_id)] = message
+        return {"edited_message": message}
+
     def _replied(self, chat: dict[str, Any], message_id: int) -> dict[str, Any]:
         with self._cond:
             known = self.messages.get((chat["id"], message_id))
@@ -1055,7 +1084,64 @@ class FakeTelegram(LoopbackServer):
                                    files: dict[str, UploadedFile]) -> Any:
         text = self._checked_text(params.get("text"), params.get("parse_mode"), TEXT_LIMIT,
                                   "message is too long", "message text is empty")
-        return self._edit(params, "text", text)
+        edited = self._edit(params, "text", text)
+        if isinstance(edited, dict):
+            with self._cond:
+                self.edit_history.setdefault((edited["chat"]["id"], edited["message_id"]), []).append(text)
+        return edited
+
+    async def _api_sendMessageDraft(self, params: dict[str, Any],
+                                    files: dict[str, UploadedFile]) -> Any:
+        chat_id = _chat_key(params.get("chat_id"))
+        try:
+            draft_id = int(str(params.get("draft_id")))
+        except ValueError:
+            raise _Reject(400, "Bad Request: invalid draft_id") from None
+        if draft_id == 0:
+            raise _Reject(400, "Bad Request: draft_id must be non-zero")
+        if not isinstance(chat_id, int) or chat_id <= 0:
+            raise _Reject(400, "Bad Request: message drafts can be sent only to private chats")
+        text = self._checked_text(params.get("text"), params.get("parse_mode"), TEXT_LIMIT,
+                                  "message is too long", "message text is empty")
+        with self._cond:
+            self.drafts[chat_id] = {"draft_id": draft_id, "text": text}
+        return True
+
+    async def _api_deleteMessage(self, params: dict[str, Any],
+                                 files: dict[str, UploadedFile]) -> Any:
+        chat_id = _chat_key(params.get("chat_id"))
+        try:
+            message_id = int(str(params.get("message_id")))
+        except ValueError:
+            raise _Reject(400, "Bad Request: message to delete not found") from None
+        with self._cond:
+            if self.messages.pop((chat_id, message_id), None) is None:
+                raise _Reject(400, "Bad Request: message to delete not found")
+        return True
+
+    async def _api_setMessageReaction(self, params: dict[str, Any],
+                                      files: dict[str, UploadedFile]) -> Any:
+        chat_id = _chat_key(params.get("chat_id"))
+        try:
+            message_id = int(str(params.get("message_id")))
+        except ValueError:
+            raise _Reject(400, "Bad Request: message to react not found") from None
+        reaction = params.get("reaction") or []
+        if isinstance(reaction, str):
+            reaction = json.loads(reaction)
+        emojis = []
+        for item in reaction:
+            if not isinstance(item, dict) or item.get("type") != "emoji":
+                raise _Reject(400, "Bad Request: REACTION_INVALID")
+            if item.get("emoji") not in REACTION_EMOJI:
+                raise _Reject(400, "Bad Request: REACTION_INVALID")
+            emojis.append(item["emoji"])
+        with self._cond:
+            if (chat_id, message_id) not in self.messages:
+                raise _Reject(400, "Bad Request: message to react not found")
+            self.reactions[(chat_id, message_id)] = emojis
+            self.reaction_log.append((chat_id, message_id, emojis))
+        return True
 
     async def _api_editMessageCaption(self, params: dict[str, Any],
                                       files: dict[str, UploadedFile]) -> Any:
@@ -1260,6 +1346,7 @@ class FakeTelegram(LoopbackServer):
                    "chat": chat, "date": int(time.time()), **placed, **content}
         with self._cond:
             self.messages[(chat_id, message["message_id"])] = message
+            self.drafts.pop(chat_id, None)  # a message sent replaces the draft
         return message
 
 

@@ -1,0 +1,244 @@
+"""Showing an answer while the model writes it: what to show, and when (platform neutral).
+
+``LiveText`` takes the streamed deltas of a turn (``on_text``, ``on_step`` of a ``LiveReply``)
+and calls a channel's ``show(markdown)`` with the growing answer:
+
+- **When.** At most once per ``interval_s``, from a task of its own: the model's stream is never
+  held up by a slow platform call, and deltas that arrive during a call are merged into the next
+  update. ``show`` returns False when it let the update go (a send budget that is short): it is
+  tried again at the next tick, with whatever the text has become by then.
+- **What.** The text up to the last point where no code block, inline code, emphasis or link is
+  left open (``safe_prefix``), so an update never shows half of a markup construct and always
+  renders to well-formed formatting. A step that asked for tools wrote a preamble: the next
+  step's text replaces it.
+- **Stopping.** ``show`` raises ``StreamStopped`` (a 429, a refusal): nothing more is shown in
+  this turn; the final reply is delivered as usual. ``close`` ends the updates before that
+  final delivery, so no late update can land after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+Show = Callable[[str], Awaitable[bool]]
+
+
+class StreamStopped(Exception):
+    """Raised by a ``show`` callback: stop showing this turn (the final reply still goes)."""
+
+
+_FENCES = ("```", "~~~")
+_PAIRED = ("**", "__", "~~")
+
+
+def _outside_fences(text: str) -> tuple[str, int]:
+    """``text`` cut before a code block that is still open, and where the last closed one ends."""
+    offset = 0
+    open_at: int | None = None
+    after_fence = 0
+    for line in text.splitlines(keepends=True):
+        stripped = line.lstrip()
+        if stripped.startswith(_FENCES):
+            if open_at is None:
+                open_at = offset
+            elif line.endswith("\n") or offset + len(line) == len(text):
+                open_at = None
+                after_fence = offset + len(line)
+        offset += len(line)
+    if open_at is not None:
+        return text[:open_at], after_fence if after_fence <= open_at else 0
+    return text, after_fence
+
+
+def safe_prefix(markdown: str) -> str:
+    """The longest prefix of a partial answer that leaves no markup open.
+
+    Code fences, inline code, ``**``/``__``/``~~``, single ``*``/``_`` emphasis and ``[links](...)``
+    are tracked; a blank line ends every inline construct (markdown does not carry them across
+    paragraphs). A ``_`` inside a word (snake_case) and a ``*`` bullet are not emphasis.
+    """
+    text, start = _outside_fences(markdown)
+    clean = start  # the last index at which nothing was open
+    stack: list[str] = []
+    code = False
+    link = 0  # 0: none; 1: inside [text]; 2: inside (url)
+    i = start
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\n" and text.startswith("\n\n", i):
+            stack.clear()
+            code = False
+            link = 0
+            clean = i
+            i += 2
+            continue
+        if code:
+            if ch == "`":
+                code = False
+                i += 1
+                if not stack and not link:
+                    clean = i
+                continue
+            i += 1
+            continue
+        if ch == "\\" and i + 1 < n:
+            i += 2
+            if not stack and not link:
+                clean = i
+            continue
+        if ch == "`":
+            if not stack and not link:
+                clean = i
+            code = True
+            i += 1
+            continue
+        if link == 1 and ch == "]":
+            if text.startswith("(", i + 1):
+                link = 2
+                i += 2
+                continue
+            link = 0  # brackets, not a link
+        elif link == 2 and ch == ")":
+            link = 0
+            i += 1
+            if not stack:
+                clean = i
+            continue
+        elif link == 0 and ch == "[":
+            if not stack:
+                clean = i
+            link = 1
+            i += 1
+            continue
+        pair = next((p for p in _PAIRED if text.startswith(p, i)), None)
+        if pair is not None:
+            if stack and stack[-1] == pair:
+                stack.pop()
+            else:
+                if not stack and not link:
+                    clean = i
+                stack.append(pair)
+            i += len(pair)
+            if not stack and not link:
+                clean = i
+            continue
+        if ch in "*_":
+            before = text[i - 1] if i > 0 else " "
+            after = text[i + 1] if i + 1 < n else " "
+            word_inside = ch == "_" and before.isalnum() and after.isalnum()
+            bullet = ch == "*" and after == " " and (i == 0 or text[i - 1] == "\n" or before == " ")
+            if not (word_inside or bullet):
+                if stack and stack[-1] == ch and not before.isspace():
+                    stack.pop()
+                elif not after.isspace():
+                    if not stack and not link:
+                        clean = i
+                    stack.append(ch)
+                i += 1
+                if not stack and not link:
+                    clean = i
+                continue
+        i += 1
+        if not stack and not link and not code:
+            clean = i
+    return text[:clean].rstrip()
+
+
+class LiveText:
+    """One turn's live view; see the module docstring."""
+
+    def __init__(self, show: Show, *, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._show = show
+        self.interval_s = interval_s
+        self._clock = clock
+        self._text = ""
+        self._shown: str | None = None
+        self._last_show = float("-inf")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._in_show = False
+        self.stopped = False  # a show raised StreamStopped
+        self.closed = False
+        self.updates = 0  # shows that went out
+        self.first_text_at: float | None = None  # clock time of the first delta
+        self.first_shown_at: float | None = None  # clock time the first update went out
+
+    @property
+    def shown(self) -> str | None:
+        """What the last update showed (None: nothing yet)."""
+        return self._shown
+
+    async def on_text(self, delta: str) -> None:
+        if self.closed or self.stopped or not delta:
+            return
+        if self.first_text_at is None:
+            self.first_text_at = self._clock()
+        self._text += delta
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="live-text")
+
+    async def on_step(self, asked_for_tools: bool) -> None:
+        if asked_for_tools:
+            # The step's text was a preamble to tool calls: the next step writes anew. What is
+            # shown stays until there is new text to replace it.
+            self._text = ""
+
+    async def _run(self) -> None:
+        while not self.closed and not self.stopped:
+            await self._wake.wait()
+            self._wake.clear()
+            wait = self._last_show + self.interval_s - self._clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            view = safe_prefix(self._text)
+            if not view.strip() or view == self._shown:
+                continue
+            self._in_show = True
+            try:
+                went = await self._show(view)
+            except StreamStopped as exc:
+                log.info("live view stopped for this turn: %s", exc)
+                self.stopped = True
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("live view update failed; no more updates in this turn")
+                self.stopped = True
+                return
+            finally:
+                self._in_show = False
+            self._last_show = self._clock()
+            if went:
+                self._shown = view
+                self.updates += 1
+                if self.first_shown_at is None:
+                    self.first_shown_at = self._last_show
+            else:
+                self._wake.set()  # dropped for want of budget: try again at the next tick
+
+    async def close(self) -> None:
+        """No more updates: called when the turn ended, before the final reply goes."""
+        self.closed = True
+        task = self._task
+        if task is None or task.done():
+            return
+        if self._in_show:
+            # A call in flight finishes: cut off, a first message could exist on the platform
+            # without its id being known, and the final reply would then be a second one.
+            self._wake.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
