@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,10 @@ from tests.test_foundation_e2e import running
 
 SECRET = "ALICE-SECRET-4242"
 MEMORY = "ALICE-PRIVATE-MEMORY"
+
+
+def _dump_calls(calls: list[Any]) -> str:
+    return "\n".join(json.dumps(c.params, default=str) for c in calls)
 
 
 def _dump(req: object) -> str:
@@ -103,7 +108,10 @@ async def test_one_chat_cannot_read_grep_list_or_send_another_chats_files_or_mem
     assert "BOB" not in (alice_ws / "AGENTS.md").read_text()  # 0 cross-chat writes
     assert not (alice_ws / "inbox" / "planted.txt").exists()
     sent_to_bob = [c for c in tg.calls if str(c.params.get("chat_id")) == str(BOB)]
-    assert {c.method for c in sent_to_bob} <= {"sendMessage", "sendChatAction"}  # 0 cross-chat sends
+    # 0 cross-chat sends: no file went out (drafts and the 👀 reaction are the live reply)
+    assert {c.method for c in sent_to_bob} <= {"sendMessage", "sendChatAction", "sendMessageDraft",
+                                               "setMessageReaction"}
+    assert SECRET not in _dump_calls(sent_to_bob)
     lines = "\n".join(c.params["text"] for c in sent_to_bob if c.method == "sendMessage")
     assert lines.count("Could not attach") == 3, lines
     # Alice's memory is hers: in her prompt, not in Bob's.

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 import channels.telegram as telegram_module
+import channels.telegram.api as telegram_api
 from channels.whatsapp import ReplyDocumentPart
 from channels.whatsapp import plan_parts as whatsapp_parts
 from talon.config import Limits, Settings
@@ -83,7 +84,7 @@ async def test_a_photo_upload_that_timed_out_is_retried_once_then_reported(
     tg: FakeTelegram, llm: FakeOpenAI, settings: Settings, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(telegram_module, "UPLOAD_BASE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(telegram_api, "UPLOAD_BASE_TIMEOUT_S", 0.5)
     png(root(settings) / "chart.png")
     tg.response_delay["sendPhoto"] = 2.0  # Telegram has the photo; its answer comes too late
     llm.queue("![chart](chart.png)\n\nAnd the text goes on.")
