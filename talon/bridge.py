@@ -117,6 +117,7 @@ class Bridge:
     voice: "VoiceReplies | None" = None
     # A message that arrives while its conversation's turn runs (TALON_BUSY_MODE): "steer" joins
     # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
+    # The runtime passes the setting (default steer); a bare Bridge keeps strict order.
     busy_mode: str = "queue"
 
     def __post_init__(self) -> None:
@@ -313,6 +314,8 @@ class Bridge:
                     raise  # shutting down: the message stays pending for the next start
                 # /stop, or a new message in interrupt mode: what was said so far is kept.
                 self.agent.record_interrupted(chat, message.key, running.partial)
+                if self.voice is not None:
+                    self.voice.forget(message)
                 log.info("%s: turn stopped (%s)", ids, running.stopped)
                 for done in [item, *running.absorbed]:
                     self.inbox.mark_done(done.message.key)

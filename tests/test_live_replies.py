@@ -17,7 +17,7 @@ from talon.envelope import InboundMessage
 from talon.runtime import Runtime, build_runtime
 from tests.conftest import ALICE, make_settings
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
-from tests.fakes.telegram import Call, FakeTelegram
+from tests.fakes.telegram import FakeTelegram
 
 GROUP = -1001234567890
 BOT = "@talon_test_bot"

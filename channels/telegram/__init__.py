@@ -13,6 +13,11 @@ One module per job; ``TelegramChannel`` (``channel.py``) puts them together:
 | ``downloads.py`` | files a person sent, fetched during the turn |
 | ``parts.py`` | the parts of a reply, planned from the reply alone (pure) |
 | ``delivery.py`` | sending those parts: text, files, albums, captions, fallbacks |
+| ``streaming.py`` | the answer shown while it is written: drafts, or a message edited in place |
+| ``reactions.py`` | the acknowledgement reaction on a message being answered |
+
+What is platform neutral lives outside the package: the per-chat send budget
+(``channels/send_budget.py``) and the stream-to-updates logic (``channels/live_text.py``).
 """
 
 from channels.telegram.channel import TelegramChannel
