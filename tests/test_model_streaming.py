@@ -262,3 +262,24 @@ async def test_what_the_server_revealed_is_remembered_across_restarts(setup: Set
     assert restarted.profile.context_window == 4096
     assert restarted.profile.source("context_window") == "stated by the server in an error"
     assert not restarted.tools_available and not restarted.tool_specs()
+
+
+async def test_a_smaller_window_found_later_also_shrinks_the_memory_share(setup: Setup) -> None:
+    from talon.agent.profiles import ModelProfile
+
+    (setup.workspace.root / "AGENTS.md").write_text("remember this. " * 2000)  # 30,000 characters
+    async with FakeOpenAI() as fake:
+        fake.queue(FakeOpenAI.error(400, "request (9000 tokens) exceeds the available context size (4096 tokens)",
+                                    type="exceed_context_size_error"), "ok")
+        p = provider(fake, setup, model="local")
+        agent = setup.agent(p, profile=ModelProfile(32_768, 1024, True, known=False))
+        assert agent.memory is not None
+        before = len(agent.memory.block())
+        await agent.run_turn(CHAT, Message.user("hi"), "t1")
+        await p.aclose()
+    after = len(agent.memory.block())
+    assert agent.profile.context_window == 4096
+    # A tenth of the window found (4096 tokens, 1,638 characters), not of the one guessed first.
+    assert before > 12_000 and after < 2_000
+    assert agent.summarizer.window == 4096
+    assert len(fake.requests[1].json["messages"][0]["content"]) < len(fake.requests[0].json["messages"][0]["content"]) - 10_000

@@ -209,6 +209,25 @@ class Agent:
         self.chat_notes: dict[ChatKey, str] = {}
 
     # --- what the server serves -----------------------------------------------------------------
+    @property
+    def profile(self) -> ModelProfile:
+        return self._profile
+
+    @profile.setter
+    def profile(self, value: ModelProfile) -> None:
+        """A new profile (discovery, a stated window): what derives from the window follows it."""
+        self._profile = value
+        if not hasattr(self, "memory_chars"):
+            return  # still in __init__
+        # AGENTS.md may take a tenth of the window, and never more than 16,000 characters.
+        self.memory_chars = min(16_000, int(value.context_window * CHARS_PER_TOKEN * 0.1))
+        for memory in [self.memory, *(m for _, m in self._chat_workspaces.values())]:
+            if memory is not None and memory.max_chars != self.memory_chars:
+                memory.max_chars = self.memory_chars
+                memory.forget()
+        if self.summary_provider is None:
+            self.summarizer.window = value.context_window
+
     def _apply_learned(self) -> None:
         """Adopt what the server revealed in earlier runs (see ``talon.agent.learned``)."""
         if self.learned is None:
@@ -449,6 +468,7 @@ class Agent:
                     log.warning("chat %s: retrying fitted to the stated window of %d tokens", chat,
                                 self.profile.context_window)
                     budget = self.budget
+                    system = self.system(chat)  # the memory share follows the window
                     ctx = self._request_context(chat, history, system, tools, budget)
                     messages = self._withhold_refused(
                         chat, await self.pipeline.apply(conversation_view(history), ctx))

@@ -91,6 +91,10 @@ class Memory:
         self._block = ""
         self._problem = ""
 
+    def forget(self) -> None:
+        """Read the file again next time (its limit changed)."""
+        self._seen = None
+
     def block(self) -> str:
         """The marked memory block, or "" when there is no usable AGENTS.md."""
         try:
