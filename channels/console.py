@@ -15,13 +15,14 @@ import shlex
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import InboundFile, InboundKind
-from talon.envelope import InboundMessage, OutboundReply, RemoteFile
+from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
 from talon.errors import MediaPathError
 from talon.media import MarkdownMediaRef, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
@@ -61,6 +62,10 @@ class ConsoleChannel(Channel):
         self._reader: asyncio.Task[None] | None = None
         self.finished = asyncio.Event()
         self._counter = 0
+        # The live view: the text of the current model step as printed so far, and the last
+        # step's text once the turn closed (the final reply does not print it a second time).
+        self._live = ""
+        self._streamed: str | None = None
 
     async def start(self, bridge: Any) -> None:
         self._bridge = bridge
@@ -173,6 +178,31 @@ class ConsoleChannel(Channel):
             return base.model_copy(update={"notice": str(exc)})
         return base.model_copy(update={"ref": ref, "size": ref.bytes})
 
+    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], None] | None = None,
+                   resume_id: str | None = None) -> LiveReply | None:
+        """The answer printed as the model writes it; the final reply then adds only what the
+        stream did not show (files, notices, a cut-off line)."""
+        self._live, self._streamed = "", None
+
+        async def on_text(delta: str) -> None:
+            if not self._live:
+                self._print("talon> ")
+            self._live += delta
+            self._print(delta)
+            self.stdout.flush()
+
+        async def on_step(asked_for_tools: bool) -> None:
+            if asked_for_tools and self._live:
+                self._print("\n")  # a preamble to tool calls; the next step starts a new line
+                self._live = ""
+
+        async def close() -> None:
+            if self._live:
+                self._print("\n")
+            self._streamed, self._live = self._live, ""
+
+        return LiveReply(on_text=on_text, on_step=on_step, close=close)
+
     def reply_parts(self, reply: OutboundReply) -> list[str | MarkdownMediaRef]:
         # One part per line shown, derived from the reply alone so skip_parts stays meaningful.
         parts: list[str | MarkdownMediaRef] = [f"talon> {reply.text}\n"] if reply.text.strip() else []
@@ -183,8 +213,16 @@ class ConsoleChannel(Channel):
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
         parts = self.reply_parts(reply)
+        streamed, self._streamed = self._streamed, None
 
-        async def show(_: int, part: str | MarkdownMediaRef) -> None:
+        async def show(index: int, part: str | MarkdownMediaRef) -> None:
+            if index == 0 and isinstance(part, str) and streamed and reply.text.strip():
+                final = reply.text.strip()
+                if final == streamed.strip():
+                    return  # already on screen, as it was written
+                if final.startswith(streamed.strip()):
+                    self._print(f"{final[len(streamed.strip()):].strip()}\n")  # e.g. the cut-off line
+                    return
             self._print(part if isinstance(part, str) else self._media_line(part))
 
         await deliver_parts(parts, show, skip_parts=skip_parts, on_part=on_part)

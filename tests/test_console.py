@@ -117,3 +117,30 @@ def test_ctrl_c_at_the_prompt_ends_talon_chat(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
     assert code == 130
+
+
+def test_talon_chat_prints_the_answer_as_it_streams_and_only_once(tmp_path: Path) -> None:
+    answer = "A slowly streamed answer, written word by word, as a local model would send it."
+    with FakeOpenAI(chunk_delay=0.15) as llm:
+        llm.queue(answer, FakeOpenAI.reply("Cut short here", finish_reason="length"))
+        proc = subprocess.Popen([sys.executable, "-m", "talon.cli", "chat"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                                env=_env(tmp_path, llm), text=True, bufsize=1)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("tell me\n")
+        proc.stdin.flush()
+        seen = ""
+        while "talon> " not in seen:  # the first piece appears while the rest is still coming
+            char = proc.stdout.read(1)
+            if not char:  # the process ended without answering: the asserts below say how
+                break
+            seen += char
+        partial_at_first_sight = llm.requests[0].end is None
+        proc.stdin.write("and then?\n")
+        proc.stdin.close()
+        out = seen + proc.stdout.read()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert partial_at_first_sight  # the model was still writing when the answer began to show
+    assert out.count(answer) == 1  # streamed, then not printed again by the final reply
+    assert out.count("Cut short here") == 1 and "cut off at the reply limit" in out
