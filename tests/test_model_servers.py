@@ -89,6 +89,15 @@ def test_each_kind_becomes_its_typed_error() -> None:
     assert not isinstance(wrong_url, ModelNotFound) and "File Not Found" in str(wrong_url)
 
 
+def test_words_about_context_alone_do_not_make_an_overflow() -> None:
+    bad = classify(400, {"error": {"message": "Invalid 'context_length' parameter: expected an integer",
+                                   "type": "invalid_request_error"}})
+    assert bad.kind == "bad_request"
+    assert classify(413, {"type": "error", "error": {"type": "request_too_large",
+                                                     "message": "Request exceeds the maximum size"}}).kind \
+        == "context_overflow"
+
+
 def test_retry_after_in_seconds_milliseconds_and_dates() -> None:
     assert retry_after_seconds({"Retry-After": "3"}) == 3
     assert retry_after_seconds({"retry-after-ms": "1500"}) == 1.5

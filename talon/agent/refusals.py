@@ -233,11 +233,11 @@ def classify(status: int | None, body: Any, headers: Mapping[str, str] | None = 
     def make(kind: RefusalKind, **extra: Any) -> Refusal:
         return Refusal(kind=kind, status=status, message=message or f"HTTP {status}", **extra)
 
-    if etype == "exceed_context_size_error" or code == "context_length_exceeded" or any(
-            word in low for word in _OVERFLOW_WORDS) and not _INVALID_IMAGE.search(low):
-        # "context length" alone also appears in other errors; a stated number or an
-        # explicit overflow phrase is what makes it one.
-        if window is not None or etype or code or "exceed" in low or "too long" in low or "reduce" in low \
+    explicit = etype in ("exceed_context_size_error", "request_too_large") or code == "context_length_exceeded"
+    if explicit or (any(word in low for word in _OVERFLOW_WORDS) and not _INVALID_IMAGE.search(low)):
+        # "context length" alone also appears in other errors; the type or code, a stated
+        # number, or an explicit overflow phrase is what makes it one.
+        if explicit or window is not None or "exceed" in low or "too long" in low or "reduce" in low \
                 or "greater than" in low or "too many" in low or "longer than" in low or "fewer" in low:
             return make("context_overflow", window=window, requested=_requested(message, err))
     if _IMAGES_UNSUPPORTED.search(text):
