@@ -42,9 +42,17 @@ from talon.agent.provider import (
     try_hydrate,
 )
 from talon.agent.refusals import classify
-from talon.agent.retries import TIMEOUTS, TRANSPORT_ERRORS, Retryable, adapt_or_fail, complete_with_retries
+from talon.agent.retries import (
+    TIMEOUTS,
+    TRANSPORT_ERRORS,
+    adapt_or_fail,
+    broke_off,
+    complete_with_retries,
+    response_body,
+    silent_for,
+    unreachable,
+)
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
-from talon.errors import ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -233,19 +241,15 @@ class AnthropicProvider(Provider):
                 await relay("".join(b.text for b in resp.content or [] if getattr(b, "type", "") == "text"))
         except anthropic.APIStatusError as exc:
             if relay.sent:
-                raise ProviderUnavailable(f"the model server broke off its reply: {exc.message}") from exc
-            raise self._refused(exc.status_code, _raw_body(exc), exc.response.headers, request) from exc
+                raise broke_off(exc.message) from exc
+            raise self._refused(exc.status_code, response_body(exc), exc.response.headers, request) from exc
         except _TIMEOUTS as exc:
-            raise ProviderUnavailable(
-                f"the model server sent nothing for {self.idle_timeout_s:g} s (TALON_MODEL_TIMEOUT); "
-                "not asked again, so a long answer is not generated twice") from exc
+            raise silent_for(self.idle_timeout_s) from exc
         except _UNREACHABLE as exc:
-            if relay.sent:
-                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
-            raise Retryable(ProviderUnavailable(f"could not reach the model server: {exc}")) from exc
+            raise unreachable(exc, sent=bool(relay.sent)) from exc
         except anthropic.APIError as exc:  # an error event inside the stream
             if relay.sent:
-                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
+                raise broke_off(exc) from exc
             raise self._refused(None, exc.body, None, request) from exc
         usage = None
         if resp.usage is not None:
@@ -262,10 +266,3 @@ class AnthropicProvider(Provider):
     async def aclose(self) -> None:
         await self._client.close()
 
-
-def _raw_body(exc: anthropic.APIStatusError) -> Any:
-    try:
-        text = exc.response.text
-    except Exception:  # a streamed response whose body was not read
-        text = ""
-    return text or exc.body

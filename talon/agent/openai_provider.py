@@ -41,13 +41,16 @@ from talon.agent.refusals import classify
 from talon.agent.retries import (
     TIMEOUTS,
     TRANSPORT_ERRORS,
-    Retryable,
     SendAgain,
     adapt_or_fail,
+    broke_off,
     complete_with_retries,
+    response_body,
+    silent_for,
+    unreachable,
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
-from talon.errors import ProviderError, ProviderUnavailable
+from talon.errors import ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -284,15 +287,11 @@ class OpenAIProvider(Provider):
                     return await self._collect(response.iter_lines(), relay, request)
             result = await self._client.chat.completions.create(**kwargs)
         except openai.APIStatusError as exc:
-            raise self._refused(exc.status_code, _raw_body(exc), exc.response.headers, request) from exc
+            raise self._refused(exc.status_code, response_body(exc), exc.response.headers, request) from exc
         except _TIMEOUTS as exc:
-            raise ProviderUnavailable(
-                f"the model server sent nothing for {self.idle_timeout_s:g} s (TALON_MODEL_TIMEOUT); "
-                "not asked again, so a long answer is not generated twice") from exc
+            raise silent_for(self.idle_timeout_s) from exc
         except _UNREACHABLE as exc:
-            if relay.sent:
-                raise ProviderUnavailable(f"the model server broke off its reply: {exc}") from exc
-            raise Retryable(ProviderUnavailable(f"could not reach the model server: {exc}")) from exc
+            raise unreachable(exc, sent=bool(relay.sent)) from exc
         if not result.choices:
             raise ProviderError("the model returned no choices")
         choice = result.choices[0]
@@ -327,7 +326,7 @@ class OpenAIProvider(Provider):
                 continue
             if chunk.get("error"):  # an error inside the stream (OpenRouter, llama.cpp, vLLM)
                 if relay.sent:
-                    raise ProviderUnavailable(f"the model server broke off its reply: {str(chunk['error'])[:300]}")
+                    raise broke_off(str(chunk["error"])[:300])
                 raise self._refused(None, chunk, None, request)
             if isinstance(chunk.get("usage"), dict):
                 u = chunk["usage"]
@@ -375,11 +374,3 @@ class OpenAIProvider(Provider):
     async def aclose(self) -> None:
         await self._client.close()
 
-
-def _raw_body(exc: openai.APIStatusError) -> Any:
-    """The response body as the server sent it (the SDK keeps only its ``error`` member)."""
-    try:
-        text = exc.response.text
-    except Exception:  # a streamed response whose body was not read
-        text = ""
-    return text or exc.body

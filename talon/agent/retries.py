@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -71,6 +71,33 @@ class _Adapting(Protocol):
     vision: bool
     tools: bool
     stream: bool
+
+
+def broke_off(detail: object) -> ProviderUnavailable:
+    """A reply that stopped after some of it was shown: never retried (it would be shown twice)."""
+    return ProviderUnavailable(f"the model server broke off its reply: {detail}")
+
+
+def silent_for(idle_timeout_s: float) -> ProviderUnavailable:
+    return ProviderUnavailable(
+        f"the model server sent nothing for {idle_timeout_s:g} s (TALON_MODEL_TIMEOUT); "
+        "not asked again, so a long answer is not generated twice")
+
+
+def unreachable(exc: Exception, *, sent: bool) -> Exception:
+    """A connection that failed: retryable while nothing was shown, else a broken-off reply."""
+    if sent:
+        return broke_off(exc)
+    return Retryable(ProviderUnavailable(f"could not reach the model server: {exc}"))
+
+
+def response_body(exc: Any) -> Any:
+    """An SDK status error's body as the server sent it (the SDKs keep only its ``error``)."""
+    try:
+        text = exc.response.text
+    except Exception:  # a streamed response whose body was not read
+        text = ""
+    return text or exc.body
 
 
 def adapt_or_fail(provider: _Adapting, refusal: Refusal, request: ModelRequest) -> Exception:
