@@ -57,7 +57,6 @@ import shutil
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -67,6 +66,7 @@ import av
 import numpy as np
 
 from talon.config import Limits
+from talon.cpu_pool import CpuPool
 from talon.errors import TranscriptionError
 
 if TYPE_CHECKING:
@@ -579,9 +579,7 @@ class Transcriber:
         self.unavailable_reason = unavailable_reason or (
             None if backend else "no transcription backend is configured"
         )
-        self._concurrency = max(1, concurrency)
-        self._executor = ThreadPoolExecutor(self._concurrency, thread_name_prefix="talon-speech")
-        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._pool = CpuPool(concurrency, "talon-speech")
 
     @classmethod
     def from_settings(cls, settings: Settings, *, limits: Limits | None = None) -> Transcriber:
@@ -615,7 +613,7 @@ class Transcriber:
         Raises ``TranscriptionError`` with a specific reason; never returns empty text.
         """
         backend = self._require_backend()
-        async with self._semaphore():
+        async with self._pool.slot():
             audio = await self._offload(lambda: decode_audio(Path(path), limits=self.limits))
             recognized = await backend.recognize(audio, self._offload)
         text = " ".join(recognized.text.split())
@@ -629,7 +627,7 @@ class Transcriber:
         )
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()
 
     def _require_backend(self) -> SpeechBackend:
         if self.backend is None:
@@ -637,16 +635,7 @@ class Transcriber:
         return self.backend
 
     def _offload(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
-        return asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        # One per event loop: an asyncio.Semaphore binds to the loop it first waits on.
-        loop = asyncio.get_running_loop()
-        sem = self._semaphores.get(loop)
-        if sem is None:
-            self._semaphores = {lp: s for lp, s in self._semaphores.items() if not lp.is_closed()}
-            sem = self._semaphores[loop] = asyncio.Semaphore(self._concurrency)
-        return sem
+        return self._pool.run(fn)
 
 
 def _choose_backend(settings: Settings) -> SpeechBackend:

@@ -31,7 +31,6 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import av
 import numpy as np
 
+from talon.cpu_pool import CpuPool
 from talon.errors import SynthesisError
 
 if TYPE_CHECKING:
@@ -351,9 +351,7 @@ class Synthesizer:
                  unavailable_reason: str | None = None) -> None:
         self.engine = engine
         self.unavailable_reason = unavailable_reason or (None if engine else "no speech engine is configured")
-        self._concurrency = max(1, concurrency)
-        self._executor = ThreadPoolExecutor(self._concurrency, thread_name_prefix="talon-tts")
-        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._pool = CpuPool(concurrency, "talon-tts")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Synthesizer:
@@ -397,7 +395,7 @@ class Synthesizer:
         sentences = split_sentences(text)
         if not sentences:
             raise SynthesisError("there is no prose to speak in this answer")
-        async with self._semaphore():
+        async with self._pool.slot():
             started = time.perf_counter()
             spoken = await engine.speak(sentences, language, max_seconds, self._offload)
             data: bytes = await self._offload(lambda: encode_voice_note(spoken.samples, spoken.rate))
@@ -409,7 +407,7 @@ class Synthesizer:
         )
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()
 
     def _require(self) -> SpeechEngine:
         if self.engine is None:
@@ -417,16 +415,7 @@ class Synthesizer:
         return self.engine
 
     def _offload(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
-        return asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        # One per event loop: an asyncio.Semaphore binds to the loop it first waits on.
-        loop = asyncio.get_running_loop()
-        sem = self._semaphores.get(loop)
-        if sem is None:
-            self._semaphores = {lp: s for lp, s in self._semaphores.items() if not lp.is_closed()}
-            sem = self._semaphores[loop] = asyncio.Semaphore(self._concurrency)
-        return sem
+        return self._pool.run(fn)
 
 
 def _choose_engine(settings: Settings) -> SpeechEngine:
