@@ -3,8 +3,11 @@ and Talon settings pointed at them. Nothing here touches the internet."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import pytest_asyncio
@@ -13,6 +16,9 @@ from talon.config import Settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
+
+if TYPE_CHECKING:
+    from talon.runtime import Runtime
 
 # Talon warms Whisper and the voice at every start; most tests start a runtime and never speak,
 # so the suite turns that off (Settings reads the environment). Tests of the warm-up turn it on.
@@ -77,3 +83,17 @@ def settings_env(tmp_path: Path, tg_base: str, llm_base: str, **extra: str) -> d
     }
     env.update(extra)
     return env
+
+
+@contextlib.asynccontextmanager
+async def running_telegram(settings: Settings, **channel_kw: object) -> AsyncIterator["Runtime"]:
+    """Talon with its Telegram channel, started for the block and stopped after it."""
+    from channels.telegram import TelegramChannel
+    from talon.runtime import build_runtime
+
+    runtime = build_runtime(settings, [TelegramChannel(settings, **channel_kw)])  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,20 +12,12 @@ import pytest
 from channels.telegram import TelegramChannel
 from talon.config import Settings
 from talon.content import Message
-from talon.runtime import Runtime, build_runtime
 from tests.conftest import ALICE, BOB, MALLORY
+from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
 
 
-@contextlib.asynccontextmanager
-async def running(settings: Settings, **channel_kw: object) -> AsyncIterator[Runtime]:
-    runtime = build_runtime(settings, [TelegramChannel(settings, **channel_kw)])  # type: ignore[arg-type]
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
 
 
 def texts_to(tg: FakeTelegram, chat_id: int) -> list[str]:

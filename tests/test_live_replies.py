@@ -4,18 +4,15 @@ fakes, with a model that streams slowly (chunks spread over seconds)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-from channels.telegram import TelegramChannel
 from talon.agent.session import ChatKey
 from talon.config import Settings
 from talon.envelope import InboundMessage
-from talon.runtime import Runtime, build_runtime
 from tests.conftest import ALICE, make_settings
+from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
 
@@ -29,14 +26,6 @@ ANSWER = ("Tides come from the pull of the moon and, less, the sun. The water bu
           "are the big ones.")
 
 
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Runtime]:
-    runtime = build_runtime(settings, [TelegramChannel(settings)])
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
 
 
 def to(chat: int):  # noqa: ANN201 - a predicate for wait_for

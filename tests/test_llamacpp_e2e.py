@@ -19,19 +19,19 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from PIL import Image
 
-from channels.telegram import TelegramChannel
 from talon.config import Settings
 from talon.agent.session import ChatKey
 from talon.content import Message
-from talon.runtime import Runtime, build_runtime
+from talon.runtime import build_runtime
 from tests.conftest import ALICE, make_settings
+from tests.conftest import running_telegram as running
 from tests.fakes.telegram import FakeTelegram
 from tests.llama_server import available
 
@@ -80,14 +80,6 @@ def llama_settings(tmp_path: Path, tg: FakeTelegram, llama: str, **extra: object
     return make_settings(tmp_path, tg.base_url, f"{llama}/v1", **values)
 
 
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Runtime]:
-    runtime = build_runtime(settings, [TelegramChannel(settings)])
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
 
 
 class Chat:

@@ -3,11 +3,9 @@ python-telegram-bot and openai clients (issue 12)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,9 @@ from PIL import Image
 from channels.telegram import TelegramChannel
 from talon.agent.session import ChatKey
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
+from talon.runtime import build_runtime
 from tests.conftest import ALICE, BOB, make_settings
+from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import Call, FakeTelegram
 
@@ -35,14 +34,6 @@ def settings(tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI) -> Settings:
                          TALON_TELEGRAM_ALLOWED_CHATS=f"{GROUP}, {FORUM}")
 
 
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Runtime]:
-    runtime = build_runtime(settings, [TelegramChannel(settings)])
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
 
 
 def in_group(tg: FakeTelegram, text: str, *, chat: int = GROUP, user: int = CAROL,
