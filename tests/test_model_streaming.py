@@ -283,3 +283,25 @@ async def test_a_smaller_window_found_later_also_shrinks_the_memory_share(setup:
     assert before > 12_000 and after < 2_000
     assert agent.summarizer.window == 4096
     assert len(fake.requests[1].json["messages"][0]["content"]) < len(fake.requests[0].json["messages"][0]["content"]) - 10_000
+
+
+def test_remembering_what_is_known_already_does_not_touch_the_disk(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from talon.agent.learned import LearnedFacts
+
+    learned = LearnedFacts(tmp_path / "model_facts.json", "m @ u")
+    learned.save(vision=False)
+    assert LearnedFacts(tmp_path / "model_facts.json", "m @ u").load() == {"vision": False}
+    reads: list[Path] = []
+    original = Path.read_text
+
+    def counting(self: Path, *args: object, **kwargs: object) -> str:
+        reads.append(self)
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    for _ in range(3):  # what the agent does after every model call
+        learned.save(vision=False)
+    assert reads == []
+    learned.save(tools=False)  # something new is read, merged and written
+    assert reads and LearnedFacts(tmp_path / "model_facts.json", "m @ u").load() == {"vision": False, "tools": False}

@@ -23,6 +23,9 @@ class LearnedFacts:
     def __init__(self, path: Path, key: str) -> None:
         self.path = path
         self.key = key
+        # What this process last read or wrote: ``save`` is called after every model call and
+        # must not touch the disk when nothing new was learned.
+        self._known: dict[str, Any] = {}
 
     def load(self) -> dict[str, Any]:
         try:
@@ -33,9 +36,12 @@ class LearnedFacts:
             log.warning("ignoring unreadable %s: %s", self.path, exc)
             return {}
         entry = data.get(self.key) if isinstance(data, dict) else None
-        return entry if isinstance(entry, dict) else {}
+        self._known = dict(entry) if isinstance(entry, dict) else {}
+        return dict(self._known)
 
     def save(self, **facts: Any) -> None:
+        if self._known == {**self._known, **facts}:
+            return
         try:
             data = json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
         except (OSError, ValueError):
@@ -43,9 +49,11 @@ class LearnedFacts:
         if not isinstance(data, dict):
             data = {}
         entry = data.setdefault(self.key, {})
-        if entry == {**entry, **facts}:
-            return
+        done = entry == {**entry, **facts}  # another process wrote it already
         entry.update(facts)
+        self._known = dict(entry)
+        if done:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".model_facts-")
