@@ -30,6 +30,7 @@ from talon.errors import (
     ContextOverflow,
     DeliveryError,
     ModelNotFound,
+    ModelTimedOut,
     ProviderError,
     ProviderUnavailable,
     QuotaExceeded,
@@ -568,7 +569,7 @@ def apology(exc: ProviderError) -> str:
         if exc.refusal is not None:
             return (f"Sorry, the model server failed while answering ({said}). "
                     "Please try again in a moment.")
-        if "sent nothing for" in str(exc) or "did not finish within" in str(exc):
+        if isinstance(exc, ModelTimedOut):
             return ("Sorry, the model took too long to answer, so I stopped waiting (it was not asked "
                     "twice). Please try again, or ask for something shorter.")
         return ("Sorry, I couldn't reach the language model just now, so I can't answer this "

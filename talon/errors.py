@@ -11,7 +11,8 @@
     ├── SynthesisError              a reply could not be spoken (talon.tts)
     ├── ProviderError               the model could not answer (``.refusal``: what the server said)
     │   ├── ProviderUnavailable     network, timeout, 5xx: worth trying again later
-    │   │   └── RateLimited         429 / rate_limit_error (``.retry_after`` when the server says)
+    │   │   ├── RateLimited         429 / rate_limit_error (``.retry_after`` when the server says)
+    │   │   └── ModelTimedOut       silent past TALON_MODEL_TIMEOUT, or past the whole-call cap
     │   ├── ContextOverflow         the request was longer than the model's window (``.window``)
     │   ├── ImageRejected           the model refused one image in the request (format, size)
     │   ├── ImagesUnsupported       the model takes no images at all
@@ -93,6 +94,10 @@ class RateLimited(ProviderUnavailable):
                  refusal: "Refusal | None" = None) -> None:
         super().__init__(message, refusal=refusal)
         self.retry_after = retry_after
+
+
+class ModelTimedOut(ProviderUnavailable):
+    """The model server went silent too long, or the call outlasted its cap; never asked again."""
 
 
 class ContextOverflow(ProviderError):

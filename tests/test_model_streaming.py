@@ -305,3 +305,16 @@ def test_remembering_what_is_known_already_does_not_touch_the_disk(tmp_path: Pat
     assert reads == []
     learned.save(tools=False)  # something new is read, merged and written
     assert reads and LearnedFacts(tmp_path / "model_facts.json", "m @ u").load() == {"vision": False, "tools": False}
+
+
+async def test_a_call_past_its_total_cap_stops_and_is_not_repeated(setup: Setup) -> None:
+    from talon.errors import ModelTimedOut
+
+    async with FakeOpenAI(chunk_delay=0.2) as fake:
+        fake.queue("word " * 60)  # chunks keep coming, for about 5 s in all
+        p = provider(fake, setup, timeout_s=5, total_timeout_s=1.0, max_retries=2)
+        with pytest.raises(ModelTimedOut, match="did not finish within 1 s") as caught:
+            await setup.agent(p).run_turn(CHAT, Message.user("go on and on"), "t1")
+        await p.aclose()
+    assert len(fake.requests) == 1
+    assert "took too long" in apology(caught.value)

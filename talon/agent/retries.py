@@ -20,7 +20,7 @@ import httpx
 
 from talon.agent.provider import ModelRequest, ModelResponse, has_images
 from talon.agent.refusals import Refusal, refusal_error
-from talon.errors import ProviderError, ProviderUnavailable
+from talon.errors import ModelTimedOut, ProviderError, ProviderUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ def broke_off(detail: object) -> ProviderUnavailable:
     return ProviderUnavailable(f"the model server broke off its reply: {detail}")
 
 
-def silent_for(idle_timeout_s: float) -> ProviderUnavailable:
-    return ProviderUnavailable(
+def silent_for(idle_timeout_s: float) -> ModelTimedOut:
+    return ModelTimedOut(
         f"the model server sent nothing for {idle_timeout_s:g} s (TALON_MODEL_TIMEOUT); "
         "not asked again, so a long answer is not generated twice")
 
@@ -155,6 +155,6 @@ async def complete_with_retries(
         async with asyncio.timeout(provider.total_timeout_s):
             return await run()
     except TimeoutError:
-        raise ProviderUnavailable(
+        raise ModelTimedOut(
             f"the model did not finish within {provider.total_timeout_s:.0f} s in all "
             "(TALON_MODEL_TOTAL_TIMEOUT); not asked again") from None
