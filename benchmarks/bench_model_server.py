@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from talon.agent.discovery import discover  # noqa: E402
 from talon.agent.loop import Agent  # noqa: E402
 from talon.agent.openai_provider import OpenAIProvider  # noqa: E402
-from talon.agent.session import ChatKey, SessionStore  # noqa: E402
+from talon.storage.sessions import ChatKey
+from talon.agent.session import SessionStore  # noqa: E402
 from talon.content import Message  # noqa: E402
 from tests.llama_server import available  # noqa: E402
 

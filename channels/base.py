@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import httpx
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import AttachmentRef, InboundFile
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
@@ -72,7 +72,7 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None: ...
 
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], None] | None = None,
+    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
                    resume_id: str | None = None) -> LiveReply | None:
         """Where the answer to ``message`` is shown while it is written; None (the default):
         the chat sees only the finished reply. A live view that posts a message which the final

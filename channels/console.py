@@ -15,13 +15,13 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
-from talon.content import InboundFile, InboundKind
+from talon.content import AttachmentRef, InboundFile, InboundKind
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
 from talon.errors import MediaPathError
 from talon.media import MarkdownMediaRef, outbound_channel_media
@@ -110,7 +110,7 @@ class ConsoleChannel(Channel):
             message = self._parse(line)
             if message is None:
                 continue
-            self._bridge.submit(message)
+            await self._bridge.submit(message)
             # One exchange at a time keeps the prompt readable.
             await self._bridge.idle()
 
@@ -167,18 +167,21 @@ class ConsoleChannel(Channel):
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size)
         path = Path(remote.source)
-        try:
+        def copy() -> AttachmentRef:
             with open(path, "rb") as fh:
-                ref = store.put_chunks(iter(lambda: fh.read(1 << 16), b""),
-                                       mime=remote.mime or "application/octet-stream",
-                                       name=remote.name, limit=limits.download_max_bytes)
+                return store.blocking.put_chunks(iter(lambda: fh.read(1 << 16), b""),
+                                                 mime=remote.mime or "application/octet-stream",
+                                                 name=remote.name, limit=limits.download_max_bytes)
+
+        try:
+            ref = await asyncio.to_thread(copy)
         except OSError as exc:
             return base.model_copy(update={"notice": f"could not read {remote.name}: {exc.strerror}"})
         except Exception as exc:
             return base.model_copy(update={"notice": str(exc)})
         return base.model_copy(update={"ref": ref, "size": ref.bytes})
 
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], None] | None = None,
+    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
                    resume_id: str | None = None) -> LiveReply | None:
         """The answer printed as the model writes it; the final reply then adds only what the
         stream did not show (files, notices, a cut-off line)."""

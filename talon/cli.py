@@ -11,11 +11,15 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from talon.config import Settings
 from talon.errors import ConfigError, PairingError
+
+if TYPE_CHECKING:
+    from talon.storage.migrate import MigrationReport
 
 log = logging.getLogger("talon")
 
@@ -73,7 +77,7 @@ def _load_settings() -> Settings:
 
 async def _run(settings: Settings) -> int:
     from talon.runtime import build_runtime, configured_channels, serve, shared_http_server
-    from talon.stores import open_stores
+    from talon.storage.factory import open_stores
 
     http = shared_http_server(settings)  # one server for every channel's webhooks
     stores = open_stores(settings)  # embedded, or PostgreSQL (TALON_DATABASE_URL)
@@ -136,8 +140,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
     """Discovery, then one cheap live request (a one-token reply): what a chat would meet."""
     from talon.agent.provider import ModelRequest
-    from talon.attachments import AttachmentStore
     from talon.content import Message
+    from talon.storage.attachments import MemoryAttachments
     from talon.runtime import build_provider, model_discoverer
 
     rows: list[tuple[str, str]] = []
@@ -154,7 +158,7 @@ async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
     except ConfigError as exc:
         rows.append(("model profile", f"INVALID: {exc}"))
     with tempfile.TemporaryDirectory() as scratch:
-        provider = build_provider(settings, AttachmentStore(Path(scratch)))
+        provider = build_provider(settings, MemoryAttachments(Path(scratch)))
         started = time.monotonic()
         try:
             reply = await provider.complete(ModelRequest(system="", messages=[Message.user("Say OK.")],
@@ -216,7 +220,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if settings.database_url:  # many workers: the shared stores
         from talon.health import database_rows
 
-        rows += database_rows(settings.database_url)
+        rows += asyncio.run(database_rows(settings.database_url))
     transcriber = Transcriber.from_settings(settings)
     rows.append(("transcriber", f"{settings.transcriber}: " + (
         f"ok ({transcriber.backend.name})" if transcriber.backend is not None
@@ -255,12 +259,19 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def cmd_pair(args: argparse.Namespace) -> int:
     """List pairing requests and approvals, approve a code, or revoke an approval."""
-    from talon.access import CODE_TTL_S
-    from talon.stores import open_gate
-    from talon.config import normalize_whatsapp_number
-
     settings = _load_settings()
-    gate = open_gate(settings)
+    try:
+        return asyncio.run(_pair(settings, args))
+    except ConfigError as exc:
+        return _fail(str(exc), exc.missing)
+
+
+async def _pair(settings: Settings, args: argparse.Namespace) -> int:
+    from talon.config import normalize_whatsapp_number
+    from talon.storage.access import CODE_TTL_S
+    from talon.storage.factory import open_gate
+
+    gate = await open_gate(settings)
     try:
         if args.revoke:
             channel, _, sender = args.revoke.partition(":")
@@ -270,7 +281,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
                 print(f"talon: --revoke takes CHANNEL:ID, e.g. telegram:123456789 or whatsapp:+14155550123 "
                       f"(got {args.revoke!r})", file=sys.stderr)
                 return 2
-            revoked = gate.revoke(channel, sender)
+            revoked = await gate.revoke(channel, sender)
             if revoked is None:
                 print(f"talon: {channel}:{sender} was not approved through pairing (`talon pair` lists "
                       "approvals)", file=sys.stderr)
@@ -281,7 +292,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
             return 0
         if args.code:
             try:
-                approved = gate.approve(args.code)
+                approved = await gate.approve(args.code)
             except PairingError as exc:
                 print(f"talon: {exc}", file=sys.stderr)
                 return 1
@@ -290,7 +301,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
         now = time.time()
         if not settings.pairing:
             print("pairing is off (TALON_PAIRING=false): unknown senders get no code")
-        pending = gate.pending()
+        pending = await gate.pending()
         if pending:
             print(f"pending requests (codes expire {CODE_TTL_S / 3600:.0f} hour after they are given; "
                   "approve one with `talon pair CODE`):")
@@ -299,19 +310,18 @@ def cmd_pair(args: argparse.Namespace) -> int:
                 for p in pending])
         else:
             print("no pending requests")
-        approvals = gate.approvals()
+        approvals = await gate.approvals()
         if approvals:
             print("approved through pairing (remove with `talon pair --revoke CHANNEL:ID`):")
             _table([("who", "approved")] + [(a.who, _age(now - a.approved_at)) for a in approvals])
         return 0
     finally:
-        gate.close()
+        await gate.close()
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy."""
-    from talon.migrate import migrate_embedded
-    from talon.pg.db import Database, redact
+    from talon.storage.postgres.db import redact
 
     settings = _load_settings()
     _setup_logging("WARNING", _secrets(settings))
@@ -322,13 +332,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if not settings.data_dir.is_dir():
         return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"])
     try:
-        db = Database(url, max_size=2)
+        report = asyncio.run(_migrate(settings, url))
     except ConfigError as exc:
         return _fail(str(exc), exc.missing)
-    try:
-        report = migrate_embedded(settings.data_dir, db)
-    finally:
-        db.close()
     print(f"from {settings.data_dir.resolve()} to {redact(url)}")
     rows = [("store", "found", "copied now", "verified")]
     rows += [(s.name, str(s.found), str(s.copied), str(s.verified)) for s in report.stores]
@@ -338,6 +344,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(f"PROBLEM: {problem}")
     print("ok: every item is in the database and checked" if report.ok else "NOT OK: see the problems above")
     return 0 if report.ok else 1
+
+
+async def _migrate(settings: Settings, url: str) -> "MigrationReport":
+    from talon.storage.migrate import migrate_embedded
+    from talon.storage.postgres.db import AsyncDatabase
+
+    db = AsyncDatabase(url, max_size=2)
+    await db.open()
+    try:
+        return await migrate_embedded(settings.data_dir, db)
+    finally:
+        await db.close()
 
 
 def main(argv: list[str] | None = None) -> int:

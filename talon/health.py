@@ -23,9 +23,13 @@ HEALTH_PATH = "/healthz"
 async def health_checks(runtime: Runtime) -> list[tuple[str, bool, str]]:
     checks: list[tuple[str, bool, str]] = []
     stores = runtime.stores
-    if stores is not None and stores.db is not None:
-        problem = await asyncio.to_thread(stores.db.ping)
-        checks.append(("database", problem is None, problem or "reachable"))
+    if stores is not None and stores.adb is not None:
+        # The monitor's latest word, not a query of our own: /healthz answers at once, also
+        # while the database hangs.
+        problem = stores.adb.problem
+        checks.append(("database", problem is None,
+                       f"unavailable for {time.monotonic() - stores.adb.down_since:.0f}s: {problem}"
+                       if problem else "reachable"))
     for channel in runtime.channels:
         silent = _telegram_silence(channel)
         if silent is not None:
@@ -64,19 +68,21 @@ def add_health_route(runtime: Runtime) -> None:
     setattr(http, "_talon_health", True)
 
 
-def database_rows(url: str) -> list[tuple[str, str]]:
+async def database_rows(url: str) -> list[tuple[str, str]]:
     """``talon doctor``'s lines about the shared database: reachable, schema version, leases."""
     from talon.errors import ConfigError
-    from talon.pg.db import SCHEMA_VERSION, Database, redact, schema_version
-    from talon.pg.leases import Leases
+    from talon.storage.postgres.db import AsyncDatabase, redact
+    from talon.storage.postgres.leases import PgLeases
+    from talon.storage.postgres.schema import SCHEMA_VERSION, schema_version
 
     rows = [("database", redact(url))]
+    db = AsyncDatabase(url, max_size=1, timeout_s=5.0)
     try:
-        db = Database(url, max_size=1, timeout_s=5.0)
+        await db.open()
     except ConfigError as exc:
         return rows + [("database status", f"UNREACHABLE: {exc}")]
     try:
-        version = schema_version(db)
+        version = await schema_version(db)
         if version == SCHEMA_VERSION:
             rows.append(("database schema", f"ok: version {version}"))
         elif version < SCHEMA_VERSION:
@@ -86,16 +92,18 @@ def database_rows(url: str) -> list[tuple[str, str]]:
             rows.append(("database schema", f"NEWER ({version}) than this Talon knows ({SCHEMA_VERSION}): "
                                             "upgrade Talon"))
         if version >= 2:
-            live, expired, holders = Leases(db, "doctor", 0).summary()
-            poll = Leases(db, "doctor", 0).holder_of("telegram:poll")
-            rows.append(("leases", f"{live} live, held by {holders} worker(s); {expired} expired and not yet "
-                                   "taken over" + (" (a worker died or is stuck)" if expired else "")))
+            leases = PgLeases(db, "doctor", 0)
+            summary = await leases.summary()
+            poll = await leases.holder_of("telegram:poll")
+            rows.append(("leases", f"{summary.live} live, held by {summary.holders} worker(s); {summary.expired} "
+                                   "expired and not yet taken over"
+                                   + (" (a worker died or is stuck)" if summary.expired else "")))
             rows.append(("telegram poller", poll or "none (webhook mode, or no worker is polling)"))
-            pending = db.fetchone("SELECT count(*), min(created) FROM talon_inbox WHERE status = 'pending'")
+            pending = await db.fetchone("SELECT count(*), min(created) FROM talon_inbox WHERE status = 'pending'")
             if pending and pending[0]:
                 rows.append(("inbox", f"{pending[0]} message(s) pending, oldest {time.time() - pending[1]:.0f}s old"))
             else:
                 rows.append(("inbox", "nothing pending"))
     finally:
-        db.close()
+        await db.close()
     return rows

@@ -15,21 +15,21 @@ from talon.agent.learned import LearnedFacts
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
-from talon.agent.session import SessionStore, safe_path_part
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
-from talon.attachments import AttachmentStore
 from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
 from talon.errors import ConfigError
 from talon.envelope import InboundMessage
-from talon.inbox import InboxStore
 from talon.media import InboundContext, normalize_inbound
 from talon.speech import Transcriber
 from talon.tts import Synthesizer
 from talon.voice_replies import SpeakTool, VoiceReplies
-from talon.stores import Stores, open_stores
+from talon.storage.attachments import AttachmentStore
+from talon.storage.factory import Stores, open_stores
+from talon.storage.inbox import InboxStore
+from talon.storage.sessions import SessionStore, safe_path_part
 
 if TYPE_CHECKING:
     from channels.base import Channel
@@ -46,8 +46,8 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     """
     settings.check_model()
 
-    def hydrate(block: ImageBlock) -> str:
-        return data_url(block.ref.mime, store.read_bytes(block.ref))
+    async def hydrate(block: ImageBlock) -> str:
+        return data_url(block.ref.mime, await store.read_bytes(block.ref))
 
     if model is None:
         provider_name, model_name = settings.provider_name, settings.model_name
@@ -120,7 +120,7 @@ class Runtime:
             self.bridge.add_channel(channel, started=False)
         # Pending messages from an earlier run go first, before new ones can arrive; each chat's
         # messages are handled once its channel has started.
-        self.bridge.recover()
+        await self.bridge.recover()
         if self.stores is not None and self.stores.leases is not None:
             from channels.telegram_leader import PollLeader
 
@@ -178,8 +178,8 @@ class Runtime:
         if self.stores is not None:
             await self.stores.aclose()
         else:
-            self.inbox.close()
-            self.bridge.gate.close()
+            await self.inbox.close()
+            await self.bridge.gate.close()
 
 
 def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *,
@@ -331,7 +331,7 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
 
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
         channels.append(WhatsAppChannel(settings, http=http,
-                                        links=stores.media_links() if stores is not None else None))
+                                        links=stores.links if stores is not None else None))
     return channels
 
 

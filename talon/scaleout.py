@@ -1,6 +1,6 @@
 """Many workers, one order per chat: the bridge when the stores are shared (PostgreSQL).
 
-A worker serves a chat only while it holds the chat's lease (``talon.pg.leases``): a row that says
+A worker serves a chat only while it holds the chat's lease (``talon.storage.leases``): a row that says
 who serves it until when. The worker that stores a message tries to take the lease and, if it
 gets it, serves the chat's pending messages from the shared inbox one at a time, oldest first,
 until none is left, then gives the lease back. If another worker holds it, that worker finds the
@@ -23,11 +23,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
-from talon.pg.inbox import PgInbox
-from talon.pg.leases import Leases, chat_lease
+from talon.storage.inbox import SharedInbox
+from talon.storage.leases import Leases, chat_lease
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ class SharedBridge(Bridge):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        assert isinstance(self.inbox, PgInbox) and self.leases is not None
-        self._shared_inbox: PgInbox = self.inbox
+        assert self.leases is not None and isinstance(self.inbox, SharedInbox)
+        self._shared_inbox: SharedInbox = self.inbox
         self._leases: Leases = self.leases
         self._coordinator: asyncio.Task[None] | None = None
         self._lease_watch: asyncio.Task[None] | None = None
@@ -53,10 +53,11 @@ class SharedBridge(Bridge):
         # latest taking says nothing about it.
         self._taken: dict[ChatKey, int] = {}
         self._renewed = time.monotonic()  # leases taken from now on are fresh
+        self._claiming: set[ChatKey] = set()  # chats whose lease is being taken now
 
     # --- intake ---------------------------------------------------------------------------
-    def submit(self, message: InboundMessage) -> bool:
-        item = self.inbox.add(message)
+    async def submit(self, message: InboundMessage) -> bool:
+        item = await self.inbox.add(message)
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
@@ -67,10 +68,10 @@ class SharedBridge(Bridge):
             self._stops[message.key] = self._cancel(conversation_key(message), "stop")
         elif self.busy_mode == "interrupt" and not command and message.edited_at is None:
             self._cancel(conversation_key(message), "interrupt")
-        self._claim(ChatKey(message.channel, message.chat_id))
+        await self._claim(ChatKey(message.channel, message.chat_id))
         return True
 
-    def recover(self) -> int:
+    async def recover(self) -> int:
         """Nothing to queue here: pending messages are found by the scan once channels start."""
         return 0
 
@@ -80,17 +81,23 @@ class SharedBridge(Bridge):
             self._coordinator = asyncio.create_task(self._coordinate(), name="talon-coordinator")
             self._lease_watch = asyncio.create_task(self._watch_leases(), name="talon-lease-watch")
 
-    def _claim(self, chat: ChatKey) -> None:
+    async def _claim(self, chat: ChatKey) -> None:
         if self._stopped or chat.channel not in self._started:
             return
         worker = self._workers.get(chat)
         if worker is not None and not worker.done():
             return  # it asks the inbox for the chat's next message after each one
-        if self._take(chat):
-            self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
+        if chat in self._claiming:
+            return  # another message of this chat is taking the lease right now
+        self._claiming.add(chat)
+        try:
+            if await self._take(chat) and not self._stopped:
+                self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
+        finally:
+            self._claiming.discard(chat)
 
-    def _take(self, chat: ChatKey) -> bool:
-        if not self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
+    async def _take(self, chat: ChatKey) -> bool:
+        if not await self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
             return False
         self._taken[chat] = self._taken.get(chat, 0) + 1
         return True
@@ -101,15 +108,15 @@ class SharedBridge(Bridge):
         tried: set[int] = set()
         try:
             while not self._stopped:
-                item = self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+                item = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
                 if item is None or item.seq in tried:
                     if item is not None:  # its delivery failed for now; give others a go later
                         self._retry_at[chat] = time.monotonic() + self.retry_after_s
-                    self._leases.release(name)
+                    await self._leases.release(name)
                     # A message stored by a worker that found the lease still held must not wait
                     # for the scan: look once more now that the lease is free.
-                    again = self._shared_inbox.next_pending(chat.channel, chat.chat_id)
-                    if again is None or again.seq in tried or not self._take(chat):
+                    again = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+                    if again is None or again.seq in tried or not await self._take(chat):
                         return
                     continue
                 tried.add(item.seq)
@@ -144,9 +151,7 @@ class SharedBridge(Bridge):
         serving = dict(self._workers)
         taken = dict(self._taken)
         names = [chat_lease(chat.channel, chat.chat_id) for chat in serving]
-        # In a thread, like the scan's query: with the database away, a call waits for a pooled
-        # connection, and the event loop must go on (webhooks answer, /healthz says 503).
-        held = await asyncio.to_thread(self._leases.renew, names) if names else set()
+        held = await self._leases.renew(names) if names else set()
         self._renewed = now
         for chat, task in serving.items():
             if (chat_lease(chat.channel, chat.chat_id) not in held and not task.done()
@@ -171,14 +176,14 @@ class SharedBridge(Bridge):
         channels = sorted(self._started)
         if not channels:
             return
-        waiting = await asyncio.to_thread(self._shared_inbox.pending_chats, channels, 100)
+        waiting = await self._shared_inbox.pending_chats(channels, 100)
         now = time.monotonic()
         for channel, chat_id in waiting:
             chat = ChatKey(channel, chat_id)
             if self._retry_at.get(chat, 0.0) > now:
                 continue
             self._retry_at.pop(chat, None)
-            self._claim(chat)
+            await self._claim(chat)
 
     async def stop(self) -> None:
         self._stopped = True
@@ -188,7 +193,7 @@ class SharedBridge(Bridge):
                 await asyncio.gather(task, return_exceptions=True)
         await super().stop()
         try:
-            self._leases.release_all()  # the other workers take the chats over at once
+            await self._leases.release_all()  # the other workers take the chats over at once
         except Exception as exc:
             log.warning("worker %s: could not give its leases back (%s); they expire in %gs",
                         self.worker_id, exc, self._leases.ttl_s)

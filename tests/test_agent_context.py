@@ -250,7 +250,7 @@ def test_fit_to_budget_always_fits() -> None:
 async def test_meta_never_reaches_the_model(tmp_path: Path) -> None:
     from talon.agent.loop import Agent
     from talon.agent.provider import ModelRequest, ModelResponse, Provider
-    from talon.agent.session import ChatKey, SessionStore
+    from talon.storage.sessions import ChatKey, SessionStore
 
     class Recorder(Provider):
         name, model = "openai", "gpt-4o"

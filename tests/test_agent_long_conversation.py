@@ -18,7 +18,8 @@ from PIL import Image
 from talon.agent.loop import Agent
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
-from talon.agent.session import ChatKey, SessionStore, is_checkpoint
+from talon.storage.sessions import ChatKey, SessionStore
+from talon.agent.session import is_checkpoint
 from talon.agent.summary import SUMMARY_SYSTEM
 from talon.agent.tokens import estimate_request
 from talon.agent.tools import Tool, ToolResult

@@ -8,7 +8,7 @@ from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.memory import MEMORY_CLOSE, MEMORY_OPEN
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
-from talon.agent.session import ChatKey, SessionStore
+from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
 from talon.content import Message

@@ -16,7 +16,8 @@ from talon.agent.loop import Agent
 from talon.agent.openai_provider import OpenAIProvider
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import Provider, data_url
-from talon.agent.session import ChatKey, SessionStore, is_checkpoint
+from talon.storage.sessions import ChatKey, SessionStore
+from talon.agent.session import is_checkpoint
 from talon.agent.tools import Tool, ToolResult
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from talon.agent.session import ChatKey, SessionStore
+from talon.storage.sessions import ChatKey, SessionStore
 from talon.content import Message
 
 CHAT = ChatKey("telegram", "1")

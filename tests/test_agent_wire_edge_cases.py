@@ -12,7 +12,7 @@ import pytest
 
 from talon.agent.context import SUMMARY, ContextBudget, RequestContext, ResultFiles, conversation_view, summarize_step
 from talon.agent.profiles import ModelProfile
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderUnavailable
 from tests.fakes.anthropic_server import FakeAnthropic, Reply as AnthropicReply, ToolUse

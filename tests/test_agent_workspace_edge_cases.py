@@ -13,7 +13,7 @@ from talon.agent.context import tombstone
 from talon.agent.loop import Agent
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import ModelRequest, ModelResponse, Provider
-from talon.agent.session import ChatKey, SessionStore
+from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.tools import ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools

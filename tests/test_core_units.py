@@ -8,7 +8,7 @@ import pytest
 
 from talon.agent.loop import Agent
 from talon.agent.provider import ModelRequest, ModelResponse, Provider
-from talon.agent.session import ChatKey, SessionStore
+from talon.storage.sessions import ChatKey, SessionStore
 from talon.attachments import AttachmentStore
 from talon.config import Settings, normalize_whatsapp_number, split_model
 from talon.content import Message, TextBlock, ToolCall

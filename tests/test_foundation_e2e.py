@@ -212,7 +212,7 @@ async def test_redelivered_update_is_answered_once(tg: FakeTelegram, llm: FakeOp
 
 
 def _chat(chat_id: int):
-    from talon.agent.session import ChatKey
+    from talon.storage.sessions import ChatKey
 
     return ChatKey("telegram", str(chat_id))
 

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.config import Settings
 from talon.envelope import InboundMessage
 from tests.conftest import ALICE, make_settings

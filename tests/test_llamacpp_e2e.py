@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 from talon.config import Settings
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.content import Message
 from talon.runtime import build_runtime
 from tests.conftest import ALICE, make_settings

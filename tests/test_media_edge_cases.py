@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import Message

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from talon.access import AccessGate
-from talon.agent.session import ChatKey, SessionStore
+from talon.storage.sessions import ChatKey, SessionStore
 from talon.attachments import AttachmentStore
 from talon.cli import main
 from talon.content import ImageBlock, Message, TextBlock

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from channels.telegram import TelegramChannel
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.config import Settings
 from talon.runtime import build_runtime
 from tests.conftest import ALICE, BOB, make_settings

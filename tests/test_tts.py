@@ -375,7 +375,7 @@ async def test_a_turn_replayed_after_a_restart_still_knows_the_agent_asked_to_sp
     synthesizer: Synthesizer, tmp_path: Path
 ) -> None:
     from talon.agent.loop import Agent
-    from talon.agent.session import ChatKey, SessionStore
+    from talon.storage.sessions import ChatKey, SessionStore
 
     sessions = SessionStore(tmp_path / "data")
     chat = ChatKey("telegram", "42")

@@ -68,6 +68,7 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
         self.app.add_error_handler(self._on_handler_error)
         self._bridge: Any = None
         self._albums: dict[str, _Album] = {}
+        self._album_tasks: set[asyncio.Task[None]] = set()  # albums being stored
         self._watchdog: asyncio.Task[None] | None = None
         self._watchdog_interval = watchdog_interval_s
         self._stall_after = stall_after_s or (settings.telegram_poll_timeout_s + 60.0)
@@ -138,11 +139,12 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
         # Polling confirmed every update it fetched, so Telegram will not send an album that is
         # still being gathered again: submit what arrived of it (the inbox keeps it for the next
         # start) rather than dropping it.
+        await asyncio.gather(*self._album_tasks, return_exceptions=True)
         for key, album in list(self._albums.items()):
             if album.timer:
                 album.timer.cancel()
             try:
-                self._flush_album(key)
+                await self._flush_album(key)
             except Exception:
                 log.exception("telegram: album %s could not be stored at stop", key)
         await self.app.shutdown()

@@ -19,6 +19,7 @@ used, scaled by how far the provider's count of the last text-only request was a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -56,7 +57,8 @@ from talon.agent.provider import (
     has_images,
 )
 from talon.agent.refusals import stated_window
-from talon.agent.session import FAILED_TURN, ChatKey, SessionStore, is_checkpoint
+from talon.agent.session import FAILED_TURN, is_checkpoint
+from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.summary import Summarizer, mechanical_summary
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
 from talon.agent.tools import ToolContext, ToolRegistry
@@ -207,6 +209,8 @@ class Agent:
         # What the system prompt says about one chat (a group's name and people), set by the
         # bridge; it goes after the cached prefix, so every chat shares that prefix.
         self.chat_notes: dict[ChatKey, str] = {}
+        # The thread each chat's turn runs in (read with its log at the start of the turn).
+        self._threads: dict[ChatKey, str] = {}
 
     # --- what the server serves -----------------------------------------------------------------
     @property
@@ -349,11 +353,11 @@ class Agent:
         *,
         force_summary: bool = False,
     ) -> RequestContext:
-        thread = self.sessions.current_thread(chat)
+        thread = self._threads.get(chat, "main")
         archive = self.sessions.archive_path(chat, thread)
 
-        def persist(message: Message) -> None:
-            self.sessions.append(chat, message)
+        async def persist(message: Message) -> None:
+            await self.sessions.append(chat, message, thread=thread)
             history.append(message)
 
         async def summarize(previous: str | None, messages: list[Message]) -> str:
@@ -379,9 +383,8 @@ class Agent:
         )
 
     # --- /status ------------------------------------------------------------------------------
-    def status_text(self, chat: ChatKey, model_label: str) -> str:
-        history = self.sessions.load(chat)
-        thread = self.sessions.current_thread(chat)
+    async def status_text(self, chat: ChatKey, model_label: str) -> str:
+        thread, history = await self.sessions.load_current(chat)
         budget = self.budget
         conversation = [m for m in history if not is_checkpoint(m)]
         last = conversation[-1] if conversation else None
@@ -397,7 +400,7 @@ class Agent:
         archive = self.sessions.archive_path(chat, thread)
         extra = ""
         if summaries:
-            size = archive.stat().st_size if archive.exists() else 0
+            size = await asyncio.to_thread(lambda: archive.stat().st_size if archive.exists() else 0)
             extra = f"; {summaries} summar{'y' if summaries == 1 else 'ies'} so far, archive {_kb(size)}"
         profile = self.profile
         if profile.vision and not vision:
@@ -410,13 +413,12 @@ class Agent:
         return (
             f"Model: {model_label or self.provider.model} ({profile.describe(with_sources=True)})\n"
             f"Context: {context}; older turns are summarized from {budget.trigger:,}\n"
-            f"Session: {thread}, {len(conversation)} messages, {_kb(self.sessions.size_bytes(chat))}{extra}"
+            f"Session: {thread}, {len(conversation)} messages, {_kb(await self.sessions.size_bytes(chat))}{extra}"
             f"{server}"
         )
 
-    def estimate_context(self, chat: ChatKey, history: list[Message] | None = None) -> int:
+    def estimate_context(self, chat: ChatKey, history: list[Message]) -> int:
         """Estimated input tokens of the next request (no summary, no file writes)."""
-        history = self.sessions.load(chat) if history is None else history
         system = self.system(chat)
         tools = self.tool_specs()
         view = repair_tool_pairs(conversation_view(history))
@@ -541,14 +543,15 @@ class Agent:
         """Answer one user message. ``on_text`` gets the reply's text as it streams, step by
         step; ``on_step`` hears when a step ended (True: it asked for tools, more text follows);
         ``steer`` hands over messages that arrived meanwhile, before each later step."""
-        history = self.sessions.load(chat)
+        thread, history = await self.sessions.load_current(chat)
+        self._threads[chat] = thread
         start = next(
             (i for i, m in enumerate(history) if m.role == "user" and m.meta.get("turn_id") == turn_id),
             None,
         )
         if start is None:
             user = user.model_copy(update={"meta": {**user.meta, "turn_id": turn_id}})
-            self.sessions.append(chat, user)
+            await self.sessions.append(chat, user, thread=thread)
             history.append(user)
             start = len(history) - 1
         else:
@@ -568,8 +571,8 @@ class Agent:
         except ProviderError as exc:
             # The server refused this turn for good (after every recovery). It is kept in the log
             # but left out of later requests, so the next message is not refused the same way.
-            self.sessions.append(chat, Message(role="assistant", content=[], meta={
-                "turn_id": turn_id, FAILED_TURN: type(exc).__name__, "error": str(exc)}))
+            await self.sessions.append(chat, Message(role="assistant", content=[], meta={
+                "turn_id": turn_id, FAILED_TURN: type(exc).__name__, "error": str(exc)}), thread=thread)
             raise
 
     async def _steps(self, chat: ChatKey, history: list[Message], start: int, turn_id: str,
@@ -587,13 +590,13 @@ class Agent:
                     turn_id=turn_id,
                     final=True,
                 )
-                self.sessions.append(chat, final)
+                await self._append(chat, final)
                 produced.append(final)
                 return TurnResult(text=final.text, steps=steps, usage=usage, messages=produced)
             if steer is not None and steps > 0:
                 for joined in await steer():
                     joined = joined.model_copy(update={"meta": {**joined.meta, "turn_id": turn_id}})
-                    self.sessions.append(chat, joined)
+                    await self._append(chat, joined)
                     history.append(joined)
                     produced.append(joined)
             request, response = await self._complete(chat, history, on_text)
@@ -613,7 +616,7 @@ class Agent:
                 elif response.finish_reason in CUT_OFF_FINISH:
                     meta["cut_off"] = request.max_output_tokens or self.profile.max_output
             reply = reply.model_copy(update={"meta": meta})
-            self.sessions.append(chat, reply)
+            await self._append(chat, reply)
             history.append(reply)
             produced.append(reply)
             if on_step is not None:
@@ -625,13 +628,17 @@ class Agent:
                     text += cut_off_note(int(str(meta["cut_off"])))
                 return TurnResult(text=text, steps=steps, usage=usage, messages=produced)
 
-    def record_interrupted(self, chat: ChatKey, turn_id: str, partial: str) -> Message:
+    async def _append(self, chat: ChatKey, *messages: Message) -> None:
+        """Add to the log of the thread this chat's turn runs in."""
+        await self.sessions.append(chat, *messages, thread=self._threads.get(chat))
+
+    async def record_interrupted(self, chat: ChatKey, turn_id: str, partial: str) -> Message:
         """Close a turn the person stopped: what was written of the reply so far is kept, marked
         as interrupted, so the next turn knows what was said and that it was cut short."""
         note = "[stopped by the person before the answer was finished]"
         text = f"{partial.rstrip()}\n\n{note}" if partial.strip() else note
         message = Message.assistant(text, turn_id=turn_id, final=True, **{INTERRUPTED_TURN: True})
-        self.sessions.append(chat, message)
+        await self._append(chat, message)
         return message
 
     async def _answer_pending_tool_calls(
@@ -656,7 +663,7 @@ class Agent:
                 tool_name=call.name,
                 meta={"turn_id": turn_id, **({"error": True} if result.is_error else {})},
             )
-            self.sessions.append(chat, message)
+            await self._append(chat, message)
             history.append(message)
             produced.append(message)
 
