@@ -64,7 +64,7 @@ from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.config import Limits, Settings, normalize_whatsapp_number
 from talon.content import AttachmentRef, InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
-from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError
+from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError, StoreUnavailable
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, long_reply_note, reply_document
@@ -558,7 +558,14 @@ class WhatsAppChannel(Channel):
             log.info("whatsapp: chat=%s: message %s has no text or media (MessageType=%s); nothing to do",
                      message.chat_id, message.message_id, form.get("MessageType", "?"))
             return _twiml()
-        if await self._bridge.submit(message):
+        try:
+            fresh = await self._bridge.submit(message)
+        except StoreUnavailable as exc:
+            log.warning("whatsapp: chat=%s: message %s not stored (%s); answered 503 so that Twilio tries again",
+                        message.chat_id, message.message_id, exc)
+            raise web.HTTPServiceUnavailable(text="the database is unavailable; try again",
+                                             headers={"Retry-After": "5"}) from None
+        if fresh:
             log.info("whatsapp: chat=%s: message %s accepted (%d media)", message.chat_id,
                      message.message_id, len(message.files))
         else:

@@ -33,6 +33,7 @@ from talon.errors import (
     ProviderUnavailable,
     QuotaExceeded,
     RateLimited,
+    StoreUnavailable,
 )
 from talon.groups import group_prompt_note, group_turn_text
 from talon.media import extract_markdown_media
@@ -120,6 +121,8 @@ class Bridge:
     # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
     # The runtime passes the setting (default steer); a bare Bridge keeps strict order.
     busy_mode: str = "queue"
+    # Wait before trying a store again that did not answer (a database that hangs or is down).
+    store_retry_s: float = 1.0
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, deque[InboxItem]] = {}
@@ -336,6 +339,8 @@ class Bridge:
             except ProviderError as exc:
                 log.error("%s: model failed: %s", ids, exc)
                 reply = OutboundReply(text=apology(exc))
+            except StoreUnavailable:
+                raise  # not the message's fault: it stays pending and is answered when the database is back
             except Exception as exc:
                 log.exception("%s: turn failed", ids)
                 reply = OutboundReply(
@@ -486,11 +491,22 @@ class Bridge:
                 if voice_reply is not None:
                     outcome = await self._deliver_reply(channel, message, voice_reply, delivered, offset=offset)
             if outcome != "pending":
-                await self.inbox.mark_done(message.key, delivered_parts=delivered[0])
+                await self._record(lambda: self.inbox.mark_done(message.key, delivered_parts=delivered[0]))
         finally:
             if spoken is not None and not spoken.done():
                 spoken.cancel()
             self._delivering.discard(chat)
+
+    async def _record(self, write: Callable[[], Awaitable[None]]) -> None:
+        """Record what was delivered, waiting out a database that does not answer: the platform
+        has the reply, so giving up here would send it again later."""
+        while True:
+            try:
+                await write()
+                return
+            except StoreUnavailable as exc:
+                log.warning("delivered, but not recorded yet (%s); trying again", exc)
+                await asyncio.sleep(self.store_retry_s)
 
     def _start_voice(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
                      delivered_parts: int) -> "asyncio.Task[OutboundReply | None] | None":
@@ -516,7 +532,7 @@ class Bridge:
 
         async def progress(parts: int) -> None:
             delivered[0] = offset + parts
-            await self.inbox.set_delivered_parts(key, offset + parts)
+            await self._record(lambda: self.inbox.set_delivered_parts(key, offset + parts))
 
         for attempt in range(len(self.delivery_backoff_s) + 1):
             skip = max(0, delivered[0] - offset)

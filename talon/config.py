@@ -227,7 +227,7 @@ class Settings(BaseSettings):
         default=Limits.video_decode_seconds, validation_alias=_env("TALON_VIDEO_DECODE_SECONDS")
     )
 
-    # --- access (see talon.access) -----------------------------------------------------------
+    # --- access (see talon.storage.access) ---------------------------------------------------
     # Unknown senders get a pairing code the owner approves with `talon pair CODE`.
     pairing: bool = Field(default=False, validation_alias=_env("TALON_PAIRING"))
 

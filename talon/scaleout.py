@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from talon.storage.sessions import ChatKey
 from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
+from talon.errors import StoreUnavailable
 from talon.storage.inbox import SharedInbox
 from talon.storage.leases import Leases, chat_lease
 
@@ -52,6 +53,7 @@ class SharedBridge(Bridge):
         # How many times each chat's lease was taken here: a renewal that started before the
         # latest taking says nothing about it.
         self._taken: dict[ChatKey, int] = {}
+        self._takings = 0  # counts every taking and giving back, for ``_taken``
         self._renewed = time.monotonic()  # leases taken from now on are fresh
         self._claiming: set[ChatKey] = set()  # chats whose lease is being taken now
 
@@ -68,7 +70,10 @@ class SharedBridge(Bridge):
             self._stops[message.key] = self._cancel(conversation_key(message), "stop")
         elif self.busy_mode == "interrupt" and not command and message.edited_at is None:
             self._cancel(conversation_key(message), "interrupt")
-        await self._claim(ChatKey(message.channel, message.chat_id))
+        try:
+            await self._claim(ChatKey(message.channel, message.chat_id))
+        except StoreUnavailable as exc:  # stored: the scan finds it once the database answers
+            log.warning("message %s stored, its chat not taken up yet (%s)", message.key, exc)
         return True
 
     async def recover(self) -> int:
@@ -99,7 +104,8 @@ class SharedBridge(Bridge):
     async def _take(self, chat: ChatKey) -> bool:
         if not await self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
             return False
-        self._taken[chat] = self._taken.get(chat, 0) + 1
+        self._takings += 1
+        self._taken[chat] = self._takings
         return True
 
     # --- serving one chat -------------------------------------------------------------------
@@ -108,28 +114,45 @@ class SharedBridge(Bridge):
         tried: set[int] = set()
         try:
             while not self._stopped:
-                item = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
-                if item is None or item.seq in tried:
-                    if item is not None:  # its delivery failed for now; give others a go later
-                        self._retry_at[chat] = time.monotonic() + self.retry_after_s
-                    await self._leases.release(name)
-                    # A message stored by a worker that found the lease still held must not wait
-                    # for the scan: look once more now that the lease is free.
-                    again = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
-                    if again is None or again.seq in tried or not await self._take(chat):
-                        return
-                    continue
-                tried.add(item.seq)
                 try:
-                    await self._process(item)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("chat %s: message %s failed unexpectedly", chat, item.message.message_id)
+                    if await self._serve_next(chat, name, tried):
+                        return
+                except StoreUnavailable as exc:
+                    # The database hangs or is away: no message is at fault. The chat's next one
+                    # is tried again, in its place, once the database answers (while the lease
+                    # holds; past it, the watchdog gives the chat up).
+                    log.warning("chat %s waits for the database (%s)", chat, exc)
+                    await asyncio.sleep(self.store_retry_s)
         finally:
             if self._workers.get(chat) is asyncio.current_task():
                 self._workers.pop(chat, None)
                 self._taken.pop(chat, None)
+
+    async def _serve_next(self, chat: ChatKey, name: str, tried: set[int]) -> bool:
+        """Answer the chat's next message; True when there is none left to answer here."""
+        item = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+        if item is None or item.seq in tried:
+            if item is not None:  # its delivery failed for now; give others a go later
+                self._retry_at[chat] = time.monotonic() + self.retry_after_s
+            # A renewal running now must not take the lease given back for a lost one.
+            self._takings += 1
+            self._taken[chat] = self._takings
+            await self._leases.release(name)
+            # A message stored by a worker that found the lease still held must not wait for
+            # the scan: look once more now that the lease is free.
+            again = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+            return again is None or again.seq in tried or not await self._take(chat)
+        tried.add(item.seq)
+        try:
+            await self._process(item)
+        except StoreUnavailable:
+            tried.discard(item.seq)
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("chat %s: message %s failed unexpectedly", chat, item.message.message_id)
+        return False
 
     # --- leases and the scan --------------------------------------------------------------
     async def _coordinate(self) -> None:

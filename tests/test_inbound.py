@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from tests.pdfs import pdf_bytes
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileAttachments
 from talon.config import Limits, Settings
 from talon.content import AttachmentRef, ImageBlock, InboundFile, TextBlock
 from talon.media.documents import DocumentText
@@ -52,13 +52,13 @@ def transcriber() -> Iterator[Transcriber]:
 @pytest.fixture
 def ctx(tmp_path: Path) -> InboundContext:
     return InboundContext(
-        store=AttachmentStore(tmp_path / "store"), media_root=tmp_path / "media", save_dir="inbox/chat-42"
+        store=FileAttachments(tmp_path / "store"), media_root=tmp_path / "media", save_dir="inbox/chat-42"
     )
 
 
 def put(ctx: InboundContext, data: bytes, kind: str, name: str | None = None, mime: str = "application/octet-stream",
         **extra: Any) -> InboundFile:
-    ref = ctx.store.put_bytes(data, mime=mime, name=name)
+    ref = ctx.store.blocking.put_bytes(data, mime=mime, name=name)
     return InboundFile(kind=kind, ref=ref, name=name, mime=mime, size=len(data), **extra)  # type: ignore[arg-type]
 
 
@@ -125,7 +125,7 @@ async def test_photo_becomes_text_then_image_and_is_saved(ctx: InboundContext) -
     ref = blocks[1].ref
     assert ref.width == 2000 and ref.path == "inbox/chat-42/beach.jpg"
     saved = ctx.media_root / "inbox/chat-42/beach.jpg"
-    assert photo.ref is not None and saved.read_bytes() == ctx.store.read_bytes(photo.ref)  # the untouched original
+    assert photo.ref is not None and saved.read_bytes() == ctx.store.blocking.read_bytes(photo.ref)  # the untouched original
 
 
 async def test_vision_off_gives_the_path_instead_of_images(ctx: InboundContext) -> None:

@@ -22,7 +22,7 @@ from aiohttp import web
 from telegram import Update
 from telegram.error import BadRequest, TelegramError
 
-from talon.errors import ConfigError
+from talon.errors import ConfigError, StoreUnavailable
 
 from channels.http import HttpServer
 from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
@@ -134,6 +134,12 @@ class Webhook(TelegramCore):
                     errors.append(TimeoutError(f"album {msg.media_group_id} was not submitted"))
                 if album.error is not None:
                     errors.append(album.error)
+        unavailable = next((e for e in errors if isinstance(e, StoreUnavailable)), None)
+        if unavailable is not None:
+            log.warning("telegram: update %s not stored: %s; answered 503 so that Telegram sends it again",
+                        update.update_id, unavailable)
+            raise web.HTTPServiceUnavailable(text="the database is unavailable; send again",
+                                             headers={"Retry-After": "5"})
         if errors:
             log.error("telegram: update %s was not stored (%s); answered 500 so that Telegram sends it "
                       "again", update.update_id, errors[0])

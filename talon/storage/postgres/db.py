@@ -72,6 +72,10 @@ class AsyncDatabase:
         self._probe_conn: psycopg.AsyncConnection[Any] | None = None
         self.pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout_s,
                                         kwargs={"autocommit": True}, open=False, name="talon-async")
+        # Coordination (lease renewal, the scan for waiting chats) has connections of its own: a
+        # renewal queued behind a busy pool would let the leases expire while all is well.
+        self.lane = AsyncConnectionPool(url, min_size=1, max_size=2, timeout=timeout_s,
+                                        kwargs={"autocommit": True}, open=False, name="talon-lane")
 
     async def open(self) -> None:
         """Connect; a database that cannot be used is a ``ConfigError`` with the server's own
@@ -83,8 +87,10 @@ class AsyncDatabase:
             await conn.close()
         except (OSError, psycopg.Error, TimeoutError) as exc:
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer in time"
-            raise ConfigError(f"TALON_DATABASE_URL={redact(self.url)}: {why}", []) from None
+            raise ConfigError(f"cannot reach the database TALON_DATABASE_URL={redact(self.url)}: {why}",
+                              ["TALON_DATABASE_URL"]) from None
         await self.pool.open(wait=True, timeout=self.timeout_s)
+        await self.lane.open(wait=True, timeout=self.timeout_s)
         self.loop = asyncio.get_running_loop()
 
     def count(self, n: int = 1) -> None:
@@ -104,7 +110,7 @@ class AsyncDatabase:
 
         task.add_done_callback(done)
 
-    async def _call(self, make: Callable[[], Awaitable[T]], limit: float, what: str) -> T:
+    async def _call(self, make: Callable[[], Awaitable[T]], limit: float) -> T:
         if self.problem is not None:
             raise StoreUnavailable(f"the database is unavailable ({self.problem})")
         task: asyncio.Task[T] = asyncio.ensure_future(make())
@@ -121,28 +127,29 @@ class AsyncDatabase:
         self._abandon(task)
         if self.problem is not None:
             raise StoreUnavailable(f"the database stopped answering ({self.problem})")
-        raise StoreUnavailable(f"the database did not answer within {limit:g}s{what}")
+        raise StoreUnavailable(f"the database did not answer within {limit:g}s")
 
     async def bounded(self, coro: Awaitable[T]) -> T:
         """Await ``coro`` (work on a connection of the pool) for at most the statement limit,
         else ``StoreUnavailable``."""
-        return await self._call(lambda: coro, self.statement_s, "")
+        return await self._call(lambda: coro, self.statement_s)
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def connection(self, *, urgent: bool = False) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of the pool (``urgent``: of the coordination lane)."""
         try:
-            async with self.pool.connection(timeout=self.timeout_s) as conn:
+            async with (self.lane if urgent else self.pool).connection(timeout=self.timeout_s) as conn:
                 yield conn
         except PoolTimeout:
             raise StoreUnavailable(f"the database gave no connection within {self.timeout_s:g}s") from None
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"the database refused: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from None
 
-    async def _statement(self, sql: str, params: Sequence[Any], fetch: str) -> Any:
+    async def _statement(self, sql: str, params: Sequence[Any], fetch: str, urgent: bool) -> Any:
         self.count()
 
         async def go() -> Any:
-            async with self.connection() as conn:
+            async with self.connection(urgent=urgent) as conn:
                 cur = await conn.execute(sql, params)
                 if fetch == "one":
                     return await cur.fetchone()
@@ -150,19 +157,21 @@ class AsyncDatabase:
                     return await cur.fetchall()
                 return int(cur.rowcount)
 
-        return await self._call(go, self.statement_s, "")
+        return await self._call(go, self.statement_s)
 
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Run one statement; the number of rows it touched."""
-        result: int = await self._statement(sql, params, "")
+    async def execute(self, sql: str, params: Sequence[Any] = (), *, urgent: bool = False) -> int:
+        """Run one statement; the number of rows it touched. ``urgent``: on the coordination lane."""
+        result: int = await self._statement(sql, params, "", urgent)
         return result
 
-    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        result: tuple[Any, ...] | None = await self._statement(sql, params, "one")
+    async def fetchone(self, sql: str, params: Sequence[Any] = (), *,
+                       urgent: bool = False) -> tuple[Any, ...] | None:
+        result: tuple[Any, ...] | None = await self._statement(sql, params, "one", urgent)
         return result
 
-    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        result: list[tuple[Any, ...]] = await self._statement(sql, params, "all")
+    async def fetchall(self, sql: str, params: Sequence[Any] = (), *,
+                       urgent: bool = False) -> list[tuple[Any, ...]]:
+        result: list[tuple[Any, ...]] = await self._statement(sql, params, "all", urgent)
         return result
 
     @asynccontextmanager
@@ -253,4 +262,5 @@ class AsyncDatabase:
             await asyncio.wait({asyncio.ensure_future(conn.close())}, timeout=1.0)
         for task in list(self._abandoned):
             task.cancel()
+        await self.lane.close(timeout=self.timeout_s)
         await self.pool.close(timeout=self.timeout_s)

@@ -59,7 +59,7 @@ class PgInbox:
             "  WHERE status = 'pending' AND channel = ANY(%s) GROUP BY channel, chat_id) p "
             "WHERE NOT EXISTS (SELECT 1 FROM talon_leases l WHERE l.name = 'chat:' || p.channel || ':' || p.chat_id "
             "  AND l.expires > clock_timestamp()) ORDER BY first LIMIT %s",
-            (channels, limit))
+            (channels, limit), urgent=True)
         return [(str(r[0]), str(r[1])) for r in rows]
 
     async def begin_attempt(self, key: str) -> InboxItem | None:

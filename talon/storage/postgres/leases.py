@@ -27,14 +27,14 @@ class PgLeases:
         rows = await self.db.fetchall(
             "UPDATE talon_leases SET expires = clock_timestamp() + make_interval(secs => %s) "
             "WHERE holder = %s AND name = ANY(%s) AND expires > clock_timestamp() RETURNING name",
-            (self.ttl_s, self.holder, names))
+            (self.ttl_s, self.holder, names), urgent=True)
         return {str(r[0]) for r in rows}
 
     async def release(self, name: str) -> None:
         await self.db.execute("DELETE FROM talon_leases WHERE name = %s AND holder = %s", (name, self.holder))
 
     async def release_all(self) -> None:
-        await self.db.execute("DELETE FROM talon_leases WHERE holder = %s", (self.holder,))
+        await self.db.execute("DELETE FROM talon_leases WHERE holder = %s", (self.holder,), urgent=True)
 
     async def holder_of(self, name: str) -> str | None:
         row = await self.db.fetchone(
