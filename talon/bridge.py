@@ -9,6 +9,7 @@ only after its reply was delivered; anything pending at start-up is replayed in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -274,18 +275,21 @@ class Bridge:
         self._workers.clear()
 
     # --- one message ----------------------------------------------------------------------
-    async def _process(self, item: InboxItem) -> None:
+    async def _process(self, item: InboxItem, *, attempted: bool = False) -> None:
+        """Answer one message (``attempted``: its attempt was counted already, ``item`` is its
+        state after that)."""
         message = item.message
         channel = self.channels[message.channel]
         chat = conversation_key(message)
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
-        state = await self.inbox.begin_attempt(message.key)
-        if state is None:
-            log.error("%s: not in the inbox any more; skipped", ids)
-            return
-        item = dataclasses.replace(item, attempts=state.attempts, delivered_parts=state.delivered_parts,
-                                   live_message=state.live_message)
-        attempts = state.attempts
+        if not attempted:
+            state = await self.inbox.begin_attempt(message.key)
+            if state is None:
+                log.error("%s: not in the inbox any more; skipped", ids)
+                return
+            item = dataclasses.replace(item, attempts=state.attempts, delivered_parts=state.delivered_parts,
+                                       live_message=state.live_message)
+        attempts = item.attempts
         if attempts > 1 and await self._joined_earlier(chat, message):
             await self.inbox.mark_done(message.key)  # answered by the turn it joined, before a restart
             return
@@ -482,7 +486,12 @@ class Bridge:
         delivered = [item.delivered_parts]
         spoken = self._start_voice(channel, message, reply, item.delivered_parts)
         try:
-            outcome = await self._deliver_reply(channel, message, reply, delivered)
+            # The last part's record is left to the one that closes the message: a round trip less.
+            last = None
+            if spoken is None:
+                with contextlib.suppress(NotImplementedError):
+                    last = len(channel.reply_parts(reply))
+            outcome = await self._deliver_reply(channel, message, reply, delivered, last=last)
             if outcome == "sent" and spoken is not None:
                 # The voice note's parts come after the text's, so a resumed delivery skips
                 # exactly what arrived; it is made while the text was being sent.
@@ -491,11 +500,15 @@ class Bridge:
                 if voice_reply is not None:
                     outcome = await self._deliver_reply(channel, message, voice_reply, delivered, offset=offset)
             if outcome != "pending":
-                await self._record(lambda: self.inbox.mark_done(message.key, delivered_parts=delivered[0]))
+                await self._record(lambda: self._finish(message, delivered[0]))
         finally:
             if spoken is not None and not spoken.done():
                 spoken.cancel()
             self._delivering.discard(chat)
+
+    async def _finish(self, message: InboundMessage, delivered_parts: int) -> None:
+        """Close a message whose reply was delivered (or refused for good)."""
+        await self.inbox.mark_done(message.key, delivered_parts=delivered_parts)
 
     async def _record(self, write: Callable[[], Awaitable[None]]) -> None:
         """Record what was delivered, waiting out a database that does not answer: the platform
@@ -523,16 +536,18 @@ class Bridge:
         return asyncio.create_task(self.voice.make(message, reply), name=f"voice-{message.key}")
 
     async def _deliver_reply(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
-                             delivered: list[int], *, offset: int = 0) -> str:
+                             delivered: list[int], *, offset: int = 0, last: int | None = None) -> str:
         """Deliver one reply whose parts are counted from ``offset`` in the inbox: "sent",
         "refused" (permanently: the message is closed) or "pending" (resumed at the next start).
-        ``delivered[0]`` is the count of parts delivered so far, kept up to date."""
+        ``delivered[0]`` is the count of parts delivered so far, kept up to date; the ``last``
+        part's arrival is recorded by the caller, with the message's end."""
         key = message.key
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
 
         async def progress(parts: int) -> None:
             delivered[0] = offset + parts
-            await self._record(lambda: self.inbox.set_delivered_parts(key, offset + parts))
+            if last is None or offset + parts < offset + last:
+                await self._record(lambda: self.inbox.set_delivered_parts(key, offset + parts))
 
         for attempt in range(len(self.delivery_backoff_s) + 1):
             skip = max(0, delivered[0] - offset)

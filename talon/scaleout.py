@@ -56,10 +56,26 @@ class SharedBridge(Bridge):
         self._takings = 0  # counts every taking and giving back, for ``_taken``
         self._renewed = time.monotonic()  # leases taken from now on are fresh
         self._claiming: set[ChatKey] = set()  # chats whose lease is being taken now
+        self._released: dict[ChatKey, bool] = {}  # chats whose lease closing a message gave back
 
     # --- intake ---------------------------------------------------------------------------
     async def submit(self, message: InboundMessage) -> bool:
-        item = await self.inbox.add(message)
+        chat = ChatKey(message.channel, message.chat_id)
+        claim = self._may_claim(chat)
+        leased = False
+        if claim:
+            # Stored and the chat's lease tried in one round trip.
+            self._claiming.add(chat)
+            try:
+                item, leased = await self._shared_inbox.add_and_lease(
+                    message, chat_lease(chat.channel, chat.chat_id), self._leases.holder, self._leases.ttl_s)
+                if leased:
+                    self._took(chat)
+                    self._start(chat)
+            finally:
+                self._claiming.discard(chat)
+        else:
+            item = await self.inbox.add(message)
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
@@ -70,10 +86,6 @@ class SharedBridge(Bridge):
             self._stops[message.key] = self._cancel(conversation_key(message), "stop")
         elif self.busy_mode == "interrupt" and not command and message.edited_at is None:
             self._cancel(conversation_key(message), "interrupt")
-        try:
-            await self._claim(ChatKey(message.channel, message.chat_id))
-        except StoreUnavailable as exc:  # stored: the scan finds it once the database answers
-            log.warning("message %s stored, its chat not taken up yet (%s)", message.key, exc)
         return True
 
     async def recover(self) -> int:
@@ -86,26 +98,37 @@ class SharedBridge(Bridge):
             self._coordinator = asyncio.create_task(self._coordinate(), name="talon-coordinator")
             self._lease_watch = asyncio.create_task(self._watch_leases(), name="talon-lease-watch")
 
-    async def _claim(self, chat: ChatKey) -> None:
-        if self._stopped or chat.channel not in self._started:
-            return
+    def _may_claim(self, chat: ChatKey) -> bool:
+        """Whether to try for the chat's lease: nothing here serves it or is taking it now (a
+        worker serving it asks the inbox for the chat's next message after each one)."""
+        if self._stopped or chat.channel not in self._started or chat in self._claiming:
+            return False
         worker = self._workers.get(chat)
-        if worker is not None and not worker.done():
-            return  # it asks the inbox for the chat's next message after each one
-        if chat in self._claiming:
-            return  # another message of this chat is taking the lease right now
+        return worker is None or worker.done()
+
+    async def _claim(self, chat: ChatKey) -> None:
+        if not self._may_claim(chat):
+            return
         self._claiming.add(chat)
         try:
-            if await self._take(chat) and not self._stopped:
-                self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
+            if await self._take(chat):
+                self._start(chat)
         finally:
             self._claiming.discard(chat)
+
+    def _start(self, chat: ChatKey) -> None:
+        if not self._stopped:
+            self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
+
+    def _took(self, chat: ChatKey) -> None:
+        """The chat's lease was taken or given back: a renewal that began before says nothing of it."""
+        self._takings += 1
+        self._taken[chat] = self._takings
 
     async def _take(self, chat: ChatKey) -> bool:
         if not await self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
             return False
-        self._takings += 1
-        self._taken[chat] = self._takings
+        self._took(chat)
         return True
 
     # --- serving one chat -------------------------------------------------------------------
@@ -127,24 +150,27 @@ class SharedBridge(Bridge):
             if self._workers.get(chat) is asyncio.current_task():
                 self._workers.pop(chat, None)
                 self._taken.pop(chat, None)
+                self._released.pop(chat, None)
 
     async def _serve_next(self, chat: ChatKey, name: str, tried: set[int]) -> bool:
         """Answer the chat's next message; True when there is none left to answer here."""
-        item = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+        # The next message and its attempt in one round trip (not counted again for a message
+        # whose delivery failed here already).
+        item = await self._shared_inbox.claim_next(chat.channel, chat.chat_id, sorted(tried))
         if item is None or item.seq in tried:
             if item is not None:  # its delivery failed for now; give others a go later
                 self._retry_at[chat] = time.monotonic() + self.retry_after_s
-            # A renewal running now must not take the lease given back for a lost one.
-            self._takings += 1
-            self._taken[chat] = self._takings
+            self._took(chat)
             await self._leases.release(name)
+            if item is not None:
+                return True
             # A message stored by a worker that found the lease still held must not wait for
             # the scan: look once more now that the lease is free.
             again = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
-            return again is None or again.seq in tried or not await self._take(chat)
+            return again is None or not await self._take(chat)
         tried.add(item.seq)
         try:
-            await self._process(item)
+            await self._process(item, attempted=True)
         except StoreUnavailable:
             tried.discard(item.seq)
             raise
@@ -152,7 +178,19 @@ class SharedBridge(Bridge):
             raise
         except Exception:
             log.exception("chat %s: message %s failed unexpectedly", chat, item.message.message_id)
-        return False
+        # Closing the message gave the lease back when nothing else waited: done here.
+        return self._released.pop(chat, False)
+
+    async def _finish(self, message: InboundMessage, delivered_parts: int) -> None:
+        chat = ChatKey(message.channel, message.chat_id)
+        if self._workers.get(chat) is not asyncio.current_task():
+            await super()._finish(message, delivered_parts)
+            return
+        # Closed, and the lease given back if the chat has nothing else pending, in one round trip.
+        self._took(chat)
+        if await self._shared_inbox.finish(message.key, delivered_parts, chat_lease(chat.channel, chat.chat_id),
+                                           self._leases.holder):
+            self._released[chat] = True
 
     # --- leases and the scan --------------------------------------------------------------
     async def _coordinate(self) -> None:

@@ -221,7 +221,7 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_talon_pair_lists_approves_and_revokes(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Not a coroutine: `talon pair` runs its own event loop, as on the command line.
     gate = AccessGate(SqlitePairing(cli_env / "access.sqlite3"), {"telegram": set()}, pairing=True)
-    pairing = asyncio.run(await gate.request_pairing("telegram", "999", "@mallory"))
+    pairing = asyncio.run(gate.request_pairing("telegram", "999", "@mallory"))
     assert pairing is not None
 
     assert main(["pair"]) == 0
@@ -232,7 +232,7 @@ def test_talon_pair_lists_approves_and_revokes(cli_env: Path, capsys: pytest.Cap
 
     assert main(["pair", pairing.code.lower().replace("-", "")]) == 0
     assert "approved telegram:999 (@mallory)" in capsys.readouterr().out
-    assert asyncio.run(await gate.allowed("telegram", ["999"]))
+    assert asyncio.run(gate.allowed("telegram", ["999"]))
 
     assert main(["pair"]) == 0
     out = capsys.readouterr().out
@@ -240,10 +240,10 @@ def test_talon_pair_lists_approves_and_revokes(cli_env: Path, capsys: pytest.Cap
 
     assert main(["pair", "--revoke", "telegram:999"]) == 0
     assert "revoked telegram:999" in capsys.readouterr().out
-    assert not asyncio.run(await gate.allowed("telegram", ["999"]))
+    assert not asyncio.run(gate.allowed("telegram", ["999"]))
     assert main(["pair", "--revoke", "telegram:999"]) == 1
     assert "was not approved" in capsys.readouterr().err
-    asyncio.run(await gate.close())
+    asyncio.run(gate.close())
 
 
 def test_talon_pair_refuses_unknown_codes_and_bad_revokes(

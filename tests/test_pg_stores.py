@@ -260,3 +260,28 @@ async def test_shared_storage_marker(db: AsyncDatabase, tmp_path: Path) -> None:
     (local / MARKER).write_text("someone-else\n")
     with pytest.raises(ConfigError, match="another deployment"):
         await check_shared_dirs(db, {"TALON_MEDIA_ROOT": local})
+
+
+async def test_combined_statements_of_a_worker(db: AsyncDatabase, other: AsyncDatabase) -> None:
+    """Store and lease in one write, next message with its attempt, close and give back."""
+    a, b = PgInbox(db), PgInbox(other)
+    lease = chat_lease("telegram", "1")
+    item, leased = await a.add_and_lease(msg("1", 1), lease, "w1", 30)
+    assert item is not None and leased
+    again, leased_b = await b.add_and_lease(msg("1", 1), lease, "w2", 30)
+    assert again is None and not leased_b  # a duplicate, and w1 holds the chat
+    second, leased_b = await b.add_and_lease(msg("1", 2), lease, "w2", 30)
+    assert second is not None and not leased_b
+    first = await a.claim_next("telegram", "1", [])
+    assert first is not None and first.message.text == "m1" and first.attempts == 1
+    same = await a.claim_next("telegram", "1", [first.seq])  # delivery failed here: not counted again
+    assert same is not None and same.seq == first.seq and same.attempts == 1
+    # Closing m1 keeps the lease: m2 waits.
+    assert not await a.finish(first.message.key, 1, lease, "w1")
+    assert await PgLeases(db, "x", 30).holder_of(lease) == "w1"
+    state = await a.claim_next("telegram", "1", [])
+    assert state is not None and state.message.text == "m2"
+    assert await a.finish(state.message.key, 2, lease, "w1")  # nothing else waits: given back
+    assert await PgLeases(db, "x", 30).holder_of(lease) is None
+    assert await a.claim_next("telegram", "1", []) is None
+    assert await b.pending() == [] and await b.status(state.message.key) == "done"

@@ -20,6 +20,7 @@ used, scaled by how far the provider's count of the last text-only request was a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -211,6 +212,9 @@ class Agent:
         self.chat_notes: dict[ChatKey, str] = {}
         # The thread each chat's turn runs in (read with its log at the start of the turn).
         self._threads: dict[ChatKey, str] = {}
+        # A turn's user message, written to the log with the turn's first other record: one
+        # write per answered text message (a crash before then reruns the turn, which adds it).
+        self._unsaved: dict[ChatKey, list[Message]] = {}
 
     # --- what the server serves -----------------------------------------------------------------
     @property
@@ -357,7 +361,7 @@ class Agent:
         archive = self.sessions.archive_path(chat, thread)
 
         async def persist(message: Message) -> None:
-            await self.sessions.append(chat, message, thread=thread)
+            await self._append(chat, message)
             history.append(message)
 
         async def summarize(previous: str | None, messages: list[Message]) -> str:
@@ -545,13 +549,14 @@ class Agent:
         ``steer`` hands over messages that arrived meanwhile, before each later step."""
         thread, history = await self.sessions.load_current(chat)
         self._threads[chat] = thread
+        self._unsaved.pop(chat, None)
         start = next(
             (i for i, m in enumerate(history) if m.role == "user" and m.meta.get("turn_id") == turn_id),
             None,
         )
         if start is None:
             user = user.model_copy(update={"meta": {**user.meta, "turn_id": turn_id}})
-            await self.sessions.append(chat, user, thread=thread)
+            self._unsaved[chat] = [user]
             history.append(user)
             start = len(history) - 1
         else:
@@ -566,13 +571,17 @@ class Agent:
                     return TurnResult(text=text, steps=0, replayed=True, messages=[done])
         try:
             return await self._steps(chat, history, start, turn_id, on_text, on_step, steer)
-        except ProviderUnavailable:
-            raise  # worth another try later: the message stays in the conversation
         except ProviderError as exc:
+            if isinstance(exc, ProviderUnavailable):
+                await self._keep_question(chat)  # worth another try later
+                raise
             # The server refused this turn for good (after every recovery). It is kept in the log
             # but left out of later requests, so the next message is not refused the same way.
-            await self.sessions.append(chat, Message(role="assistant", content=[], meta={
-                "turn_id": turn_id, FAILED_TURN: type(exc).__name__, "error": str(exc)}), thread=thread)
+            await self._append(chat, Message(role="assistant", content=[], meta={
+                "turn_id": turn_id, FAILED_TURN: type(exc).__name__, "error": str(exc)}))
+            raise
+        except BaseException:
+            await self._keep_question(chat)  # stopped (/stop, a timeout, shutdown) or failed
             raise
 
     async def _steps(self, chat: ChatKey, history: list[Message], start: int, turn_id: str,
@@ -628,9 +637,19 @@ class Agent:
                     text += cut_off_note(int(str(meta["cut_off"])))
                 return TurnResult(text=text, steps=steps, usage=usage, messages=produced)
 
+    async def _keep_question(self, chat: ChatKey) -> None:
+        """Write the turn's user message if it is not yet, as the turn ends without an answer.
+        Best effort: if this fails too, the turn's next attempt adds it."""
+        if self._unsaved.get(chat):
+            with contextlib.suppress(Exception):
+                await self._append(chat)
+
     async def _append(self, chat: ChatKey, *messages: Message) -> None:
-        """Add to the log of the thread this chat's turn runs in."""
-        await self.sessions.append(chat, *messages, thread=self._threads.get(chat))
+        """Add to the log of the thread this chat's turn runs in (after the turn's user message,
+        if that is not written yet)."""
+        records = [*self._unsaved.pop(chat, []), *messages]
+        if records:
+            await self.sessions.append(chat, *records, thread=self._threads.get(chat))
 
     async def record_interrupted(self, chat: ChatKey, turn_id: str, partial: str) -> Message:
         """Close a turn the person stopped: what was written of the reply so far is kept, marked

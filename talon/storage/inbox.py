@@ -65,6 +65,19 @@ class SharedInbox(InboxStore, Protocol):
     async def next_pending(self, channel: str, chat_id: str) -> InboxItem | None:
         """The chat's oldest pending message."""
 
+    async def add_and_lease(self, message: InboundMessage, lease: str, holder: str,
+                            ttl_s: float) -> tuple[InboxItem | None, bool]:
+        """``add``, and take the lease ``lease`` for ``holder`` (as ``Leases.acquire``) in the
+        same write: the item (None for a duplicate) and whether the lease is now ``holder``'s."""
+
+    async def claim_next(self, channel: str, chat_id: str, tried: list[int]) -> InboxItem | None:
+        """The chat's oldest pending message with one more attempt counted, unless its ``seq`` is
+        in ``tried`` (returned as it is); None when the chat has none."""
+
+    async def finish(self, key: str, delivered_parts: int, lease: str, holder: str) -> bool:
+        """``mark_done``, and give the lease back when the chat has nothing else pending, in one
+        write; True when the lease was given back."""
+
     async def pending_chats(self, channels: list[str], limit: int) -> list[tuple[str, str]]:
         """Chats with pending messages whose lease is free or expired, oldest message first."""
 

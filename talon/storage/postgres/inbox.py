@@ -8,6 +8,7 @@ import time
 from talon.envelope import InboundMessage
 from talon.storage.inbox import InboxItem
 from talon.storage.postgres.db import AsyncDatabase
+from talon.storage.postgres.leases import ACQUIRE
 
 _COLUMNS = "seq, payload, attempts, delivered_parts, live_message_id"
 
@@ -38,6 +39,43 @@ class PgInbox:
         if row is None:
             return None
         return InboxItem(seq=int(row[0]), message=message, attempts=0, delivered_parts=0)
+
+    async def add_and_lease(self, message: InboundMessage, lease: str, holder: str,
+                            ttl_s: float) -> tuple[InboxItem | None, bool]:
+        # The lease is tried whether or not the message is new: a redelivered message whose
+        # chat nobody serves (its worker died) is taken up here.
+        row = await self.db.fetchone(
+            "WITH added AS (INSERT INTO talon_inbox (key, channel, chat_id, payload, created) "
+            "  VALUES (%s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING seq), "
+            f"leased AS ({ACQUIRE}) "
+            "SELECT (SELECT seq FROM added), EXISTS (SELECT 1 FROM leased)",
+            (message.key, message.channel, message.chat_id, message.model_dump_json(), time.time(),
+             lease, holder, ttl_s))
+        assert row is not None
+        seq, leased = row
+        item = InboxItem(seq=int(seq), message=message, attempts=0, delivered_parts=0) if seq is not None else None
+        return item, bool(leased)
+
+    async def claim_next(self, channel: str, chat_id: str, tried: list[int]) -> InboxItem | None:
+        row = await self.db.fetchone(
+            "WITH next AS (SELECT seq FROM talon_inbox WHERE channel = %s AND chat_id = %s AND status = 'pending' "
+            "  ORDER BY seq LIMIT 1) "
+            "UPDATE talon_inbox t SET attempts = t.attempts + CASE WHEN t.seq = ANY(%s) THEN 0 ELSE 1 END "
+            f"FROM next WHERE t.seq = next.seq RETURNING {', '.join('t.' + c for c in _COLUMNS.split(', '))}",
+            (channel, chat_id, tried))
+        return _item(row) if row else None
+
+    async def finish(self, key: str, delivered_parts: int, lease: str, holder: str) -> bool:
+        row = await self.db.fetchone(
+            "WITH done AS (UPDATE talon_inbox SET status = 'done', finished = %s, delivered_parts = %s "
+            "  WHERE key = %s RETURNING channel, chat_id), "
+            "waiting AS (SELECT 1 FROM talon_inbox i JOIN done d ON i.channel = d.channel AND i.chat_id = d.chat_id "
+            "  WHERE i.status = 'pending' AND i.key <> %s LIMIT 1), "
+            "released AS (DELETE FROM talon_leases WHERE name = %s AND holder = %s "
+            "  AND NOT EXISTS (SELECT 1 FROM waiting) RETURNING 1) "
+            "SELECT EXISTS (SELECT 1 FROM released)",
+            (time.time(), delivered_parts, key, key, lease, holder))
+        return bool(row and row[0])
 
     async def seen(self, key: str) -> bool:
         return await self.db.fetchone("SELECT 1 FROM talon_inbox WHERE key = %s", (key,)) is not None
