@@ -80,7 +80,9 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
         self.webhook_path = settings.telegram_webhook_path.rstrip("/") or "/"
         self._webhook_secret = settings.telegram_webhook_secret.encode()
         self._webhook_check_s = webhook_check_s
-        self._webhook_lock = asyncio.Lock()  # one update at a time, in arrival order, as polling does
+        # One update of a chat at a time, in arrival order, as polling does; chats in parallel, so
+        # one chat's write to the inbox never waits behind another's.
+        self._webhook_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # chat -> (lock, users)
         self._webhook_error_seen: dt.datetime | None = None
         self._owns_http = False
         self.http: HttpServer | None = None

@@ -44,7 +44,7 @@ class Webhook(TelegramCore):
     webhook_path: str
     _webhook_secret: bytes
     _webhook_check_s: float
-    _webhook_lock: asyncio.Lock
+    _webhook_locks: dict[str, tuple[asyncio.Lock, list[int]]]
     _webhook_error_seen: dt.datetime | None
     _owns_http: bool
     http: HttpServer | None
@@ -115,8 +115,17 @@ class Webhook(TelegramCore):
         errors: list[BaseException] = []
         token = _webhook_errors.set(errors)  # _on_handler_error records failures here
         try:
-            async with self._webhook_lock:
-                await self.app.process_update(update)
+            chat = update.effective_chat
+            key = str(chat.id) if chat is not None else ""
+            lock, users = self._webhook_locks.setdefault(key, (asyncio.Lock(), [0]))
+            users[0] += 1
+            try:
+                async with lock:
+                    await self.app.process_update(update)
+            finally:
+                users[0] -= 1
+                if not users[0]:
+                    del self._webhook_locks[key]
         except RuntimeError as exc:  # the application stopped under us
             log.warning("telegram: update %s arrived while stopping (%s); answered 503",
                         update.update_id, exc)
