@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from talon.agent.context import ContextPolicy
 from talon.agent.discovery import Discoverer
@@ -105,6 +106,7 @@ class Runtime:
     synthesizer: Synthesizer | None = None  # voice replies; None when they are off
     warmup: "asyncio.Task[None] | None" = None
     stores: Stores | None = None
+    started: bool = False  # every channel started
 
     async def start(self) -> None:
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
@@ -134,6 +136,7 @@ class Runtime:
         for channel in self.channels:
             await channel.start(self.bridge)
             self.bridge.channel_started(channel.name)
+        self.started = True
 
     async def warm_speech(self) -> None:
         """Load Whisper and the voice now; a failure is logged, and shows again at first use."""
@@ -334,8 +337,66 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
 
 
 async def serve(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Start, run until ``stop`` is set, stop. A stop during start-up (a channel waiting for its
+    platform, discovery waiting for the model server) cancels the start at once: what arrived is
+    in the inbox, and the next start takes it up."""
     try:
-        await runtime.start()
+        await until_stopped(stop, runtime.start())
+        if stop.is_set() and not runtime.started:
+            log.info("stop requested during start-up; stopping")
         await stop.wait()
     finally:
         await runtime.stop()
+
+
+_T = TypeVar("_T")
+
+
+async def until_stopped(stop: asyncio.Event, work: Awaitable[_T]) -> _T | None:
+    """What ``work`` gives, or None as soon as ``stop`` is set: a coroutine is cancelled then
+    (its cleanup runs to its end); a blocking step given as ``in_daemon_thread(...)`` is
+    abandoned."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)  # a coroutine's cleanup runs to its end
+    return None
+
+
+def in_daemon_thread(work: Callable[[], _T]) -> "asyncio.Future[_T]":
+    """``work()`` (a blocking start-up step, such as connecting to the database) in a daemon
+    thread. Not the default executor: asyncio.run joins its threads at exit, so a thread stuck on
+    an unreachable database would hold the process up after a stop; a daemon thread is simply
+    left behind."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if future.done():  # abandoned on stop
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]  # None only with an error
+
+    def run() -> None:
+        try:
+            result, error = work(), None
+        except BaseException as exc:  # handed to the awaiting coroutine
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name="talon-start-step", daemon=True).start()
+    return future

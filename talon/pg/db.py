@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -111,6 +112,7 @@ class Database:
         self.url = url
         self._count_lock = threading.Lock()
         self.round_trips = 0
+        wait_for_server(url, timeout_s)
         self.pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout_s,
                                    kwargs={"autocommit": True}, open=False, name="talon")
         try:
@@ -163,6 +165,42 @@ class Database:
 
     def close(self) -> None:
         self.pool.close()
+
+
+# Refusals that a moment's wait can cure: worth waiting for, like a server that is not up yet.
+_TRANSIENT = ("the database system is starting up", "the database system is shutting down",
+              "the database system is in recovery mode", "too many clients")
+
+
+def wait_for_server(url: str, timeout_s: float) -> None:
+    """One connection of our own before the pool opens. A server that refuses us (the database
+    does not exist, a wrong password or role) fails at once in its own words, instead of the
+    pool's "initialization incomplete" after its whole timeout; a server that cannot be reached
+    yet (booting) is waited for up to ``timeout_s``, then named with the last error."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.2
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            # libpq counts connect_timeout in whole seconds, at least 2.
+            psycopg.connect(url, connect_timeout=max(2, round(left))).close()
+            return
+        except psycopg.Error as exc:
+            first = _first_line(exc)
+            refused = first.split("FATAL:", 1)[1].strip() if "FATAL:" in first else None
+            if refused is not None and not any(t in refused for t in _TRANSIENT):
+                raise ConfigError(f"TALON_DATABASE_URL={redact(url)}: the database server refused the "
+                                  f"connection: {refused}", ["TALON_DATABASE_URL"]) from None
+            if time.monotonic() + delay >= deadline:
+                raise ConfigError(f"cannot reach the database TALON_DATABASE_URL={redact(url)} within "
+                                  f"{timeout_s:g}s: {first}", ["TALON_DATABASE_URL"]) from None
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def _first_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split("\n", 1)[0].split())
+    return text.removeprefix("connection failed: ").removeprefix("connection is bad: ")
 
 
 def redact(url: str) -> str:
