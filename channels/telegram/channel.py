@@ -141,6 +141,8 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
             return ChannelHealth(False, self._down)
         if self.http is not None:
             return ChannelHealth(True, f"webhook set: Telegram posts to {self.webhook_url}")
+        if self.poll_leader is not None and self._watchdog is not None and self._watchdog.done():
+            return ChannelHealth(False, "the polling-lease task ended; this worker neither polls nor stands by")
         if self.poll_leader is not None and not self.poll_leader.leading:
             return ChannelHealth(True, "standing by: another worker polls (or will, once it holds the lease)")
         return self._polling_health()
