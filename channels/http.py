@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -52,7 +53,9 @@ class AbortLog:
 def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
     """Which setting is at fault and what is wrong with its value; both have values, so neither
     is "missing" (``ConfigError.missing`` names the setting to change)."""
-    reason = (exc.strerror or str(exc)).lower()
+    # asyncio rewords strerror ("error while attempting to bind on address ..."): the plain one.
+    plain = exc.strerror if isinstance(exc, socket.gaierror) else os.strerror(exc.errno) if exc.errno else None
+    reason = (plain or str(exc)).lower()
     if exc.errno == errno.EADDRINUSE:
         return ConfigError(f"TALON_HTTP_PORT={port}: address already in use on {host} (another program "
                            "listens there: stop it, or choose a free port)", ["TALON_HTTP_PORT"])

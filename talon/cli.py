@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}"
+                             for e in exc.errors())
         return _fail(f"invalid settings: {problems}")
     except ConfigError as exc:  # TALON_ENV_FILE names no file
         return _fail(str(exc), exc.missing)

@@ -208,6 +208,28 @@ def test_a_busy_port_is_named_with_its_problem_not_called_missing(tmp_path: Path
     assert "missing settings" not in result.stderr and "Traceback" not in result.stderr
 
 
+async def test_a_host_that_is_not_ours_is_named_with_its_problem() -> None:
+    from channels.http import HttpServer
+
+    with pytest.raises(ConfigError) as err:  # TEST-NET-1: never an address of this machine
+        await HttpServer("192.0.2.1", 0).start()
+    assert str(err.value).startswith("TALON_HTTP_HOST=192.0.2.1: cannot assign requested address")
+    assert err.value.missing == ["TALON_HTTP_HOST"]
+
+
+def test_an_unparsable_value_is_shown_with_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from talon.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("TALON_HTTP_PORT", "80a")
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid settings: TALON_HTTP_PORT='80a': Input should be a valid integer" in err
+    assert "missing settings" not in err
+
+
 def test_missing_is_said_only_of_settings_without_a_value(tmp_path: Path) -> None:
     settings = Settings(_env_file=None, TALON_MODEL="", TELEGRAM_BOT_TOKEN="123:x",  # type: ignore[call-arg]
                         TALON_HTTP_PORT=8081)
