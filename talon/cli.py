@@ -348,11 +348,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return _fail("talon migrate needs --to postgresql://... (the TALON_DATABASE_URL the workers will use)",
                      ["TALON_DATABASE_URL"])
     if not settings.data_dir.is_dir():
-        return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"])
+        return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"],
+                     settings)
     try:
         db = Database(url, max_size=2)
-    except ConfigError as exc:
-        return _fail(str(exc), exc.missing)
+    except ConfigError as exc:  # about the --to URL: nothing is missing
+        return _fail(str(exc))
     try:
         report = migrate_embedded(settings.data_dir, db)
     finally:
