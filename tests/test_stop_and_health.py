@@ -106,6 +106,31 @@ def test_run_stops_on_a_signal_while_the_bot_api_cannot_be_reached(tmp_path: Pat
         inbox.close()
 
 
+async def test_until_stopped_gives_the_result_or_returns_at_the_stop() -> None:
+    from talon.runtime import in_daemon_thread, until_stopped
+
+    stop = asyncio.Event()
+    assert await until_stopped(stop, asyncio.sleep(0, result="done")) == "done"
+    with pytest.raises(ConfigError, match="bad"):
+        await until_stopped(stop, in_daemon_thread(lambda: (_ for _ in ()).throw(ConfigError("bad"))))
+
+    release = threading.Event()
+    cleaned: list[str] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("coroutine")
+
+    asyncio.get_running_loop().call_later(0.05, stop.set)
+    assert await until_stopped(stop, forever()) is None
+    assert cleaned == ["coroutine"]  # cancelled, its cleanup ran
+    # A blocking step is abandoned at once: its thread stays blocked and holds nothing up.
+    assert await until_stopped(stop, in_daemon_thread(lambda: release.wait(60))) is None
+    release.set()
+
+
 class HungServer:
     """A loopback TCP server that accepts connections and never says a word (a hung database)."""
 
