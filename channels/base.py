@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import httpx
@@ -61,9 +62,23 @@ async def store_response(resp: httpx.Response, store: AttachmentStore, remote: R
 _lingering: set[asyncio.Task[None]] = set()
 
 
+@dataclass(frozen=True)
+class ChannelHealth:
+    """Whether a channel can do its job now (``GET /healthz``), and in one line why or why not."""
+
+    ok: bool
+    detail: str
+
+
 class Channel(abc.ABC):
     name: str
     typing_interval_s: float = 4.0
+
+    def health(self) -> ChannelHealth:
+        """Whether messages can arrive and replies leave now, from the channel's own state (never a
+        network call: /healthz is asked often). Platform channels say more; this default is for
+        channels with nothing to watch (the console)."""
+        return ChannelHealth(True, "running")
 
     @abc.abstractmethod
     async def start(self, bridge: "Bridge") -> None:

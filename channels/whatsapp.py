@@ -70,7 +70,7 @@ from talon.media.failures import attach_failure_line, display_name, path_refusal
 from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, long_reply_note, reply_document
 from talon.render.whatsapp import markdown_to_whatsapp, split_for_whatsapp
 
-from channels.base import Channel, PartCallback, deliver_parts, store_response
+from channels.base import Channel, ChannelHealth, PartCallback, deliver_parts, store_response
 from channels.http import HttpServer
 from channels.media_links import MediaLinks
 from channels.whatsapp_media import CAPTIONED_KINDS, WhatsAppMedia, fit_for_whatsapp, meant_as_voice
@@ -436,6 +436,7 @@ class WhatsAppChannel(Channel):
         self._twilio_http: _TwilioHttp | None = None
         self._download: httpx.AsyncClient | None = None
         self._pairing_sends: set[asyncio.Task[None]] = set()
+        self._state = "not started"  # "up" between start and stop (health)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, bridge: Any) -> None:
@@ -465,6 +466,15 @@ class WhatsAppChannel(Channel):
         log.info("whatsapp: webhook at %s%s (listening on %s:%s), sending as %s",
                  self.public_base_url or "<no public URL>", self.webhook_path, self.http.host,
                  self.http.port if self.http.running else self.http.requested_port, self.sender)
+        self._state = "up"
+
+    def health(self) -> ChannelHealth:
+        if self._state != "up":
+            return ChannelHealth(False, self._state)
+        if not self.http.running:
+            return ChannelHealth(False, "Talon's HTTP server is not listening: Twilio's webhooks cannot arrive")
+        return ChannelHealth(True, f"ready: webhook {self.public_base_url or '<no public URL>'}{self.webhook_path}, "
+                                   f"sending as {self.sender}")
 
     async def drain(self) -> None:
         if self.links is None or self.media_drain_s <= 0:
@@ -476,6 +486,7 @@ class WhatsAppChannel(Channel):
                         self.settings.media_url_ttl_s)
 
     async def stop(self) -> None:
+        self._state = "stopped"
         if self._owns_http:
             await self.http.stop()
         for task in self._pairing_sends:

@@ -64,29 +64,52 @@ def _setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
     logging.getLogger("httpcore").setLevel(logging.WARNING)
 
 
-def _fail(message: str, missing: list[str] | None = None) -> int:
+def _fail(message: str, missing: list[str] | None = None, settings: Settings | None = None) -> int:
+    """``missing`` names the settings the error is about; only those without a value are said to be
+    missing (a busy TALON_HTTP_PORT is set: the message says what is wrong with it)."""
+    from talon.settings_source import unset
+
     print(f"talon: cannot start: {message}", file=sys.stderr)
+    if missing and settings is not None:
+        missing = unset(settings, missing)
     if missing:
         print(f"talon: missing settings: {', '.join(missing)} (see .env.example)", file=sys.stderr)
     return 2
 
 
 def _load_settings() -> Settings:
-    return Settings()
+    """From the environment and the .env file ``talon.settings_source`` finds."""
+    from talon.settings_source import load_settings
+
+    return load_settings()[0]
 
 
 async def _run(settings: Settings) -> int:
-    from talon.runtime import build_runtime, configured_channels, serve, shared_http_server
+    from talon.runtime import (build_runtime, configured_channels, serve, shared_http_server,
+                               until_stopped)
+    from talon.settings_source import find_env_file
     from talon.storage.factory import open_stores
 
-    http = shared_http_server(settings)  # one server for every channel's webhooks
-    stores = open_stores(settings)  # embedded, or PostgreSQL (TALON_DATABASE_URL)
-    channels = configured_channels(settings, http, stores)
-    runtime = build_runtime(settings, channels, http=http, stores=stores)
+    # First of all: a signal must stop Talon in every phase, start-up waits included.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    log.info("settings: %s", find_env_file().describe())
+    http = shared_http_server(settings)  # one server for every channel's webhooks
+    # Embedded, or PostgreSQL (TALON_DATABASE_URL), which may make us wait for a server.
+    stores = open_stores(settings)
+
+    async def opened() -> bool:
+        await stores.start()
+        return True
+
+    if await until_stopped(stop, opened()) is None:
+        log.info("stopped while opening the stores")
+        await stores.aclose()
+        return 0
+    channels = configured_channels(settings, http, stores)
+    runtime = build_runtime(settings, channels, http=http, stores=stores)
     await serve(runtime, stop)
     return 0
 
@@ -120,11 +143,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM (WhatsApp)")
         missing += ["TELEGRAM_BOT_TOKEN, or TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM"]
     if problems:
-        return _fail("; ".join(problems), missing)
+        return _fail("; ".join(problems), missing, settings)
     try:
         return asyncio.run(_run(settings))
     except ConfigError as exc:
-        return _fail(str(exc), exc.missing)
+        return _fail(str(exc), exc.missing, settings)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -134,7 +157,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         settings.check_model()
         return asyncio.run(_chat(settings))
     except ConfigError as exc:
-        return _fail(str(exc), exc.missing)
+        return _fail(str(exc), exc.missing, settings)
 
 
 async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
@@ -176,10 +199,16 @@ async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
+    from talon.doctor_checks import model_url_row, settings_row, telegram_bot_row, twilio_account_row
     from talon.speech import Transcriber
 
-    settings = _load_settings()
-    rows: list[tuple[str, str]] = []
+    rows: list[tuple[str, str]] = [settings_row()]
+    try:
+        settings = _load_settings()
+    except ConfigError as exc:  # TALON_ENV_FILE names no file
+        print(f"settings  INVALID: {exc}")
+        print("\ntalon doctor: problems with settings", file=sys.stderr)
+        return 1
     model_ok = False
     try:
         settings.check_model()
@@ -188,11 +217,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         rows.append(("model", f"MISSING: {exc}"))
     if model_ok:
+        rows += model_url_row(settings)
         rows += asyncio.run(_check_model_server(settings))
     empty_allowlist = ("EMPTY (only senders approved with `talon pair`)" if settings.pairing
                        else "EMPTY (nobody is allowed)")
     rows.append(("telegram", "configured" if settings.telegram_configured() else "not configured"))
     if settings.telegram_configured():
+        rows.append(asyncio.run(telegram_bot_row(settings)))
         try:
             settings.check_telegram_webhook()
             mode = (f"webhook {settings.telegram_webhook_url.strip()} -> {settings.telegram_webhook_path} on "
@@ -213,6 +244,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append(("http server", f"{settings.http_host}:{settings.http_port}"))
         if not settings.twilio_auth_token and not settings.whatsapp_insecure_no_signature:
             rows.append(("twilio auth token", "MISSING: webhooks cannot be verified; the channel will not start"))
+        account = twilio_account_row(settings)
+        if account is not None:
+            rows.append(account)
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     rows.append(("media root", str(settings.media_root.resolve())))
@@ -330,11 +364,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return _fail("talon migrate needs --to postgresql://... (the TALON_DATABASE_URL the workers will use)",
                      ["TALON_DATABASE_URL"])
     if not settings.data_dir.is_dir():
-        return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"])
+        return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"],
+                     settings)
     try:
         report = asyncio.run(_migrate(settings, url))
     except ConfigError as exc:
-        return _fail(str(exc), exc.missing)
+        return _fail(str(exc))  # about the --to URL: nothing is missing
     print(f"from {settings.data_dir.resolve()} to {redact(url)}")
     rows = [("store", "found", "copied now", "verified")]
     rows += [(s.name, str(s.found), str(s.copied), str(s.verified)) for s in report.stores]
@@ -378,8 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}"
+                             for e in exc.errors())
         return _fail(f"invalid settings: {problems}")
+    except ConfigError as exc:  # TALON_ENV_FILE names no file
+        return _fail(str(exc), exc.missing)
     except KeyboardInterrupt:
         return 130
 

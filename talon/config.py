@@ -20,6 +20,10 @@ from talon.errors import ConfigError
 
 MB = 1_000_000
 
+# An environment variable only (a .env cannot name another .env): the .env file to read. Without
+# it, ./.env, then .env in the user's config directory (talon.settings_source has the rule).
+ENV_FILE_SETTING = "TALON_ENV_FILE"
+
 # Telegram's rule for setWebhook's secret_token (sent back as X-Telegram-Bot-Api-Secret-Token).
 _WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 

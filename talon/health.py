@@ -1,9 +1,11 @@
 """``GET /healthz`` on Talon's HTTP server: 200 when this worker can do its job, else 503.
 
 A load balancer or an orchestrator asks it. Unhealthy means: the shared database does not answer
-(with ``TALON_DATABASE_URL``), or a channel has been silent too long (Telegram polling with no
-successful ``getUpdates`` for the poll timeout plus a minute, the watchdog's own threshold). The
-body lists each check, one per line, so a person reading it sees which failed.
+(with ``TALON_DATABASE_URL``), or a configured channel is not up, by its own account
+(``Channel.health``): still starting or waiting for its platform (Telegram before getMe and
+setWebhook or the first poll succeed), polling that keeps failing or has gone silent, a webhook
+another process took over, a channel stopped. The body lists each check, one per line, so a
+person reading it sees which failed and why.
 """
 
 from __future__ import annotations
@@ -31,26 +33,11 @@ async def health_checks(runtime: Runtime) -> list[tuple[str, bool, str]]:
                        f"unavailable for {time.monotonic() - stores.adb.down_since:.0f}s: {problem}"
                        if problem else "reachable"))
     for channel in runtime.channels:
-        silent = _telegram_silence(channel)
-        if silent is not None:
-            seconds, limit = silent
-            checks.append((f"channel {channel.name}", seconds < limit,
-                           f"last getUpdates {seconds:.0f}s ago (limit {limit:.0f}s)"))
-        else:
-            checks.append((f"channel {channel.name}", True, "running"))
+        health = channel.health()
+        checks.append((f"channel {channel.name}", health.ok, health.detail))
     if stores is not None:
         checks.append(("worker", True, stores.worker_id))
     return checks
-
-
-def _telegram_silence(channel: object) -> tuple[float, float] | None:
-    """(seconds since the last good getUpdates, the limit) while this worker polls Telegram."""
-    request = getattr(channel, "_poll_request", None)
-    app = getattr(channel, "app", None)
-    updater = getattr(app, "updater", None)
-    if request is None or updater is None or not updater.running:
-        return None
-    return time.monotonic() - request.last_ok, float(getattr(channel, "_stall_after"))
 
 
 def add_health_route(runtime: Runtime) -> None:

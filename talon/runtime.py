@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from talon.agent.context import ContextPolicy
 from talon.agent.discovery import Discoverer
@@ -105,6 +106,7 @@ class Runtime:
     synthesizer: Synthesizer | None = None  # voice replies; None when they are off
     warmup: "asyncio.Task[None] | None" = None
     stores: Stores | None = None
+    started: bool = False  # every channel started
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -136,6 +138,7 @@ class Runtime:
         for channel in self.channels:
             await channel.start(self.bridge)
             self.bridge.channel_started(channel.name)
+        self.started = True
 
     async def warm_speech(self) -> None:
         """Load Whisper and the voice now; a failure is logged, and shows again at first use."""
@@ -336,8 +339,35 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
 
 
 async def serve(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Start, run until ``stop`` is set, stop. A stop during start-up (a channel waiting for its
+    platform, discovery waiting for the model server) cancels the start at once: what arrived is
+    in the inbox, and the next start takes it up."""
     try:
-        await runtime.start()
+        await until_stopped(stop, runtime.start())
+        if stop.is_set() and not runtime.started:
+            log.info("stop requested during start-up; stopping")
         await stop.wait()
     finally:
         await runtime.stop()
+
+
+_T = TypeVar("_T")
+
+
+async def until_stopped(stop: asyncio.Event, work: Awaitable[_T]) -> _T | None:
+    """What ``work`` gives, or None as soon as ``stop`` is set: a coroutine is cancelled then
+    (its cleanup runs to its end)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)  # a coroutine's cleanup runs to its end
+    return None

@@ -17,6 +17,7 @@ import datetime as dt
 import hmac
 import json
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from telegram import Update
@@ -49,6 +50,8 @@ class Webhook(TelegramCore):
     _owns_http: bool
     http: HttpServer | None
     _watchdog: "asyncio.Task[None] | None"
+    _down: str | None
+    _retry_start: Callable[[str, Callable[[], Awaitable[object]]], Awaitable[None]]
 
     async def _start_webhook(self) -> None:
         """Listen (if the server is ours), then point Telegram at us; never poll in this mode."""
@@ -56,12 +59,12 @@ class Webhook(TelegramCore):
         if self._owns_http:
             await self.http.start()
         try:
-            await self.bot.set_webhook(
+            await self._retry_start("setWebhook", lambda: self.bot.set_webhook(
                 url=self.webhook_url,
                 secret_token=self._webhook_secret.decode(),
                 allowed_updates=list(ALLOWED_UPDATES),
                 drop_pending_updates=False,  # what arrived while we were away is still wanted
-            )
+            ))
         except BadRequest as exc:
             raise ConfigError(f"Telegram refused the webhook TALON_TELEGRAM_WEBHOOK_URL="
                               f"{self.webhook_url!r}: {exc.message}", ["TALON_TELEGRAM_WEBHOOK_URL"]) from None
@@ -80,10 +83,14 @@ class Webhook(TelegramCore):
                 log.warning("telegram: getWebhookInfo failed (%s)", exc)
                 continue
             if info.url != self.webhook_url:
+                self._down = (f"the webhook is {info.url or '<none>'!r}, not {self.webhook_url}: another process "
+                              "with this bot token changed it; restart Talon to set it again")
                 log.error("telegram: the webhook is %r, not %s: another process with this bot token changed "
                           "it, and no updates reach Talon until it is set again (restart Talon)",
                           info.url or "<none>", self.webhook_url)
-            elif info.last_error_date is not None and info.last_error_date != self._webhook_error_seen:
+                continue
+            self._down = None
+            if info.last_error_date is not None and info.last_error_date != self._webhook_error_seen:
                 self._webhook_error_seen = info.last_error_date
                 log.warning("telegram: Telegram could not deliver updates to %s (last error at %s: %s); "
                             "%d update(s) waiting", self.webhook_url, info.last_error_date,

@@ -247,7 +247,7 @@ class AnthropicProvider(Provider):
         except _TIMEOUTS as exc:
             raise silent_for(self.idle_timeout_s) from exc
         except _UNREACHABLE as exc:
-            raise unreachable(exc, sent=bool(relay.sent)) from exc
+            raise unreachable(exc, sent=bool(relay.sent), url=str(self._client.base_url)) from exc
         except anthropic.APIError as exc:  # an error event inside the stream
             if relay.sent:
                 raise broke_off(exc) from exc

@@ -292,7 +292,7 @@ class OpenAIProvider(Provider):
         except _TIMEOUTS as exc:
             raise silent_for(self.idle_timeout_s) from exc
         except _UNREACHABLE as exc:
-            raise unreachable(exc, sent=bool(relay.sent)) from exc
+            raise unreachable(exc, sent=bool(relay.sent), url=str(self._client.base_url)) from exc
         if not result.choices:
             raise ProviderError("the model returned no choices")
         choice = result.choices[0]

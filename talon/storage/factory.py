@@ -43,14 +43,16 @@ class Stores:
     deployment: str = ""
     # With a database: the directories every worker must share (checked at start).
     shared_dirs: dict[str, Path] | None = None
+    started: bool = False
 
     @property
     def shared(self) -> bool:
         return self.adb is not None
 
     async def start(self) -> None:
-        """Open the database pool, bring the schema up to date, check the shared directories."""
-        if self.adb is None:
+        """Open the database pool, bring the schema up to date, check the shared directories.
+        Once: ``talon run`` opens the stores before the rest of the runtime starts."""
+        if self.adb is None or self.started:
             return
         from talon.storage.marker import check_shared_dirs
         from talon.storage.postgres.inbox import PgInbox
@@ -63,6 +65,7 @@ class Stores:
             self.deployment = await check_shared_dirs(self.adb, self.shared_dirs)
         if isinstance(self.inbox, PgInbox):
             await self.inbox.prune()
+        self.started = True
 
     async def aclose(self) -> None:
         for store in (self.inbox, self.gate, self.sessions, self.attachments):

@@ -36,6 +36,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# Refusals that a moment's wait can cure: worth waiting for, like a server that is not up yet.
+_TRANSIENT = ("the database system is starting up", "the database system is shutting down",
+              "the database system is in recovery mode", "too many clients")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split("\n", 1)[0].split())
+    return text.removeprefix("connection failed: ").removeprefix("connection is bad: ")
+
+
 def redact(url: str) -> str:
     """The URL without its password, for messages and logs."""
     try:
@@ -78,17 +88,31 @@ class AsyncDatabase:
                                         kwargs={"autocommit": True}, open=False, name="talon-lane")
 
     async def open(self) -> None:
-        """Connect; a database that cannot be used is a ``ConfigError`` with the server's own
-        first error (one direct attempt, so "database does not exist" is said at once instead of
-        after the pool's retries)."""
-        try:
-            conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(self.url, autocommit=True),
-                                          self.timeout_s)
-            await conn.close()
-        except (OSError, psycopg.Error, TimeoutError) as exc:
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer in time"
-            raise ConfigError(f"cannot reach the database TALON_DATABASE_URL={redact(self.url)}: {why}",
-                              ["TALON_DATABASE_URL"]) from None
+        """Connect. A server that refuses us (the database does not exist, a wrong password or
+        role) is a ``ConfigError`` at once, in the server's own words, instead of the pool's
+        "initialization incomplete" after its whole timeout; a server that cannot be reached yet
+        (booting, starting up) is waited for up to ``timeout_s``, then named with the last error."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.2
+        while True:
+            left = max(0.5, deadline - time.monotonic())
+            try:
+                conn = await asyncio.wait_for(
+                    psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=max(2, round(left))),
+                    left)
+                await conn.close()
+                break
+            except (OSError, psycopg.Error, TimeoutError) as exc:
+                first = _first_line(exc) or "no answer in time"
+                refused = first.split("FATAL:", 1)[1].strip() if "FATAL:" in first else None
+                if refused is not None and not any(t in refused for t in _TRANSIENT):
+                    raise ConfigError(f"TALON_DATABASE_URL={redact(self.url)}: the database server refused "
+                                      f"the connection: {refused}", ["TALON_DATABASE_URL"]) from None
+                if time.monotonic() + delay >= deadline:
+                    raise ConfigError(f"cannot reach the database TALON_DATABASE_URL={redact(self.url)} within "
+                                      f"{self.timeout_s:g}s: {first}", ["TALON_DATABASE_URL"]) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
         await self.pool.open(wait=True, timeout=self.timeout_s)
         await self.lane.open(wait=True, timeout=self.timeout_s)
         self.loop = asyncio.get_running_loop()
