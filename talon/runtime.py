@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from talon.agent.context import ContextPolicy
 from talon.agent.discovery import Discoverer
 from talon.agent.learned import LearnedFacts
+from talon.agent.local_server import LocalModelServer, local_model_server
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
@@ -26,6 +27,7 @@ from talon.errors import ConfigError
 from talon.envelope import InboundMessage
 from talon.inbox import InboxStore
 from talon.media import InboundContext, normalize_inbound
+from talon.media.received import ReceivedNote, received_notes
 from talon.speech import Transcriber
 from talon.tts import Synthesizer
 from talon.voice_replies import SpeakTool, VoiceReplies
@@ -38,11 +40,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None) -> Provider:
+def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None, *,
+                   local: LocalModelServer | None = None) -> Provider:
     """The provider for ``TALON_MODEL``, or for another model spec (the summary model).
 
     Its image and tool support come from the model profile (settings over the table; discovery
-    updates them at start). The SDK of each provider is imported only when it is used.
+    updates them at start). The SDK of each provider is imported only when it is used. A
+    ``local:`` model is an OpenAI-compatible one whose server is ``local`` (llama.cpp in Talon).
     """
     settings.check_model()
 
@@ -59,13 +63,19 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     # costs about a second of start-up.
     timeouts = dict(timeout_s=settings.model_timeout_s, total_timeout_s=settings.model_total_timeout_s,
                     max_retries=settings.model_max_retries, stream=settings.model_stream)
-    if provider_name == "openai":
+    if provider_name in ("openai", "local"):
         from talon.agent.openai_provider import OpenAIProvider
 
+        api_key, base_url = settings.openai_api_key, settings.openai_base_url or None
+        if provider_name == "local":
+            if local is None:
+                raise ConfigError(f"TALON_MODEL={settings.model}: the local model server was not set up",
+                                  ["TALON_MODEL"])
+            api_key, base_url, model_name = "", local.base_url, local.spec.alias
         return OpenAIProvider(
             model_name,
-            api_key=settings.openai_api_key,
-            base_url=settings.openai_base_url or None,
+            api_key=api_key,
+            base_url=base_url,
             hydrate=hydrate,
             vision=profile.vision,
             tools=profile.tools,
@@ -105,8 +115,11 @@ class Runtime:
     synthesizer: Synthesizer | None = None  # voice replies; None when they are off
     warmup: "asyncio.Task[None] | None" = None
     stores: Stores | None = None
+    local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
 
     async def start(self) -> None:
+        if self.local is not None:
+            await self.local.start()  # before anything asks the model
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
         # cannot fit what the server reports (ConfigError: Talon refuses to start).
         await self.agent.discover(strict=True)
@@ -178,6 +191,8 @@ class Runtime:
         else:
             self.inbox.close()
             self.bridge.gate.close()
+        if self.local is not None:
+            await self.local.stop()
 
 
 def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *,
@@ -186,10 +201,11 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     stores = stores or open_stores(settings)
     store = stores.attachments
     sessions = stores.sessions
-    provider = build_provider(settings, store)
+    local = local_model_server(settings)  # not started yet: Runtime.start does that
+    provider = build_provider(settings, store, local=local)
     workspace = Workspace(settings.media_root)
     summary_provider = (
-        build_provider(settings, store, settings.summary_model)
+        build_provider(settings, store, settings.summary_model, local=local)
         if settings.summary_model and settings.summary_model != settings.model else None
     )
     tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
@@ -214,7 +230,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         summary_window=settings_profile(settings, settings.summary_model).context_window
         if summary_provider is not None else None,
         workspace=workspace,
-        discoverer=model_discoverer(settings) if settings.model_discovery else None,
+        discoverer=model_discoverer(settings, local) if settings.model_discovery else None,
         learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
@@ -228,8 +244,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         limits=settings.limits(),
         media_root=settings.media_root,
         gate=stores.gate,
-        normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision),
-        model_label=settings.model,
+        normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision,
+                                     shown=lambda message, notes: _show_received(bridge, message, notes)),
+        model_label=settings.model + (f" ({local.describe()})" if local is not None else ""),
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
         busy_mode=settings.busy_mode,
@@ -242,7 +259,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
-                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None)
+                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local)
 
 
 def voice_replies(settings: Settings) -> VoiceReplies | None:
@@ -260,18 +277,26 @@ def voice_replies(settings: Settings) -> VoiceReplies | None:
 
 def learned_key(settings: Settings) -> str:
     """Which model on which server: what the server revealed is true of that pair."""
+    if settings.provider_name == "local":
+        return settings.model  # the file is the model; its port changes every run
     base = settings.anthropic_base_url if settings.provider_name == "anthropic" else settings.openai_base_url
     return f"{settings.model} @ {base.rstrip('/') or 'default'}"
 
 
-def model_discoverer(settings: Settings) -> Discoverer:
-    """Discovery for ``TALON_MODEL``: its server's own facts, turned into a profile under the settings."""
+def model_discoverer(settings: Settings, local: LocalModelServer | None = None) -> Discoverer:
+    """Discovery for ``TALON_MODEL``: its server's own facts, turned into a profile under the settings.
+    A ``local:`` model is discovered like any llama.cpp server, at the address of ``local``."""
     provider = settings.provider_name
+    base_url = (settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None
+    api_key = settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key
+    model = settings.model_name
+    if local is not None:
+        provider, base_url, api_key, model = "openai", local.base_url, "", local.spec.alias
     return Discoverer(
         provider,
-        base_url=(settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None,
-        api_key=settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key,
-        model=settings.model_name,
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
         timeout_s=settings.model_discovery_timeout_s,
         resolve=lambda facts: settings_profile(settings, facts=facts),
     )
@@ -279,9 +304,11 @@ def model_discoverer(settings: Settings) -> Discoverer:
 
 def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: Transcriber,
                        voice: VoiceReplies | None = None,
-                       vision: Callable[[], bool] = lambda: True) -> Normalizer:
+                       vision: Callable[[], bool] = lambda: True,
+                       shown: Callable[[InboundMessage, list[ReceivedNote]], None] | None = None) -> Normalizer:
     """``vision`` says, per message, whether images go to the model as images or as a notice
-    with their saved path (it changes when discovery or a refusal shows the model takes none)."""
+    with their saved path (it changes when discovery or a refusal shows the model takes none).
+    ``shown`` is told what the model got of the message's files (the console shows it)."""
     limits = settings.limits()
 
     async def normalize(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
@@ -298,10 +325,18 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
             if shared else "inbox",
             on_transcript=(lambda kind, transcript: voice.heard(message, kind, transcript))
             if voice is not None else None,
+            on_prepared=(lambda prepared, seen: shown(message, received_notes(prepared, vision=seen)))
+            if shown is not None else None,
         )
         return await normalize_inbound(text, files, ctx)
 
     return normalize
+
+
+def _show_received(bridge: Bridge, message: InboundMessage, notes: list[ReceivedNote]) -> None:
+    channel = bridge.channels.get(message.channel)
+    if channel is not None and notes:
+        channel.show_received(message, notes)
 
 
 def shared_http_server(settings: Settings) -> "HttpServer | None":
