@@ -150,7 +150,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
     """Discovery, then one cheap live request (a one-token reply): what a chat would meet. A
     ``local:`` model's server is started for that, and stopped again."""
-    from talon.agent.local_server import LocalModelError, local_model_server
+    from talon.agent.local_server import local_model_server
+    from talon.errors import LocalModelError
 
     rows: list[tuple[str, str]] = []
     local = local_model_server(settings)

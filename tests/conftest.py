@@ -97,3 +97,20 @@ async def running_telegram(settings: Settings, **channel_kw: object) -> AsyncIte
         yield runtime
     finally:
         await runtime.stop()
+
+
+# `pytest -m "not e2e"` is the fast subset. End to end, and so left out of it: whole files that
+# start Talon or another program as a process, a real server (llama.cpp, PostgreSQL) or load real
+# speech models, and any test that asks for PostgreSQL or a real transcriber.
+_E2E_FILES = frozenset({
+    "test_cli_process.py", "test_console.py", "test_llamacpp_e2e.py", "test_pg_stores.py", "test_migrate.py", "test_scaleout_e2e.py",
+    "test_scaleout_ops.py", "test_scaleout_whatsapp.py", "test_speech.py", "test_tts.py",
+    "test_voice_replies.py", "test_typecheck.py", "test_startup.py",
+})
+_E2E_FIXTURES = frozenset({"pg_url", "pg_server", "transcriber"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in _E2E_FILES or _E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)

