@@ -181,7 +181,8 @@ class LocalModelServer:
         except OSError:
             return "no log"
         wanted = [ln for ln in lines if any(w in ln.lower() for w in ("error", "failed", "unable", "cannot",
-                                                                       "invalid", "address"))]
+                                                                       "couldn't", "could not", "invalid",
+                                                                       "bind"))]
         shown = (wanted or lines)[-3:]
         return " / ".join(shown)[:600] or "it wrote nothing"
 
