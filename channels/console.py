@@ -128,7 +128,7 @@ class ConsoleChannel(Channel):
         self._answering: asyncio.Task[None] | None = None
         self._stop_asked = False
         self._echo = _Echo(self.stdin)
-        self.exit_code = 0  # 130 when ended by Ctrl-C
+        self.exit_code = 0  # 130 when ended by Ctrl-C, 143 by SIGTERM
 
     async def start(self, bridge: Any) -> None:
         self._bridge = bridge

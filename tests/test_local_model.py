@@ -87,7 +87,7 @@ def test_talon_chat_with_no_model_answers_through_the_bundled_model(tmp_path: Pa
 
 @pytest.mark.e2e
 @needs_llama
-def test_the_local_server_is_gone_after_ctrl_c_and_after_sigkill(tmp_path: Path) -> None:
+def test_the_local_server_is_gone_after_ctrl_c_at_the_prompt_or_while_loading_and_after_sigkill(tmp_path: Path) -> None:
     env = chat_env(tmp_path, TALON_MODEL="local:bundled", TALON_LOCAL_CONTEXT="1024", TALON_LOCAL_THREADS="1")
     term = ChatTerminal(tmp_path, env)
     try:
@@ -97,6 +97,16 @@ def test_the_local_server_is_gone_after_ctrl_c_and_after_sigkill(tmp_path: Path)
         term.ctrl_c()  # at the prompt: quits
         assert term.wait(30) == 130
         assert _gone(server, 10), "the llama.cpp server outlived talon chat after Ctrl-C"
+    finally:
+        term.close()
+    assert "Traceback" not in term.output
+
+    term = ChatTerminal(tmp_path, env)
+    try:
+        server = _server_child(term)  # as soon as it exists, while the model is still loading
+        term.ctrl_c()
+        assert term.wait(30) == 130
+        assert _gone(server, 10), "the llama.cpp server outlived a talon chat stopped while it loaded"
     finally:
         term.close()
     assert "Traceback" not in term.output
