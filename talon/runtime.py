@@ -278,7 +278,8 @@ def voice_replies(settings: Settings) -> VoiceReplies | None:
 def learned_key(settings: Settings) -> str:
     """Which model on which server: what the server revealed is true of that pair."""
     if settings.provider_name == "local":
-        return settings.model  # the file is the model; its port changes every run
+        # The file and its window are the model; the server's port changes every run.
+        return f"{settings.model} @ local, context {settings.local_context}"
     base = settings.anthropic_base_url if settings.provider_name == "anthropic" else settings.openai_base_url
     return f"{settings.model} @ {base.rstrip('/') or 'default'}"
 

@@ -162,8 +162,9 @@ def test_talon_run_with_no_model_refuses_and_suggests_the_bundled_one(tmp_path: 
 
 
 def test_a_missing_model_file_names_the_setting(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"TALON_MODEL=local:.*nothere\.gguf: no such file"):
+    with pytest.raises(ConfigError, match=r"TALON_MODEL=local:.*nothere\.gguf: no such file") as caught:
         resolve_gguf(str(tmp_path / "nothere.gguf"))
+    assert caught.value.missing == []  # TALON_MODEL is set: not "missing settings: TALON_MODEL"
     text = tmp_path / "notes.gguf"
     text.write_text("not a model")
     with pytest.raises(ConfigError, match="is not a GGUF model file"):

