@@ -68,10 +68,8 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
 
         api_key, base_url = settings.openai_api_key, settings.openai_base_url or None
         if provider_name == "local":
-            if local is None:
-                raise ConfigError(f"TALON_MODEL={settings.model}: the local model server was not set up",
-                                  ["TALON_MODEL"])
-            api_key, base_url, model_name = "", local.base_url, local.spec.alias
+            server = _local_server(settings, local)
+            api_key, base_url, model_name = "", server.base_url, server.spec.alias
         return OpenAIProvider(
             model_name,
             api_key=api_key,
@@ -275,6 +273,12 @@ def voice_replies(settings: Settings) -> VoiceReplies | None:
                         workspace=lambda message: settings.workspace_dir(message.channel, message.conversation_id))
 
 
+def _local_server(settings: Settings, local: LocalModelServer | None) -> LocalModelServer:
+    if local is None:  # a caller that forgot it: better an error than a request to another server
+        raise ConfigError(f"TALON_MODEL={settings.model}: the local model server was not set up", [])
+    return local
+
+
 def learned_key(settings: Settings) -> str:
     """Which model on which server: what the server revealed is true of that pair."""
     if settings.provider_name == "local":
@@ -291,8 +295,9 @@ def model_discoverer(settings: Settings, local: LocalModelServer | None = None) 
     base_url = (settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None
     api_key = settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key
     model = settings.model_name
-    if local is not None:
-        provider, base_url, api_key, model = "openai", local.base_url, "", local.spec.alias
+    if provider == "local":  # never the default OpenAI URL: the server is Talon's own
+        server = _local_server(settings, local)
+        provider, base_url, api_key, model = "openai", server.base_url, "", server.spec.alias
     return Discoverer(
         provider,
         base_url=base_url,
