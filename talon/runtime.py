@@ -116,6 +116,8 @@ class Runtime:
     local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
 
     async def start(self) -> None:
+        if self.stores is not None:
+            await self.stores.start()
         if self.local is not None:
             await self.local.start()  # before anything asks the model
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
@@ -185,7 +187,7 @@ class Runtime:
         if self.synthesizer is not None:
             self.synthesizer.close()
         if self.stores is not None:
-            self.stores.close()
+            await self.stores.aclose()
         else:
             self.inbox.close()
             self.bridge.gate.close()
