@@ -20,6 +20,7 @@ from talon.errors import DownloadTooLarge
 
 if TYPE_CHECKING:
     from talon.bridge import Bridge
+    from talon.media.received import ReceivedNote
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,10 @@ class Channel(abc.ABC):
 
     async def unacknowledge(self, message: InboundMessage) -> None:  # noqa: B027 - optional
         """Take that sign away again: the reply has been delivered."""
+
+    def show_received(self, message: InboundMessage, notes: "list[ReceivedNote]") -> None:  # noqa: B027
+        """Show the person what the model got of their files (an image it could not see, a voice
+        note's transcript); chat apps keep quiet (the default), the console prints them."""
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""

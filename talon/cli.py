@@ -19,6 +19,7 @@ from talon.config import Settings
 from talon.errors import ConfigError, PairingError
 
 if TYPE_CHECKING:
+    from talon.agent.local_server import LocalModelServer
     from talon.storage.migrate import MigrationReport
 
 log = logging.getLogger("talon")
@@ -120,12 +121,16 @@ async def _chat(settings: Settings) -> int:
 
     console = ConsoleChannel(media_root=settings.workspace_dir("console", "local"))
     runtime = build_runtime(settings, [console])
-    await runtime.start()
     try:
+        await runtime.start()
+        # From here Ctrl-C is the console's: the first one during an answer stops it.
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, console.interrupt)
+        loop.add_signal_handler(signal.SIGTERM, console.quit, 128 + signal.SIGTERM)
         await console.finished.wait()
     finally:
-        await runtime.stop()
-    return 0
+        await runtime.stop()  # also a local model server that started before start failed
+    return console.exit_code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -151,8 +156,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from talon.agent.local_server import BUNDLED_NOTE
+
     settings = _load_settings()
     _setup_logging(settings.log_level if args.verbose else "WARNING", _secrets(settings))
+    if not settings.model.strip():
+        # A first try needs no account and no server: the tiny model Talon runs itself.
+        settings = settings.model_copy(update={"model": "local:bundled"})
+        print(f"talon: {BUNDLED_NOTE}", flush=True)
     try:
         settings.check_model()
         return asyncio.run(_chat(settings))
@@ -161,14 +172,34 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
-    """Discovery, then one cheap live request (a one-token reply): what a chat would meet."""
+    """Discovery, then one cheap live request (a one-token reply): what a chat would meet. A
+    ``local:`` model's server is started for that, and stopped again."""
+    from talon.agent.local_server import local_model_server
+    from talon.errors import LocalModelError
+
+    rows: list[tuple[str, str]] = []
+    local = local_model_server(settings)
+    if local is not None:
+        try:
+            await local.start()
+        except LocalModelError as exc:
+            return [("local model", f"FAILED: {exc}")]
+        rows.append(("local model", f"ok: {local.describe()}, ready in {local.started_in_s or 0:.1f} s"))
+    try:
+        return rows + await _ask_model_server(settings, local)
+    finally:
+        if local is not None:
+            await local.stop()
+
+
+async def _ask_model_server(settings: Settings, local: "LocalModelServer | None") -> list[tuple[str, str]]:
     from talon.agent.provider import ModelRequest
     from talon.content import Message
     from talon.storage.attachments import MemoryAttachments
     from talon.runtime import build_provider, model_discoverer
 
     rows: list[tuple[str, str]] = []
-    facts = await model_discoverer(settings).discover() if settings.model_discovery else None
+    facts = await model_discoverer(settings, local).discover() if settings.model_discovery else None
     profile = None
     if facts is not None:
         rows.append(("model server", ("UNREACHABLE: " if not facts.reachable else "") + facts.describe()
@@ -181,7 +212,7 @@ async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
     except ConfigError as exc:
         rows.append(("model profile", f"INVALID: {exc}"))
     with tempfile.TemporaryDirectory() as scratch:
-        provider = build_provider(settings, MemoryAttachments(Path(scratch)))
+        provider = build_provider(settings, MemoryAttachments(Path(scratch)), local=local)
         started = time.monotonic()
         try:
             reply = await provider.complete(ModelRequest(system="", messages=[Message.user("Say OK.")],

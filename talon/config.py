@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     )
     model_context_window: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
     model_max_output: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
+    # TALON_MODEL=local:PATH.gguf (talon.agent.local_server): the window in tokens (0: the model's
+    # own), compute threads (0: llama.cpp's choice) and how long loading may take.
+    local_context: int = Field(default=8192, ge=0, validation_alias=_env("TALON_LOCAL_CONTEXT"))
+    local_threads: int = Field(default=0, ge=0, validation_alias=_env("TALON_LOCAL_THREADS"))
+    local_start_timeout_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_LOCAL_START_TIMEOUT"))
     summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
     turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
     max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
@@ -332,17 +337,22 @@ class Settings(BaseSettings):
         """Raise ConfigError naming what is missing for the configured model."""
         if not self.model:
             raise ConfigError(
-                "no model configured: set TALON_MODEL (for example openai:gpt-4.1-mini)",
+                "no model configured: set TALON_MODEL (for example openai:gpt-4.1-mini, or local:bundled to "
+                "try Talon with a tiny model it runs itself)",
                 ["TALON_MODEL"],
             )
         provider, name = split_model(self.model)
-        if provider not in ("openai", "anthropic"):
+        if provider not in ("openai", "anthropic", "local"):
             raise ConfigError(
-                f"TALON_MODEL={self.model!r}: unknown provider {provider!r} (use openai: or anthropic:)",
+                f"TALON_MODEL={self.model!r}: unknown provider {provider!r} (use openai:, anthropic: or local:)",
                 ["TALON_MODEL"],
             )
         if not name:
             raise ConfigError(f"TALON_MODEL={self.model!r} names no model", ["TALON_MODEL"])
+        if provider == "local":
+            from talon.agent.local_server import resolve_gguf
+
+            resolve_gguf(name)
         if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
             raise ConfigError(
                 "the openai provider needs OPENAI_API_KEY (for OpenAI), or OPENAI_BASE_URL for a "

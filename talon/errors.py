@@ -2,6 +2,7 @@
 
     TalonError
     ├── ConfigError                 settings missing or invalid (names the settings)
+    │   └── LocalModelError         the local llama.cpp server (TALON_MODEL=local:...) could not start
     ├── AttachmentError             the attachment store could not save or find bytes
     ├── MediaError                  inbound media could not be used (each has a user-facing reason)
     │   ├── DownloadTooLarge        over the per-file cap, refused before or during download
@@ -42,6 +43,13 @@ class ConfigError(TalonError):
     def __init__(self, message: str, missing: list[str] | None = None) -> None:
         super().__init__(message)
         self.missing = missing or []
+
+
+class LocalModelError(ConfigError):
+    """``TALON_MODEL=local:...``: llama.cpp could not load or serve the file; the message says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, [])
 
 
 class AttachmentError(TalonError):

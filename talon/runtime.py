@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 from talon.agent.context import ContextPolicy
 from talon.agent.discovery import Discoverer
 from talon.agent.learned import LearnedFacts
+from talon.agent.local_server import LocalModelServer, local_model_server
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
@@ -24,6 +25,7 @@ from talon.content import ContentBlock, ImageBlock, InboundFile
 from talon.errors import ConfigError
 from talon.envelope import InboundMessage
 from talon.media import InboundContext, normalize_inbound
+from talon.media.received import ReceivedNote, received_notes
 from talon.speech import Transcriber
 from talon.tts import Synthesizer
 from talon.voice_replies import SpeakTool, VoiceReplies
@@ -39,11 +41,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None) -> Provider:
+def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None, *,
+                   local: LocalModelServer | None = None) -> Provider:
     """The provider for ``TALON_MODEL``, or for another model spec (the summary model).
 
     Its image and tool support come from the model profile (settings over the table; discovery
-    updates them at start). The SDK of each provider is imported only when it is used.
+    updates them at start). The SDK of each provider is imported only when it is used. A
+    ``local:`` model is an OpenAI-compatible one whose server is ``local`` (llama.cpp in Talon).
     """
     settings.check_model()
 
@@ -60,13 +64,17 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     # costs about a second of start-up.
     timeouts = dict(timeout_s=settings.model_timeout_s, total_timeout_s=settings.model_total_timeout_s,
                     max_retries=settings.model_max_retries, stream=settings.model_stream)
-    if provider_name == "openai":
+    if provider_name in ("openai", "local"):
         from talon.agent.openai_provider import OpenAIProvider
 
+        api_key, base_url = settings.openai_api_key, settings.openai_base_url or None
+        if provider_name == "local":
+            server = _local_server(settings, local)
+            api_key, base_url, model_name = "", server.base_url, server.spec.alias
         return OpenAIProvider(
             model_name,
-            api_key=settings.openai_api_key,
-            base_url=settings.openai_base_url or None,
+            api_key=api_key,
+            base_url=base_url,
             hydrate=hydrate,
             vision=profile.vision,
             tools=profile.tools,
@@ -107,10 +115,13 @@ class Runtime:
     warmup: "asyncio.Task[None] | None" = None
     stores: Stores | None = None
     started: bool = False  # every channel started
+    local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
 
     async def start(self) -> None:
         if self.stores is not None:
             await self.stores.start()
+        if self.local is not None:
+            await self.local.start()  # before anything asks the model
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
         # cannot fit what the server reports (ConfigError: Talon refuses to start).
         await self.agent.discover(strict=True)
@@ -183,6 +194,8 @@ class Runtime:
         else:
             await self.inbox.close()
             await self.bridge.gate.close()
+        if self.local is not None:
+            await self.local.stop()
 
 
 def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *,
@@ -191,10 +204,11 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     stores = stores or open_stores(settings)
     store = stores.attachments
     sessions = stores.sessions
-    provider = build_provider(settings, store)
+    local = local_model_server(settings)  # not started yet: Runtime.start does that
+    provider = build_provider(settings, store, local=local)
     workspace = Workspace(settings.media_root)
     summary_provider = (
-        build_provider(settings, store, settings.summary_model)
+        build_provider(settings, store, settings.summary_model, local=local)
         if settings.summary_model and settings.summary_model != settings.model else None
     )
     tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
@@ -219,7 +233,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         summary_window=settings_profile(settings, settings.summary_model).context_window
         if summary_provider is not None else None,
         workspace=workspace,
-        discoverer=model_discoverer(settings) if settings.model_discovery else None,
+        discoverer=model_discoverer(settings, local) if settings.model_discovery else None,
         learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
@@ -233,8 +247,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         limits=settings.limits(),
         media_root=settings.media_root,
         gate=stores.gate,
-        normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision),
-        model_label=settings.model,
+        normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision,
+                                     shown=lambda message, notes: _show_received(bridge, message, notes)),
+        model_label=settings.model + (f" ({local.describe()})" if local is not None else ""),
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
         busy_mode=settings.busy_mode,
@@ -247,7 +262,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
-                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None)
+                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local)
 
 
 def voice_replies(settings: Settings) -> VoiceReplies | None:
@@ -263,20 +278,36 @@ def voice_replies(settings: Settings) -> VoiceReplies | None:
                         workspace=lambda message: settings.workspace_dir(message.channel, message.conversation_id))
 
 
+def _local_server(settings: Settings, local: LocalModelServer | None) -> LocalModelServer:
+    if local is None:  # a caller that forgot it: better an error than a request to another server
+        raise ConfigError(f"TALON_MODEL={settings.model}: the local model server was not set up", [])
+    return local
+
+
 def learned_key(settings: Settings) -> str:
     """Which model on which server: what the server revealed is true of that pair."""
+    if settings.provider_name == "local":
+        # The file and its window are the model; the server's port changes every run.
+        return f"{settings.model} @ local, context {settings.local_context}"
     base = settings.anthropic_base_url if settings.provider_name == "anthropic" else settings.openai_base_url
     return f"{settings.model} @ {base.rstrip('/') or 'default'}"
 
 
-def model_discoverer(settings: Settings) -> Discoverer:
-    """Discovery for ``TALON_MODEL``: its server's own facts, turned into a profile under the settings."""
+def model_discoverer(settings: Settings, local: LocalModelServer | None = None) -> Discoverer:
+    """Discovery for ``TALON_MODEL``: its server's own facts, turned into a profile under the settings.
+    A ``local:`` model is discovered like any llama.cpp server, at the address of ``local``."""
     provider = settings.provider_name
+    base_url = (settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None
+    api_key = settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key
+    model = settings.model_name
+    if provider == "local":  # never the default OpenAI URL: the server is Talon's own
+        server = _local_server(settings, local)
+        provider, base_url, api_key, model = "openai", server.base_url, "", server.spec.alias
     return Discoverer(
         provider,
-        base_url=(settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None,
-        api_key=settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key,
-        model=settings.model_name,
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
         timeout_s=settings.model_discovery_timeout_s,
         resolve=lambda facts: settings_profile(settings, facts=facts),
     )
@@ -284,9 +315,11 @@ def model_discoverer(settings: Settings) -> Discoverer:
 
 def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: Transcriber,
                        voice: VoiceReplies | None = None,
-                       vision: Callable[[], bool] = lambda: True) -> Normalizer:
+                       vision: Callable[[], bool] = lambda: True,
+                       shown: Callable[[InboundMessage, list[ReceivedNote]], None] | None = None) -> Normalizer:
     """``vision`` says, per message, whether images go to the model as images or as a notice
-    with their saved path (it changes when discovery or a refusal shows the model takes none)."""
+    with their saved path (it changes when discovery or a refusal shows the model takes none).
+    ``shown`` is told what the model got of the message's files (the console shows it)."""
     limits = settings.limits()
 
     async def normalize(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
@@ -303,10 +336,18 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
             if shared else "inbox",
             on_transcript=(lambda kind, transcript: voice.heard(message, kind, transcript))
             if voice is not None else None,
+            on_prepared=(lambda prepared, seen: shown(message, received_notes(prepared, vision=seen)))
+            if shown is not None else None,
         )
         return await normalize_inbound(text, files, ctx)
 
     return normalize
+
+
+def _show_received(bridge: Bridge, message: InboundMessage, notes: list[ReceivedNote]) -> None:
+    channel = bridge.channels.get(message.channel)
+    if channel is not None and notes:
+        channel.show_received(message, notes)
 
 
 def shared_http_server(settings: Settings) -> "HttpServer | None":

@@ -75,6 +75,8 @@ class InboundContext:
     executor: Executor | None = None
     # Told of every voice note or audio file transcribed (voice replies use its language).
     on_transcript: Callable[[InboundKind, Transcript], None] | None = None
+    # Told what became of the files, with the vision used (the console shows the person).
+    on_prepared: Callable[[list["PreparedAttachment"], bool], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ async def normalize_inbound(
     # the order the person sent them; reading the files then runs concurrently.
     saved = [await _save_copy(f, ctx) for f in files]
     prepared = await asyncio.gather(*(_prepare(f, ctx, s) for f, s in zip(files, saved)))
+    if ctx.on_prepared is not None and prepared:
+        ctx.on_prepared(list(prepared), ctx.vision)
     return build_model_content(
         text, prepared, vision=ctx.vision, max_document_chars=ctx.limits.document_max_chars
     )
