@@ -75,10 +75,10 @@ def _kind(ip: Address) -> str | None:
         return "a link-local address"
     if ip.is_multicast:
         return "a multicast address"
-    if ip.is_private:
-        return "a private address"
     if ip.is_reserved:
         return "a reserved address"
+    if ip.is_private:
+        return "a private address"
     if not ip.is_global:
         return "a special-purpose address that is not on the public internet"
     return None
@@ -110,6 +110,8 @@ def address_problem(ip: Address) -> str | None:
             inner = _kind(embedded[0])
             if inner is not None:
                 return f"{ip} is {inner} ({embedded[0]}, {embedded[1]})"
+            if embedded[1] == "NAT64":
+                return None  # the public IPv4 address it stands for, reached through the NAT64 gateway
     kind = _kind(ip)
     return f"{ip} is {kind}" if kind else None
 
