@@ -441,3 +441,35 @@ async def test_doctor_lists_each_server_with_state_and_tool_count(tmp_path: Path
     assert rows["mcp git"].startswith("per chat (${WORKSPACE}): started in each chat's workspace on first use")
     assert rows["mcp broken"].startswith("FAILED (stdio): ")
     assert not mcp_children("mcp-server-time")
+
+
+def test_talon_doctor_reads_mcp_json_beside_env_and_lists_each_server(tmp_path: Path) -> None:
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {
+        "time": {"command": "mcp-server-time"},
+        "git": {"command": "mcp-server-git", "args": ["--repository", "${WORKSPACE}"]},
+        "broken": {"command": sys.executable, "args": ["-c", "import sys; sys.stderr.write('no token\\n'); sys.exit(1)"]},
+    }}))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TALON_MODEL": "", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    result = subprocess.run([sys.executable, "-m", "talon.cli", "doctor"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    rows = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in result.stdout.splitlines() if "  " in line}
+    assert rows["mcp config"] == str(tmp_path / "mcp.json")
+    assert rows["mcp time"].startswith("ready (stdio): 2 tool(s)")  # found beside Talon's Python
+    assert rows["mcp git"].startswith("per chat (${WORKSPACE})")
+    assert rows["mcp broken"].startswith("FAILED (stdio): ") and "no token" in rows["mcp broken"]
+    assert rows["web fetch"] == "on (private hosts allowed: none)"
+    assert result.returncode == 1 and "mcp broken" in result.stderr
+
+
+def test_an_invalid_mcp_config_stops_talon_at_start_with_the_reason(tmp_path: Path) -> None:
+    from talon.runtime import outside_tools
+
+    bad = tmp_path / "servers.json"
+    bad.write_text(json.dumps({"mcpServers": {"git": {"command": "mcp-server-git", "args": "--repository"}}}))
+    settings = make_settings(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9", TALON_MCP_CONFIG=str(bad))
+    with pytest.raises(ConfigError, match=r"servers.json: server 'git': \"args\" must be a list of strings"):
+        outside_tools(settings, ToolRegistry(), AttachmentStore(tmp_path / "store"))
+    missing = make_settings(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9",
+                            TALON_MCP_CONFIG=str(tmp_path / "nope.json"))
+    with pytest.raises(ConfigError, match="TALON_MCP_CONFIG=.*nope.json: the file does not exist"):
+        outside_tools(missing, ToolRegistry(), AttachmentStore(tmp_path / "store"))

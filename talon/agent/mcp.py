@@ -492,15 +492,15 @@ class McpManager(ToolSource):
             if config.per_chat and config.name not in self._tools and \
                     time.monotonic() >= self._retry_at.get(config.name, 0.0):
                 connection = self._chat_connection(config, ctx)
-                if connection is not None:
+                # Only the very first try holds a turn up; later ones run in the background and
+                # their tools are offered from the next step on.
+                if connection is not None and config.name not in self._retry_at:
                     waits.append(connection.first_attempt.wait())
+                self._retry_at[config.name] = time.monotonic() + _BACKOFF_MAX_S
         if not waits:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), self.start_timeout_s + 1.0)
-        for config in self.configs.values():
-            if config.per_chat and config.name not in self._tools:
-                self._retry_at[config.name] = time.monotonic() + _BACKOFF_MAX_S
 
     def _chat_connection(self, config: McpServerConfig, ctx: ToolContext) -> _Connection | None:
         if self._closed:
