@@ -94,7 +94,7 @@ class ServerStatus:
     name: str
     transport: str
     per_chat: bool
-    state: str  # starting, ready, restarting, stopped, or "per chat" before any start
+    state: str  # starting, ready, failed, restarting, stopped; for a per-chat server, how many run
     tools: int | None
     detail: str = ""
 
@@ -128,9 +128,7 @@ class _Connection:
         self.on_tools = on_tools
         self.state = "starting"
         self.detail = ""
-        self.tools: list[Any] | None = None
         self.client: Any = None
-        self.ready = asyncio.Event()
         self.first_attempt = asyncio.Event()
         self.attempt_done = asyncio.Event()  # the current try to start has ended, either way
         self.next_try = 0.0
@@ -139,6 +137,7 @@ class _Connection:
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self._wake = asyncio.Event()
         self._wake_reason = ""
+        self._last_reason = ""
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._log = logging.getLogger(f"talon.mcp.{config.name}")
@@ -159,7 +158,6 @@ class _Connection:
                 reason = _describe(exc)
             finally:
                 self.client = None
-                self.ready.clear()
                 self.first_attempt.set()
                 self.attempt_done.set()
             if self._closing:
@@ -170,8 +168,11 @@ class _Connection:
             self.state = "restarting" if up_since else "failed"
             self.detail = f"{reason}{tail}"
             self.next_try = time.monotonic() + delay
-            log.warning("MCP server %s %s: %s%s; trying again in %.0fs", self.label,
-                        "stopped working" if up_since else "could not start", reason, tail, delay)
+            # Warned once per reason; the same failure again (every minute at most) is info.
+            level = logging.INFO if reason == self._last_reason else logging.WARNING
+            self._last_reason = reason
+            log.log(level, "MCP server %s %s: %s%s; trying again in %.0fs", self.label,
+                    "stopped working" if up_since else "could not start", reason, tail, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_wait(), delay)
             delay = min(delay * 2, _BACKOFF_MAX_S)
@@ -206,33 +207,33 @@ class _Connection:
                     tools = await self._list_tools(client)
                     scope.deadline = math.inf
                     self.client = client
-                    self.tools = tools
                     self.state = "ready"
                     self.detail = ""
                     up_since.append(time.monotonic())
                     log.info("MCP server %s ready in %.1fs: %d tool(s)", self.label,
                              time.monotonic() - started, len(tools))
                     self.on_tools(self.config, tools)
-                    self.ready.set()
                     self.first_attempt.set()
                     self.attempt_done.set()
-                    await self._wake_wait_or_reason()
+                    await self._until_woken()
                     self.client = None
-                    self.ready.clear()
             if scope.cancelled_caught:
                 return f"it did not answer within {self.start_timeout_s:g}s of starting (TALON_MCP_START_TIMEOUT)"
             return self._wake_reason or "stopped"
 
-    async def _wake_wait_or_reason(self) -> None:
+    async def _until_woken(self) -> None:
         if not self._closing:
             await self._wake.wait()
 
     async def _transport(self, stack: AsyncExitStack) -> tuple[Any, TextIO | None]:
         if self.config.command is None:
+            import httpx2  # the SDK's own HTTP client library
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
 
-            http = create_mcp_http_client(headers=self.config.headers or None)
+            # The SDK's defaults: 30 s to connect and write, 300 s between reads of a held stream
+            # (each call has its own TALON_MCP_TIMEOUT). No redirects beyond the endpoint's origin.
+            http = httpx2.AsyncClient(headers=self.config.headers or None,
+                                      timeout=httpx2.Timeout(30.0, read=300.0))
             await stack.enter_async_context(http)
             assert self.config.url is not None
             return streamable_http_client(self.config.url, http_client=http), None
