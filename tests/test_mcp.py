@@ -230,6 +230,46 @@ async def test_streamable_http_server_started_by_the_test(tg: FakeTelegram, llm:
     assert 'server="remote"' in answer.params["text"]
 
 
+async def test_an_http_server_that_goes_away_is_reconnected_when_it_is_back(tmp_path: Path) -> None:
+    port = free_port()
+
+    async def serve() -> subprocess.Popen[bytes]:
+        process = subprocess.Popen([sys.executable, TEST_SERVER, "http", str(port)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+
+        def listening() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        await until(listening, 30, "the HTTP MCP server to listen")
+        return process
+
+    first = await serve()
+    registry = ToolRegistry()
+    manager = McpManager(parse_mcp_config({"mcpServers": {"h": {"url": f"http://127.0.0.1:{port}/mcp"}}}),
+                         registry, store=None, limits=Limits(), call_timeout_s=10)
+    second = None
+    try:
+        await manager.start()
+        await registry.prepare(ToolContext())
+        crashed = await registry.call(ToolCall(id="1", name="mcp__h__crash", arguments="{}"))
+        first.wait(10)
+        connection = manager.shared["h"]
+        await until(lambda: connection.client is None, 10, "the connection to drop")
+        assert not registry.tools["mcp__h__whoami"].offered  # not offered while it is away
+        second = await serve()
+        await until(lambda: connection.client is not None, 60, "the reconnection")
+        again = await registry.call(ToolCall(id="2", name="mcp__h__whoami", arguments="{}"))
+    finally:
+        await manager.close()
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(10)
+    assert crashed.is_error and "stopped during the call to crash" in crashed.content[0].text
+    assert not again.is_error and f"pid={second.pid}" in again.content[0].text
+
+
 # --- crashes, failures, hangs ---------------------------------------------------------------
 async def test_a_server_that_crashes_mid_call_gives_a_tool_error_and_is_restarted(
         tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
