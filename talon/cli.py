@@ -286,6 +286,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from talon.health import database_rows
 
         rows += asyncio.run(database_rows(settings.database_url))
+    rows += _outside_tool_rows(settings)
     transcriber = Transcriber.from_settings(settings)
     rows.append(("transcriber", f"{settings.transcriber}: " + (
         f"ok ({transcriber.backend.name})" if transcriber.backend is not None
@@ -299,6 +300,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"\ntalon doctor: problems with {', '.join(problems)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
+    """The web fetch's setting, and each MCP server started once (state and tool count)."""
+    from talon.agent.mcp import doctor_rows
+
+    allowed = ", ".join(settings.web_allowlist) or "none"
+    rows = [("web fetch", f"on (private hosts allowed: {allowed})" if settings.web_fetch
+             else "off (TALON_WEB_FETCH=false)")]
+    try:
+        servers = settings.mcp_servers()
+    except ConfigError as exc:
+        return rows + [("mcp config", f"INVALID: {exc}")]
+    path = settings.mcp_config_path
+    rows.append(("mcp config", str(path.resolve()) if path.exists() else f"none ({path} not found)"))
+    if servers:
+        rows += asyncio.run(doctor_rows(servers, start_timeout_s=settings.mcp_start_timeout_s))
+    return rows
 
 
 # Row values that mean Talon cannot work as configured (doctor exits 1).

@@ -10,13 +10,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from talon.errors import ConfigError
+
+if TYPE_CHECKING:
+    from talon.agent.mcp_config import McpServerConfig
 
 MB = 1_000_000
 
@@ -112,6 +115,19 @@ class Settings(BaseSettings):
     shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
+
+    # --- MCP servers and web fetch (talon.agent.mcp, talon.agent.web_fetch) ---------------------
+    # The mcpServers JSON file; unset: mcp.json in the working directory (beside .env), if any.
+    mcp_config: Path | None = Field(default=None, validation_alias=_env("TALON_MCP_CONFIG"))
+    mcp_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_MCP_TIMEOUT"))
+    mcp_start_timeout_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_MCP_START_TIMEOUT"))
+    # A per-chat server (one using ${WORKSPACE}) is stopped after this long without a call.
+    mcp_idle_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_MCP_IDLE_TIMEOUT"))
+    web_fetch: bool = Field(default=True, validation_alias=_env("TALON_WEB_FETCH"))
+    # Hosts web_fetch may reach although they are on a private network (exact names or addresses).
+    web_allow_hosts: str = Field(default="", validation_alias=_env("TALON_WEB_ALLOW_HOSTS"))
+    web_max_bytes: int = Field(default=5 * MB, gt=0, validation_alias=_env("TALON_WEB_MAX_BYTES"))
+    web_timeout_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_WEB_TIMEOUT"))
 
     # --- context management (shares of the model's window) ------------------------------------
     context_trigger: float = Field(default=0.85, gt=0.1, le=0.98,
@@ -369,6 +385,21 @@ class Settings(BaseSettings):
         check_dirs_apart(self.media_root, self.data_dir)
         self.media_root.mkdir(parents=True, exist_ok=True)
         private_dir(self.data_dir)
+
+    def mcp_servers(self) -> "list[McpServerConfig]":
+        """The servers of the MCP config file; ConfigError for a file that is named but missing,
+        or invalid."""
+        from talon.agent.mcp_config import load_mcp_config
+
+        return load_mcp_config(self.mcp_config_path, explicit=self.mcp_config is not None)
+
+    @property
+    def mcp_config_path(self) -> Path:
+        return self.mcp_config if self.mcp_config is not None else Path("mcp.json")
+
+    @property
+    def web_allowlist(self) -> list[str]:
+        return _csv(self.web_allow_hosts)
 
     def workspace_dir(self, channel: str, conversation_id: str) -> Path:
         """The directory this conversation's agent works in (``TALON_WORKSPACE``)."""

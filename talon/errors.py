@@ -24,7 +24,9 @@
     ├── DeliveryError               a reply or file could not be delivered to the chat
     ├── StoreError                  a durable store could not do what was asked
     │   └── StoreUnavailable        the database did not answer in time, or refused to connect
-    └── PairingError                `talon pair`: no live request has that code
+    ├── PairingError                `talon pair`: no live request has that code
+    ├── McpUnavailable              an MCP server is not running (failed to start, exited, hung)
+    └── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
 """
 
 from __future__ import annotations
@@ -159,3 +161,11 @@ class StoreUnavailable(StoreError):
 
 class PairingError(TalonError):
     """A pairing code that names no live request (mistyped, expired or dropped)."""
+
+
+class McpUnavailable(TalonError):
+    """An MCP server cannot take a call now; ``str(exc)`` says why and when Talon tries again."""
+
+
+class WebFetchRefused(TalonError):
+    """A URL ``web_fetch`` will not fetch; ``str(exc)`` names the rule (the host's own network...)."""

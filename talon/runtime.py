@@ -17,6 +17,7 @@ from talon.agent.local_server import LocalModelServer, local_model_server
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
+from talon.agent.tools import ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
@@ -36,6 +37,7 @@ from talon.storage.sessions import SessionStore, safe_path_part
 
 if TYPE_CHECKING:
     from channels.base import Channel
+    from talon.agent.mcp import McpManager
     from channels.http import HttpServer
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,7 @@ class Runtime:
     stores: Stores | None = None
     started: bool = False  # every channel started
     local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
+    mcp: "McpManager | None" = None  # the MCP servers' connections; None without any configured
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -129,6 +132,8 @@ class Runtime:
             # In the background: the channels start now, and the first voice note finds the
             # models loaded instead of paying for the load.
             self.warmup = asyncio.create_task(self.warm_speech(), name="speech-warmup")
+        if self.mcp is not None:
+            await self.mcp.start()  # in the background: a server that fails does not stop Talon
         for channel in self.channels:
             self.bridge.add_channel(channel, started=False)
         # Pending messages from an earlier run go first, before new ones can arrive; each chat's
@@ -172,6 +177,8 @@ class Runtime:
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
         # against channels that are shutting down. What still arrives is stored, not started.
         await self.bridge.stop()
+        if self.mcp is not None:
+            await self.mcp.close()  # every server process ends with Talon
         for channel in self.channels:
             try:
                 await channel.drain()
@@ -214,6 +221,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
                             shell_unsandboxed=settings.shell_unsandboxed)
     tools.timeout_s = settings.tool_timeout_s
+    mcp = outside_tools(settings, tools, store)
     voice = voice_replies(settings)
     if voice is not None:
         tools.add(SpeakTool(voice.synthesizer))
@@ -262,7 +270,25 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
-                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local)
+                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
+                   mcp=mcp)
+
+
+def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":
+    """Add ``web_fetch`` (unless TALON_WEB_FETCH=false) and the MCP servers' tools to ``tools``;
+    the MCP manager, when any server is configured (ConfigError for an invalid MCP config)."""
+    if settings.web_fetch:
+        from talon.agent.web_fetch import WebFetchTool
+
+        tools.add(WebFetchTool(store=store, limits=settings.limits(), allow_hosts=settings.web_allowlist,
+                               max_bytes=settings.web_max_bytes, timeout_s=settings.web_timeout_s))
+    servers = settings.mcp_servers()
+    if not servers:
+        return None
+    from talon.agent.mcp import McpManager
+
+    return McpManager(servers, tools, store=store, limits=settings.limits(), call_timeout_s=settings.mcp_timeout_s,
+                      start_timeout_s=settings.mcp_start_timeout_s, idle_timeout_s=settings.mcp_idle_timeout_s)
 
 
 def voice_replies(settings: Settings) -> VoiceReplies | None:

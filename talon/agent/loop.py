@@ -414,6 +414,7 @@ class Agent:
         server = ""
         if self.facts is not None and (not self.facts.reachable or self.facts.listed is False):
             server = f"\nServer: {self.facts.describe()}"
+        server += "".join(f"\n{line}" for line in self.tools.status_lines())
         return (
             f"Model: {model_label or self.provider.model} ({profile.describe(with_sources=True)})\n"
             f"Context: {context}; older turns are summarized from {budget.trigger:,}\n"
@@ -569,6 +570,9 @@ class Agent:
                     log.info("turn %s in %s already answered before a restart; replaying", turn_id, chat)
                     text = done.text + (cut_off_note(int(done.meta["cut_off"])) if done.meta.get("cut_off") else "")
                     return TurnResult(text=text, steps=0, replayed=True, messages=[done])
+        if self.tools_available and self.tools.sources:
+            # Outside tool sources (MCP servers) get ready for this chat, bounded by their own limits.
+            await self.tools.prepare(self.tool_context(chat))
         try:
             return await self._steps(chat, history, start, turn_id, on_text, on_step, steer)
         except ProviderError as exc:
