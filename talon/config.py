@@ -101,6 +101,11 @@ class Settings(BaseSettings):
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
     # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
     shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
+    # Limits of each sandboxed shell command (talon.agent.sandbox.SandboxLimits has the defaults).
+    shell_max_procs: int = Field(default=256, ge=8, validation_alias=_env("TALON_SHELL_MAX_PROCS"))
+    shell_max_memory: int = Field(default=4_000_000_000, ge=64 * MB, validation_alias=_env("TALON_SHELL_MAX_MEMORY"))
+    shell_cpu_seconds: int = Field(default=300, ge=1, validation_alias=_env("TALON_SHELL_CPU_SECONDS"))
+    shell_max_file_size: int = Field(default=1_000_000_000, ge=MB, validation_alias=_env("TALON_SHELL_MAX_FILE_SIZE"))
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 

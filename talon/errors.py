@@ -21,7 +21,10 @@
     │   ├── AuthRejected            the server refused our API key
     │   └── QuotaExceeded           out of credits or quota (not transient)
     ├── DeliveryError               a reply or file could not be delivered to the chat
-    └── PairingError                `talon pair`: no live request has that code
+    ├── PairingError                `talon pair`: no live request has that code
+    ├── SandboxUnavailable          no trustworthy bwrap sandbox can start here (says why)
+    └── UnsafePath (OSError)        a file Talon opens or writes in a workspace went through a
+                                    symbolic link or changed under it: refused, never followed
 """
 
 from __future__ import annotations
@@ -140,3 +143,12 @@ class DeliveryError(TalonError):
 
 class PairingError(TalonError):
     """A pairing code that names no live request (mistyped, expired or dropped)."""
+
+
+class SandboxUnavailable(TalonError):
+    """The shell's sandbox cannot start here: bwrap missing, untrusted, or refused by the kernel."""
+
+
+class UnsafePath(TalonError, OSError):
+    """A path under a workspace that would be followed through a symbolic link (or that changed
+    while being opened): refused. Built like an ``OSError``: ``UnsafePath(errno, message)``."""

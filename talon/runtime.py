@@ -15,6 +15,7 @@ from talon.agent.learned import LearnedFacts
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
+from talon.agent.sandbox import SandboxLimits
 from talon.agent.session import SessionStore, safe_path_part
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
@@ -193,7 +194,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         if settings.summary_model and settings.summary_model != settings.model else None
     )
     tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
-                            shell_unsandboxed=settings.shell_unsandboxed)
+                            shell_unsandboxed=settings.shell_unsandboxed,
+                            sandbox_limits=SandboxLimits(settings.shell_max_procs, settings.shell_max_memory,
+                                                         settings.shell_cpu_seconds, settings.shell_max_file_size))
     tools.timeout_s = settings.tool_timeout_s
     voice = voice_replies(settings)
     if voice is not None:
