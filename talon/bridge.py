@@ -38,7 +38,7 @@ from talon.errors import (
 )
 from talon.groups import group_prompt_note, group_turn_text
 from talon.inbox import InboxItem, InboxStore
-from talon.media import extract_markdown_media
+from talon.media import defang_untrusted, extract_markdown_media
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
@@ -63,8 +63,11 @@ def quoted_text(message: InboundMessage) -> str:
     """The message text, with the message it replies to quoted for context."""
     text = message.text
     if message.reply_to_text:
-        quote = "\n".join("> " + line for line in message.reply_to_text.splitlines()[:20])
-        head = f"In reply to {message.reply_to_sender}:" if message.reply_to_sender else "In reply to:"
+        # Someone else's words (or the bot's, which may echo anyone's): defanged like every
+        # other outside block, so a quote cannot close or open one of Talon's markers.
+        quote = "\n".join("> " + line for line in defang_untrusted(message.reply_to_text).splitlines()[:20])
+        sender = defang_untrusted(message.reply_to_sender) if message.reply_to_sender else ""
+        head = f"In reply to {sender}:" if sender else "In reply to:"
         text = f"({head}\n{quote}\n)\n{text}" if text else f"({head}\n{quote}\n)"
     return text
 

@@ -45,6 +45,7 @@ from talon.media.documents import (
     render_document,
 )
 from talon.media.images import prepare_image
+from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES, sniff
 from talon.media.video import sample_video
 from talon.safe_files import BeneathError, new_file_beneath
@@ -509,7 +510,7 @@ def _transcript_line(att: PreparedAttachment, transcript: Transcript, *, of_vide
     language = f", in {spoken_in}" if spoken_in else ""
     return (
         f"[{what}, {format_duration(transcript.duration_s)}, machine transcription{language}{damaged}]: "
-        f"{transcript.text}"
+        f"{defang_untrusted(transcript.text)}"
     )
 
 
