@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     # A message that arrives while its chat's turn runs: steer (joins the turn at its next model
     # step), queue (waits its turn) or interrupt (stops the turn and is answered instead).
     busy_mode: Literal["steer", "queue", "interrupt"] = Field(default="steer", validation_alias=_env("TALON_BUSY_MODE"))
+    # People who may stop (and approve) anything in any chat: sender ids or @usernames, comma-separated.
+    approvers: str = Field(default="", validation_alias=_env("TALON_APPROVERS"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
     # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
     shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
@@ -274,6 +276,10 @@ class Settings(BaseSettings):
     @property
     def whatsapp_allowlist(self) -> set[str]:
         return {normalize_whatsapp_number(x) for x in _csv(self.whatsapp_allowed_numbers)}
+
+    def approver_ids(self) -> frozenset[str]:
+        """TALON_APPROVERS: ids as given, usernames as ``@name`` in lower case."""
+        return frozenset(("@" + e.lstrip("@").lower()) if e.startswith("@") else e for e in _csv(self.approvers))
 
     @property
     def telegram_allowed_chat_ids(self) -> set[int]:

@@ -236,6 +236,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
         busy_mode=settings.busy_mode,
+        approvers=settings.approver_ids(),
     )
     if stores.shared:
         from talon.scaleout import SharedBridge
