@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import os
+import secrets
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -261,3 +262,40 @@ async def test_limits_hold_processes_file_size_memory_and_a_fork_bomb_leaves_the
     assert subprocess.run(["true"]).returncode == 0  # the host still forks
     _, again = await shell(tools, "echo alive")
     assert "alive" in again
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None,
+                    reason="needs root to run the sandbox as a normal user (runuser)")
+def test_as_a_normal_user_the_same_command_line_holds_and_counts_its_own_processes() -> None:
+    import dataclasses
+    import tempfile
+
+    from talon.agent.sandbox import SandboxLimits
+
+    # Talon as a normal user makes no cgroup: the process limit is RLIMIT_NPROC inside the
+    # sandbox, counted in its own user namespace, whatever else that user runs.
+    sandbox = dataclasses.replace(find_sandbox(SandboxLimits(max_procs=20)), pids_cgroup=None, launcher=None)
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        os.chmod(tmp, 0o755)
+        ws = Path(tmp) / "ws"
+        ws.mkdir()
+        os.chown(ws, 65534, 65534)
+        others = [subprocess.Popen(["runuser", "-u", "nobody", "--", "sleep", "30"]) for _ in range(25)]
+        try:
+            command = ("grep CapEff /proc/self/status; echo uid=$(id -u); "
+                       "mount -o remount,bind,rw /usr 2>/dev/null; echo remount=$?; echo mine > mine.txt; "
+                       "(i=0; while [ $i -lt 60 ]; do sleep 20 & i=$((i+1)); done) 2>/dev/null; "
+                       "set -- /proc/[0-9]*; echo procs=$#")
+            done = subprocess.run(["runuser", "-u", "nobody", "--", *sandbox.argv(ws, command)],
+                                  capture_output=True, text=True, timeout=60)
+        finally:
+            for other in others:
+                other.kill()
+                other.wait()
+        out = done.stdout
+        assert "CapEff:\t0000000000000000" in out and "uid=65534" in out, out + done.stderr
+        assert "remount=0" not in out
+        procs = int(out.rsplit("procs=", 1)[1].split()[0])
+        assert 10 <= procs <= 20, out  # its own 20, although nobody already ran 25 processes
+        assert (ws / "mine.txt").read_text() == "mine\n"
