@@ -225,7 +225,7 @@ def _count_with(marker: str) -> int:
 
 
 @needs_bwrap
-async def test_limits_hold_processes_file_size_memory_and_a_fork_bomb_leaves_the_host_alone(
+async def test_limits_hold_processes_file_size_and_memory(
     tmp_path: Path
 ) -> None:
     from talon.agent.sandbox import SandboxLimits
@@ -244,22 +244,6 @@ async def test_limits_hold_processes_file_size_memory_and_a_fork_bomb_leaves_the
     assert "rc=0" not in out and (ws / "big.bin").stat().st_size <= 1_000_000, out
     _, out = await shell(tools, "python3 -c 'x = bytearray(900_000_000)' 2>&1; echo rc=$?")
     assert "MemoryError" in out and "rc=0" not in out, out
-    # Only now, with the limit shown to hold, the fork bomb. Its shells all carry the marker in
-    # their command line, so the host can count them among everything else running here.
-    marker = secrets.token_hex(8)
-    bomb = asyncio.create_task(shell(tools, f"b() {{ b | b & }}; b; exec sleep 30 # {marker}", timeout=4))
-    most = 0
-    while not bomb.done():
-        most = max(most, await asyncio.to_thread(_count_with, marker))
-        await asyncio.sleep(0.05)
-    error, out = await bomb
-    assert error and "timed out" in out, out
-    assert 1 <= most <= 24, most  # it ran, and never past the limit
-    deadline = time.monotonic() + 30
-    while _count_with(marker) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert _count_with(marker) == 0  # nothing of it outlived the call
-    assert subprocess.run(["true"]).returncode == 0  # the host still forks
     _, again = await shell(tools, "echo alive")
     assert "alive" in again
 
@@ -299,3 +283,47 @@ def test_as_a_normal_user_the_same_command_line_holds_and_counts_its_own_process
         procs = int(out.rsplit("procs=", 1)[1].split()[0])
         assert 10 <= procs <= 20, out  # its own 20, although nobody already ran 25 processes
         assert (ws / "mine.txt").read_text() == "mine\n"
+
+
+
+@needs_bwrap
+async def test_a_fork_bomb_in_a_real_run_stops_at_the_process_limit_and_leaves_the_host_alone(
+    tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI
+) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL="true",
+                             TALON_SHELL_MAX_PROCS="24")
+    # The bomb's shells all carry the marker in their command line, so the host can count them
+    # among everything else running on this machine.
+    marker = secrets.token_hex(8)
+    bounded = ("(i=0; while [ $i -lt 60 ]; do sleep 20 & i=$((i+1)); done) 2>/dev/null; "
+               "set -- /proc/[0-9]*; echo procs=$#")
+    bomb = f"b() {{ b | b & }}; b; exec sleep 30 # {marker}"
+    llm.queue(FakeOpenAI.reply(tool_calls=[FakeOpenAI.tool_call("shell", {"command": bounded})]), "Counted.")
+    async with running_telegram(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "count", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "Counted.", timeout=60)
+        await runtime.bridge.idle()
+        [out] = _tool_results(llm.requests[1])
+        procs = int(out.rsplit("procs=", 1)[1].split()[0])
+        assert 10 <= procs <= 24, out  # the limit holds for a bounded spawn: only then the bomb
+        llm.queue(FakeOpenAI.reply(tool_calls=[FakeOpenAI.tool_call("shell", {"command": bomb, "timeout": 4})]),
+                  "Stopped it.")
+        tg.push_update(tg.text_message(ALICE, "bomb", user_id=ALICE))
+        most = 0
+        deadline = time.monotonic() + 90
+        while len(tg.sent("sendMessage", ALICE)) < 2 and time.monotonic() < deadline:
+            most = max(most, await asyncio.to_thread(_count_with, marker))
+            await asyncio.sleep(0.05)
+        await runtime.bridge.idle()
+        bombed = _tool_results(llm.requests[3])[-1]
+        assert "timed out after 4s" in bombed, bombed
+        assert 1 <= most <= 24, most  # it ran, and never past the limit
+        deadline = time.monotonic() + 30
+        while _count_with(marker) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert _count_with(marker) == 0  # nothing of it outlived the call
+        assert subprocess.run(["true"]).returncode == 0  # the host still forks
+        # and Talon still answers
+        llm.queue("Still here.")
+        tg.push_update(tg.text_message(ALICE, "alive?", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "Still here.", timeout=30)
