@@ -21,6 +21,8 @@
     │   ├── AuthRejected            the server refused our API key
     │   └── QuotaExceeded           out of credits or quota (not transient)
     ├── DeliveryError               a reply or file could not be delivered to the chat
+    ├── StoreError                  a durable store could not do what was asked
+    │   └── StoreUnavailable        the database did not answer in time, or refused to connect
     ├── PairingError                `talon pair`: no live request has that code
     ├── SandboxUnavailable          no trustworthy bwrap sandbox can start here (says why)
     └── UnsafePath (OSError)        a file Talon opens or writes in a workspace went through a
@@ -139,6 +141,15 @@ class DeliveryError(TalonError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class StoreError(TalonError):
+    """A durable store could not do what was asked; ``str(exc)`` names the store and why."""
+
+
+class StoreUnavailable(StoreError):
+    """The database did not answer within its time limit, or refused the connection: worth trying
+    again later (a webhook answers 503, a turn waits), never a reason to drop a message."""
 
 
 class PairingError(TalonError):

@@ -108,6 +108,8 @@ class Runtime:
     stores: Stores | None = None
 
     async def start(self) -> None:
+        if self.stores is not None:
+            await self.stores.start()
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
         # cannot fit what the server reports (ConfigError: Talon refuses to start).
         await self.agent.discover(strict=True)
@@ -175,7 +177,7 @@ class Runtime:
         if self.synthesizer is not None:
             self.synthesizer.close()
         if self.stores is not None:
-            self.stores.close()
+            await self.stores.aclose()
         else:
             self.inbox.close()
             self.bridge.gate.close()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from channels.media_links import MediaLinks
     from talon.pg.db import Database
     from talon.pg.leases import Leases
+    from talon.storage.postgres.db import AsyncDatabase
 
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class Stores:
     db: "Database | None" = None  # None: embedded
     leases: "Leases | None" = None
     deployment: str = ""
+    # The async pool the async stores use (opened by ``start``); the sync ``db`` goes as the
+    # existing stores move onto it.
+    adb: "AsyncDatabase | None" = None
 
     @property
     def shared(self) -> bool:
@@ -58,6 +62,16 @@ class Stores:
         db, store = self.db, self.attachments
         assert isinstance(store, PgAttachmentStore)
         return lambda root, base, ttl: SharedMediaLinks(db, store, root, base, ttl)
+
+    async def start(self) -> None:
+        """Open what needs the event loop (the async pool)."""
+        if self.adb is not None:
+            await self.adb.open()
+
+    async def aclose(self) -> None:
+        if self.adb is not None:
+            await self.adb.close()
+        self.close()
 
     def close(self) -> None:
         self.inbox.close()
@@ -102,6 +116,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.pg.inbox import PgInbox
     from talon.pg.leases import Leases
     from talon.pg.sessions import PgSessionStore
+    from talon.storage.postgres.db import AsyncDatabase
     from talon.workspace_marker import check_shared_dirs
 
     db = Database(settings.database_url, max_size=settings.database_pool_size)
@@ -120,6 +135,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             db=db,
             leases=Leases(db, worker, settings.lease_s),
             deployment=deployment,
+            adb=AsyncDatabase(settings.database_url, max_size=settings.database_pool_size),
         )
     except BaseException:
         db.close()

@@ -1,0 +1,81 @@
+"""The PostgreSQL schema: numbered scripts, applied in order by ``migrate_schema``.
+
+A store that needs a table appends ONE script at the end; a script, once released, never changes
+(a deployed database has run it). Each runs in the migration's transaction.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the stores of one deployment.
+    """
+    CREATE TABLE talon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE talon_inbox (
+        seq BIGSERIAL PRIMARY KEY,
+        key TEXT UNIQUE NOT NULL,
+        channel TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        delivered_parts INTEGER NOT NULL DEFAULT 0,
+        created DOUBLE PRECISION NOT NULL,
+        finished DOUBLE PRECISION
+    );
+    CREATE INDEX talon_inbox_chat_pending ON talon_inbox (channel, chat_id, seq) WHERE status = 'pending';
+    CREATE TABLE talon_threads (
+        channel TEXT NOT NULL, chat_id TEXT NOT NULL, current TEXT NOT NULL,
+        PRIMARY KEY (channel, chat_id)
+    );
+    CREATE TABLE talon_session_lines (
+        channel TEXT NOT NULL, chat_id TEXT NOT NULL, thread TEXT NOT NULL,
+        n INTEGER NOT NULL, body TEXT NOT NULL,
+        PRIMARY KEY (channel, chat_id, thread, n)
+    );
+    CREATE TABLE talon_pairing_pending (
+        channel TEXT NOT NULL, sender_id TEXT NOT NULL, name TEXT NOT NULL,
+        code TEXT UNIQUE NOT NULL, created DOUBLE PRECISION NOT NULL, id BIGSERIAL,
+        PRIMARY KEY (channel, sender_id)
+    );
+    CREATE TABLE talon_pairing_replied (
+        channel TEXT NOT NULL, sender_id TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (channel, sender_id)
+    );
+    CREATE TABLE talon_approved (
+        channel TEXT NOT NULL, sender_id TEXT NOT NULL, name TEXT NOT NULL,
+        approved_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (channel, sender_id)
+    );
+    CREATE TABLE talon_attachments (
+        sha256 TEXT PRIMARY KEY, size BIGINT NOT NULL, chunks INTEGER NOT NULL
+    );
+    CREATE TABLE talon_attachment_chunks (
+        sha256 TEXT NOT NULL REFERENCES talon_attachments (sha256) ON DELETE CASCADE,
+        n INTEGER NOT NULL, data BYTEA NOT NULL,
+        PRIMARY KEY (sha256, n)
+    );
+    CREATE TABLE talon_media_links (
+        token TEXT PRIMARY KEY, name TEXT NOT NULL, mime TEXT NOT NULL,
+        expires TIMESTAMPTZ NOT NULL, path TEXT, inode BIGINT, size BIGINT, mtime_ns BIGINT,
+        sha256 TEXT, fetched BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    """,
+    # 2: leases (a chat's turn, the Telegram polling leader), renewed by their holder.
+    """
+    CREATE TABLE talon_leases (
+        name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires TIMESTAMPTZ NOT NULL
+    );
+    CREATE INDEX talon_leases_holder ON talon_leases (holder);
+    """,
+    # 3: the workspace a media link's file was checked against (per-chat workspaces), relative to
+    # the media root; NULL for the media root itself.
+    """
+    ALTER TABLE talon_media_links ADD COLUMN root TEXT;
+    """,
+    # 4: the platform message that shows an answer while it is written (live replies), so the
+    # final reply edits it, on whichever worker finishes the turn.
+    """
+    ALTER TABLE talon_inbox ADD COLUMN live_message_id TEXT;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
