@@ -22,12 +22,11 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from talon.safe_files import BeneathError, atomic_write_beneath, dir_beneath, explain
+from talon.safe_files import BeneathError, dir_beneath, explain
 
 __all__ = [
     "BeneathError",
     "LinkedFile",
-    "atomic_write_beneath",
     "dir_beneath",
     "open_file_beneath",
 ]
