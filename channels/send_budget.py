@@ -1,22 +1,25 @@
-"""One send budget per chat, shared by every call a channel makes into it.
+"""One send budget per chat, in two shares: the answers', and the cosmetic calls'.
 
 A platform limits how much a bot may put into one chat (Telegram: about 20 messages a minute into
-a group, about one a second into a private chat), and it counts drafts, edits, typing pings and
-real messages alike. A streamed answer adds many cosmetic calls to the real ones, so they share
-one budget, with two kinds of calls:
+a group, about one a second into a private chat). A streamed answer adds cosmetic calls (drafts,
+interim edits, typing pings, reactions) to the real ones, and under load those must never be
+what an answer waits for. So each chat has two sliding windows:
 
-- **Essential** calls (the messages and files of a reply, the final edit) ``acquire``: they wait
-  for room in the chat's sliding window, never dropped.
-- **Cosmetic** calls (drafts, interim edits, typing, reactions) ``try_spend``: they go only while
-  the window keeps a reserve for essential calls, and are dropped otherwise, so a busy chat loses
-  its animation first, never its answer.
+- **Answers** (the messages and files of a reply, the final edit) ``acquire`` room in the
+  answers' window, which is the platform's own limit: they wait only when the platform itself
+  would refuse them (or after a 429), never dropped.
+- **Cosmetic** calls ``try_spend`` their own, separate share, and are dropped when it is spent
+  (or while an answer of the chat waits for room), so a busy chat loses its animation first and
+  its answers never wait on it.
 
 After a 429 the platform names how long to wait: ``penalize`` blocks the chat for that long.
-Cosmetic calls are refused until then, and essential calls wait it out before they go.
+Cosmetic calls are refused until then, and answers wait it out before they go.
 
-Which window applies to a chat is the caller's choice (``window_for``), so the same budget serves
-Telegram (groups tighter than private chats) and a later channel. Clock and sleep are injectable,
-so the arithmetic is tested without waiting.
+Which windows apply to a chat is the caller's choice (``window_for``, ``cosmetic_for``), so the
+same budget serves Telegram (groups tighter than private chats) and a later channel. Clock and
+sleep are injectable, so the arithmetic is tested without waiting. ``waits`` counts the answers
+that had to wait for their window (a 429's wait is not counted there), for logs, benchmarks and
+tests.
 """
 
 from __future__ import annotations
@@ -30,35 +33,41 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Window:
-    """At most ``limit`` calls in any ``seconds``; cosmetic calls leave ``reserve`` of them free."""
+    """At most ``limit`` calls in any ``seconds``."""
 
     limit: int
     seconds: float
-    reserve: int = 0
 
     def __post_init__(self) -> None:
         if self.limit < 1:
             raise ValueError("a send window needs a limit of at least 1 call")
-        if not 0 <= self.reserve < self.limit:
-            raise ValueError("the reserve of a send window must be below its limit")
+
+
+def _unlimited(chat: str) -> Window | None:
+    return None
 
 
 class SendBudget:
     def __init__(self, window_for: Callable[[str], Window | None], *,
+                 cosmetic_for: Callable[[str], Window | None] = _unlimited,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._window_for = window_for
+        self._cosmetic_for = cosmetic_for
         self._clock = clock
         self._sleep = sleep
-        self._spent: dict[str, deque[float]] = {}
+        self._spent: dict[str, deque[float]] = {}  # answers
+        self._cosmetic: dict[str, deque[float]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._blocked_until: dict[str, float] = {}
-        self.waited_s = 0.0  # total time essential calls waited, for logs and tests
+        self.waited_s = 0.0  # total time answers waited (a 429's wait included)
+        self.waits = 0  # answers that waited for room in their window
         self.dropped = 0  # cosmetic calls refused
         self.spent = 0  # calls counted, of both kinds
 
-    def _trim(self, chat: str, window: Window, now: float) -> deque[float]:
-        spent = self._spent.setdefault(chat, deque())
+    def _trim(self, chat: str, window: Window, now: float,
+              book: dict[str, deque[float]] | None = None) -> deque[float]:
+        spent = (self._spent if book is None else book).setdefault(chat, deque())
         while spent and spent[0] <= now - window.seconds:
             spent.popleft()
         return spent
@@ -72,28 +81,29 @@ class SendBudget:
         until = self._clock() + max(0.0, seconds)
         self._blocked_until[chat] = max(self._blocked_until.get(chat, 0.0), until)
 
-    def try_spend(self, chat: str) -> bool:
-        """Count one cosmetic call if the chat has room to spare; False: drop the call."""
+    def try_spend(self, chat: str, calls: int = 1) -> bool:
+        """Count ``calls`` cosmetic calls if the chat's cosmetic share has room; False: drop them."""
         if self.blocked_for(chat) > 0 or self._locks.get(chat, asyncio.Lock()).locked():
-            self.dropped += 1  # blocked by a 429, or an essential call is waiting for room
+            self.dropped += 1  # blocked by a 429, or an answer is waiting for room
             return False
-        window = self._window_for(chat)
+        window = self._cosmetic_for(chat)
         now = self._clock()
         if window is not None:
-            spent = self._trim(chat, window, now)
-            if len(spent) + 1 > window.limit - window.reserve:
+            spent = self._trim(chat, window, now, self._cosmetic)
+            if len(spent) + calls > window.limit:
                 self.dropped += 1
                 return False
-            spent.append(now)
-        self.spent += 1
+            spent.extend([now] * calls)
+        self.spent += calls
         return True
 
     async def acquire(self, chat: str, calls: int = 1) -> float:
-        """Wait until ``calls`` essential calls may go to ``chat``, then count them; returns the
+        """Wait until ``calls`` answer calls may go to ``chat``, then count them; returns the
         seconds waited (a 429's wait included)."""
         window = self._window_for(chat)
         lock = self._locks.setdefault(chat, asyncio.Lock())
         waited = 0.0
+        windowed = False
         async with lock:  # one waiter per chat at a time, so the order of sends is kept
             while (blocked := self.blocked_for(chat)) > 0:
                 waited += blocked
@@ -107,6 +117,9 @@ class SendBudget:
                         break
                     # The call that frees room is the one that leaves the window soonest.
                     delay = spent[len(spent) + calls - window.limit - 1] + window.seconds - now
+                    if not windowed:
+                        windowed = True
+                        self.waits += 1
                     waited += delay
                     await self._sleep(delay)
                 spent.extend([self._clock()] * calls)

@@ -14,10 +14,10 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from talon.agent.loop import Agent
 from talon.storage.sessions import ChatKey
@@ -37,7 +37,7 @@ from talon.errors import (
     StoreUnavailable,
 )
 from talon.groups import group_prompt_note, group_turn_text
-from talon.media import extract_markdown_media
+from talon.media import defang_untrusted, extract_markdown_media
 from talon.storage.access import AccessGate
 from talon.storage.attachments import AttachmentStore
 from talon.storage.inbox import InboxItem, InboxStore
@@ -65,8 +65,11 @@ def quoted_text(message: InboundMessage) -> str:
     """The message text, with the message it replies to quoted for context."""
     text = message.text
     if message.reply_to_text:
-        quote = "\n".join("> " + line for line in message.reply_to_text.splitlines()[:20])
-        head = f"In reply to {message.reply_to_sender}:" if message.reply_to_sender else "In reply to:"
+        # Someone else's words (or the bot's, which may echo anyone's): defanged like every
+        # other outside block, so a quote cannot close or open one of Talon's markers.
+        quote = "\n".join("> " + line for line in defang_untrusted(message.reply_to_text).splitlines()[:20])
+        sender = defang_untrusted(message.reply_to_sender) if message.reply_to_sender else ""
+        head = f"In reply to {sender}:" if sender else "In reply to:"
         text = f"({head}\n{quote}\n)\n{text}" if text else f"({head}\n{quote}\n)"
     return text
 
@@ -124,12 +127,15 @@ class Bridge:
     busy_mode: str = "queue"
     # Wait before trying a store again that did not answer (a database that hangs or is down).
     store_retry_s: float = 1.0
+    # TALON_APPROVERS: sender ids (or @usernames) that may stop any turn, in any chat.
+    approvers: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, deque[InboxItem]] = {}
         self._running: dict[ChatKey, _Running] = {}
-        self._stops: dict[str, bool] = {}  # /stop message key -> whether it stopped a turn
+        self._stops: dict[str, str] = {}  # /stop message key -> "stopped", "idle" or "refused"
         self._workers: dict[ChatKey, asyncio.Task[None]] = {}
+        self._asides: set[asyncio.Task[None]] = set()
         # Channels whose messages may be handled now. A chat's worker starts only once its channel
         # has started: a message recovered at start-up must not be downloaded or answered
         # through a channel whose clients do not exist yet.
@@ -171,14 +177,24 @@ class Bridge:
             await self.inbox.mark_done(message.key)  # the original, not yet started, now carries it
             return True
         if command == "/stop":
-            self._stops[message.key] = self._cancel(chat, "stop")
-            self._enqueue(item, first=True)
+            self._stop(message)
+            if self._stops[message.key] == "refused":
+                # The turn goes on, and the refusal does not wait for it to end.
+                self._aside(self._process(item))
+            else:
+                self._enqueue(item, first=True)
             return True
         if (self.busy_mode == "interrupt" and running is not None and not command
                 and message.edited_at is None):
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
+
+    def _aside(self, work: Coroutine[Any, Any, None]) -> None:
+        """Handle one message beside its conversation's worker (a refused /stop's answer)."""
+        task = asyncio.create_task(work)
+        self._asides.add(task)
+        task.add_done_callback(self._asides.discard)
 
     async def _replace_queued(self, chat: ChatKey, edit: InboundMessage) -> bool:
         """Put an edit's text into its original while that still waits in the queue."""
@@ -191,6 +207,27 @@ class Bridge:
                 log.info("message %s was edited before its turn; the new text is answered", edit.original_key)
                 return True
         return False
+
+    def _stop(self, message: InboundMessage) -> None:
+        """Act on a ``/stop`` now; its answer (``_command``) says what came of it."""
+        chat = conversation_key(message)
+        if not self.may_stop(chat, message):
+            log.info("%s: /stop from %s refused: the turn is someone else's", message.key, message.sender_id)
+            self._stops[message.key] = "refused"
+            return
+        self._stops[message.key] = "stopped" if self._cancel(chat, "stop") else "idle"
+
+    def may_stop(self, chat: ChatKey, message: InboundMessage) -> bool:
+        """In a group, a turn is stopped only by whoever started it, an administrator of the group
+        (the channel checked: ``sender_admin``) or one of TALON_APPROVERS; in a private chat, by
+        the person in it."""
+        if not message.is_group or message.sender_admin:
+            return True
+        who = {message.sender_id} | ({f"@{message.sender_username.lower()}"} if message.sender_username else set())
+        if who & self.approvers:
+            return True
+        running = self._running.get(chat)
+        return running is None or running.item.message.sender_id == message.sender_id
 
     def _cancel(self, chat: ChatKey, why: str) -> bool:
         """Stop the conversation's running turn (not a reply being delivered)."""
@@ -254,14 +291,16 @@ class Bridge:
 
     async def idle(self) -> None:
         """Wait until every queued message has been handled (tests and shutdown)."""
-        while self._workers:
-            await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
+        while self._workers or self._asides:
+            await asyncio.gather(*self._workers.values(), *self._asides, return_exceptions=True)
 
     async def stop(self) -> None:
         """Start no new turns; cancel those in flight (their messages stay pending and are
         resumed at the next start), but let a reply that is being delivered finish, for up to
         ``stop_grace_s``: cut off between a send and its record, a part would be sent twice."""
         self._stopped = True
+        for aside in list(self._asides):
+            aside.cancel()
         workers = dict(self._workers)
         delivering = [task for chat, task in workers.items() if chat in self._delivering]
         for chat, task in workers.items():
@@ -586,8 +625,12 @@ class Bridge:
             return await self.agent.status_text(chat, self.model_label)
         if word == "/stop":
             # The running turn was cancelled when /stop arrived (see submit); this answers it.
-            if self._stops.pop(message.key, False):
+            outcome = self._stops.pop(message.key, "idle")
+            if outcome == "stopped":
                 return "Stopped."
+            if outcome == "refused":
+                return ("Only the person who asked, an administrator of this group or an approver "
+                        "can stop what I am doing.")
             return "Nothing to stop: I was not working on anything."
         return None
 

@@ -110,9 +110,16 @@ class Settings(BaseSettings):
     # A message that arrives while its chat's turn runs: steer (joins the turn at its next model
     # step), queue (waits its turn) or interrupt (stops the turn and is answered instead).
     busy_mode: Literal["steer", "queue", "interrupt"] = Field(default="steer", validation_alias=_env("TALON_BUSY_MODE"))
+    # People who may stop (and approve) anything in any chat: sender ids or @usernames, comma-separated.
+    approvers: str = Field(default="", validation_alias=_env("TALON_APPROVERS"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
     # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
     shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
+    # Limits of each sandboxed shell command (talon.agent.sandbox.SandboxLimits has the defaults).
+    shell_max_procs: int = Field(default=256, ge=8, validation_alias=_env("TALON_SHELL_MAX_PROCS"))
+    shell_max_memory: int = Field(default=4_000_000_000, ge=64 * MB, validation_alias=_env("TALON_SHELL_MAX_MEMORY"))
+    shell_cpu_seconds: int = Field(default=300, ge=1, validation_alias=_env("TALON_SHELL_CPU_SECONDS"))
+    shell_max_file_size: int = Field(default=1_000_000_000, ge=MB, validation_alias=_env("TALON_SHELL_MAX_FILE_SIZE"))
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 
@@ -294,6 +301,10 @@ class Settings(BaseSettings):
     @property
     def whatsapp_allowlist(self) -> set[str]:
         return {normalize_whatsapp_number(x) for x in _csv(self.whatsapp_allowed_numbers)}
+
+    def approver_ids(self) -> frozenset[str]:
+        """TALON_APPROVERS: ids as given, usernames as ``@name`` in lower case."""
+        return frozenset(("@" + e.lstrip("@").lower()) if e.startswith("@") else e for e in _csv(self.approvers))
 
     @property
     def telegram_allowed_chat_ids(self) -> set[int]:

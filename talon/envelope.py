@@ -57,6 +57,9 @@ class InboundMessage(BaseModel):
     sender_username: str | None = None
     reply_to_sender: str | None = None  # who wrote the message replied to ("you": the bot)
     chatter: list[Chatter] = Field(default_factory=list)  # unaddressed messages seen before this one
+    # The sender administers this group, as the channel checked it (for /stop, which in a group
+    # only the turn's starter, an administrator or an approver may use).
+    sender_admin: bool = False
     # A person edited message ``message_id``; this is its new version (the platform's edit time,
     # so each edit is its own inbox row). None for a message as first sent.
     edited_at: str | None = None

@@ -26,7 +26,10 @@
     │   └── StoreUnavailable        the database did not answer in time, or refused to connect
     ├── PairingError                `talon pair`: no live request has that code
     ├── McpUnavailable              an MCP server is not running (failed to start, exited, hung)
-    └── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
+    ├── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
+    ├── SandboxUnavailable          no trustworthy bwrap sandbox can start here (says why)
+    └── UnsafePath (OSError)        a file Talon opens or writes in a workspace went through a
+                                    symbolic link or changed under it: refused, never followed
 """
 
 from __future__ import annotations
@@ -169,3 +172,12 @@ class McpUnavailable(TalonError):
 
 class WebFetchRefused(TalonError):
     """A URL ``web_fetch`` will not fetch; ``str(exc)`` names the rule (the host's own network...)."""
+
+
+class SandboxUnavailable(TalonError):
+    """The shell's sandbox cannot start here: bwrap missing, untrusted, or refused by the kernel."""
+
+
+class UnsafePath(TalonError, OSError):
+    """A path under a workspace that would be followed through a symbolic link (or that changed
+    while being opened): refused. Built like an ``OSError``: ``UnsafePath(errno, message)``."""

@@ -17,6 +17,7 @@ from talon.agent.local_server import LocalModelServer, local_model_server
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
+from talon.agent.sandbox import SandboxLimits
 from talon.agent.tools import ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
@@ -219,7 +220,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         if settings.summary_model and settings.summary_model != settings.model else None
     )
     tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
-                            shell_unsandboxed=settings.shell_unsandboxed)
+                            shell_unsandboxed=settings.shell_unsandboxed,
+                            sandbox_limits=SandboxLimits(settings.shell_max_procs, settings.shell_max_memory,
+                                                         settings.shell_cpu_seconds, settings.shell_max_file_size))
     tools.timeout_s = settings.tool_timeout_s
     mcp = outside_tools(settings, tools, store)
     voice = voice_replies(settings)
@@ -261,6 +264,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
         busy_mode=settings.busy_mode,
+        approvers=settings.approver_ids(),
     )
     if stores.shared:
         from talon.scaleout import SharedBridge

@@ -83,7 +83,7 @@ class SharedBridge(Bridge):
         # a turn running on another worker finishes there, and the /stop is answered after it.
         command = command_of(message)
         if command == "/stop":
-            self._stops[message.key] = self._cancel(conversation_key(message), "stop")
+            self._stop(message)
         elif self.busy_mode == "interrupt" and not command and message.edited_at is None:
             self._cancel(conversation_key(message), "interrupt")
         return True

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import unicodedata
 from collections.abc import Callable
@@ -36,7 +35,8 @@ from talon.envelope import InboundMessage, OutboundReply, VoiceWish
 from talon.media.outbound import MarkdownMediaRef
 from talon.render.markdown import Code, CodeBlock, Delim, Link, QuoteBlock, Text, Token, Url, iter_blocks, parse_inline
 from talon.speech import Transcript, format_duration, language_name
-from talon.errors import SynthesisError
+from talon.errors import SynthesisError, UnsafePath
+from talon.safe_files import atomic_write_beneath
 from talon.tts import SpeechUnavailable, Synthesizer, VoiceNote, primary_language
 
 log = logging.getLogger(__name__)
@@ -244,25 +244,23 @@ class VoiceReplies:
         return self.workspace(message) if self.workspace is not None else self.media_root
 
     def _write(self, message: InboundMessage, note: VoiceNote) -> Path:
-        if self.workspace is not None:
-            folder = self.workspace(message) / VOICE_DIR
-        else:
-            folder = self.media_root / VOICE_DIR / safe_path_part(message.channel) / safe_path_part(message.chat_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"reply-{safe_path_part(message.message_id)}.ogg"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(note.data)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+        # The workspace is the agent's: any folder on the way or the file's name may be a link it
+        # planted, so the note is written link-free beneath the root (talon.safe_files).
+        root = self._root(message)
+        parts = VOICE_DIR.split("/")
+        if self.workspace is None:
+            parts += [safe_path_part(message.channel), safe_path_part(message.chat_id)]
+        name = f"reply-{safe_path_part(message.message_id)}.ogg"
+        atomic_write_beneath(root, [*parts, name], note.data)
+        return root.joinpath(*parts, name)
 
 
 def _reason(exc: BaseException) -> str:
     """Why, in words for the chat: settings and host paths stay in the log."""
     if isinstance(exc, SpeechUnavailable):
         return "the voice cannot be used on this server (its log says why)."
+    if isinstance(exc, UnsafePath):
+        return f"it was not written, because {VOICE_DIR} in the workspace is or holds a symbolic link."
     if isinstance(exc, SynthesisError):
         text = str(exc).strip() or "speech synthesis failed"
     else:

@@ -235,10 +235,13 @@ async def test_shell_is_off_by_default(tools: ToolRegistry) -> None:
 
 async def test_shell_runs_in_the_workspace_without_secrets_times_out_and_caps(ws: Path, tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from talon.agent.sandbox import sandbox_problem
+    from talon.agent.sandbox import find_sandbox
+    from talon.errors import SandboxUnavailable
 
-    if sandbox_problem():
-        pytest.skip(f"no sandbox can start here: {sandbox_problem()}")
+    try:
+        find_sandbox()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox can start here: {exc}")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-very-secret")
     tools = workspace_tools(Workspace(ws), store=None, shell=True)
     here = await call(tools, "shell", command="pwd; echo key=${OPENAI_API_KEY:-none}; echo hi > made.txt")

@@ -89,30 +89,33 @@ async def test_budget_paces_sends_within_the_window_and_keeps_chats_apart() -> N
     assert budget.waited_s == pytest.approx(117.0)
     with pytest.raises(ValueError):
         Window(0, 60.0)
-    with pytest.raises(ValueError):
-        Window(3, 60.0, reserve=3)
 
 
-async def test_budget_drops_cosmetic_calls_first_and_a_429_blocks_the_chat() -> None:
+async def test_cosmetic_calls_spend_their_own_share_never_the_answers_and_a_429_blocks_the_chat() -> None:
     now = [0.0]
 
     async def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    budget = SendBudget(lambda chat: Window(4, 10.0, reserve=2), clock=lambda: now[0], sleep=sleep)
-    # cosmetic calls (drafts, edits, typing) may use the window only down to its reserve
-    assert [budget.try_spend("-1") for _ in range(3)] == [True, True, False]
-    assert budget.dropped == 1
-    # the reserve is for the messages of a reply: they still go, without waiting
+    budget = SendBudget(lambda chat: Window(2, 10.0), cosmetic_for=lambda chat: Window(3, 10.0),
+                        clock=lambda: now[0], sleep=sleep)
+    # cosmetic calls (drafts, edits, typing, reactions) use their share, then are dropped
+    assert [budget.try_spend("-1") for _ in range(4)] == [True, True, True, False]
+    assert budget.dropped == 1 and not budget.try_spend("-1", calls=2)
+    # the answers' window is untouched by them: two answers go at once, without waiting
     assert await budget.acquire("-1") == 0 and await budget.acquire("-1") == 0
-    assert not budget.try_spend("-1")
-    # a 429 with retry_after=5: cosmetic calls are refused, a send waits it out
-    now[0] = 20.0  # the window is empty again
+    assert budget.waits == 0
+    # a third answer waits for its own window only (Telegram's pace), and that is counted
+    assert await budget.acquire("-1") == pytest.approx(10.0)
+    assert budget.waits == 1
+    # a 429 with retry_after=5: cosmetic calls are refused, an answer waits it out (not a window wait)
+    now[0] = 40.0  # both windows are empty again
     budget.penalize("-1", 5.0)
     assert not budget.try_spend("-1")
     assert budget.try_spend("-2")  # only that chat is blocked
     assert await budget.acquire("-1") == pytest.approx(5.0)
-    assert now[0] == pytest.approx(25.0) and budget.try_spend("-1")
+    assert budget.waits == 1
+    assert now[0] == pytest.approx(45.0) and budget.try_spend("-1", calls=2)
     # no window at all (a chat the platform does not limit): only a 429 ever holds it back
     free = SendBudget(lambda chat: None, clock=lambda: now[0], sleep=sleep)
     assert all(free.try_spend("1") for _ in range(100))

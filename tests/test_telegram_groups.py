@@ -256,7 +256,8 @@ async def test_a_long_reply_in_a_group_is_paced_and_a_429_honoured(
     llm.queue("\n\n".join(paragraphs))
     channel = TelegramChannel(settings)
     # Telegram's 20 a minute, scaled down; typing pings (cosmetic) may not touch it
-    channel.budget = SendBudget(lambda chat: Window(2, 0.6, reserve=1) if chat.startswith("-") else None)
+    channel.budget = SendBudget(lambda chat: Window(2, 0.6) if chat.startswith("-") else None,
+                                cosmetic_for=lambda chat: Window(1, 0.6))
     runtime = build_runtime(settings, [channel])
     tg.fail_next("sendMessage", 429, retry_after=1)
     await runtime.start()

@@ -2,9 +2,10 @@
 
 - Groups: every send of a reply goes to its forum topic (``message_thread_id``), and the first
   part's sends reply to the message that asked.
-- One send budget per chat (``channels/send_budget.py``): every send, draft, edit, typing ping
-  and reaction into a chat counts. Sends wait for room (about 20 messages a minute into a group,
-  ``PRIVATE_WINDOW`` into a private chat); cosmetic calls are dropped when the chat is short.
+- One send budget per chat (``channels/send_budget.py``), in two shares: the messages of a reply
+  wait for room only under Telegram's own pace (about 20 messages a minute into a group,
+  ``PRIVATE_WINDOW`` into a private chat); drafts, edits, typing pings and reactions spend their
+  own share (``PRIVATE_COSMETIC``, half the group pace in groups) and are dropped when it is spent.
 - Retries: a 429 blocks the chat's budget for the retry_after Telegram names (so drafts and edits
   stop and the next send waits it out) and the send is tried again then; network errors are
   retried with backoff (3 tries); refusals (400/403) are never retried.
@@ -49,9 +50,12 @@ UPLOAD_BYTES_PER_S = 100_000
 # The updates Talon asks for: messages, and their edits (see intake.py).
 ALLOWED_UPDATES = ("message", "edited_message")
 MAX_RETRY_AFTER_S = 120.0
-# Telegram asks bots to stay near one message a second in a chat; drafts and edits count too.
-# Cosmetic calls leave a quarter of each window to the messages of a reply.
-PRIVATE_WINDOW = Window(limit=90, seconds=60.0, reserve=20)
+# Telegram asks bots to stay near one message a second in a private chat (short bursts are
+# tolerated): that, and nothing else, is what answers wait for there.
+PRIVATE_WINDOW = Window(limit=30, seconds=30.0)
+# The cosmetic calls' own share (typing, reactions, drafts, interim edits): on top of the
+# answers', dropped when spent. A group's is half its answers' pace.
+PRIVATE_COSMETIC = Window(limit=30, seconds=60.0)
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,10 @@ def is_group_chat(chat_id: str) -> bool:
 def telegram_budget(limits: Limits) -> SendBudget:
     """The per-chat budget: Telegram's pace into groups, about one call a second otherwise."""
     per_minute = limits.telegram_group_messages_per_minute
-    group = Window(limit=per_minute, seconds=60.0, reserve=max(1, per_minute // 4) if per_minute > 1 else 0)
-    return SendBudget(lambda chat: group if is_group_chat(chat) else PRIVATE_WINDOW)
+    group = Window(limit=per_minute, seconds=60.0)
+    group_cosmetic = Window(limit=max(1, per_minute // 2), seconds=60.0)
+    return SendBudget(lambda chat: group if is_group_chat(chat) else PRIVATE_WINDOW,
+                      cosmetic_for=lambda chat: group_cosmetic if is_group_chat(chat) else PRIVATE_COSMETIC)
 
 
 def _int_or_none(value: str | None) -> int | None:

@@ -151,7 +151,8 @@ class Intake(TelegramCore):
             return
         if not files and not await self._group_command_allowed(msg, text):
             return
-        await self._submit(msg, text, files)
+        admin = not files and command_word(text, self.bot.username) == "/stop" and await self._is_admin(msg)
+        await self._submit(msg, text, files, sender_admin=admin)
 
     async def _group_command_allowed(self, msg: TgMessage, text: str) -> bool:
         """``/new`` in a group wipes the context of everyone in it: only an administrator, or
@@ -185,6 +186,21 @@ class Intake(TelegramCore):
         finally:
             _send_target.reset(token)
         return False
+
+    async def _is_admin(self, msg: TgMessage) -> bool:
+        """Whether the sender administers the group (for /stop); False when it cannot be told."""
+        if anonymous_admin(msg):
+            return True
+        user = msg.from_user
+        assert user is not None
+        try:
+            member = await self._with_retries(
+                lambda: self.bot.get_chat_member(chat_id=msg.chat.id, user_id=user.id), "getChatMember")
+        except DeliveryError as exc:
+            log.warning("telegram: chat=%s: cannot tell whether user %s is an administrator (%s)",
+                        msg.chat.id, user.id, exc)
+            return False
+        return member.status in ADMIN_STATUSES
 
     def _collect_album(self, msg: TgMessage, files: list[RemoteFile], *, addressed: bool = True) -> None:
         """Telegram sends an album as one message per item; gather them into one turn."""
@@ -222,7 +238,8 @@ class Intake(TelegramCore):
             finally:
                 album.submitted.set()
 
-    async def _submit(self, msg: TgMessage, text: str, files: list[RemoteFile]) -> None:
+    async def _submit(self, msg: TgMessage, text: str, files: list[RemoteFile], *,
+                      sender_admin: bool = False) -> None:
         reply = msg.reply_to_message
         quoted = (reply.text or reply.caption) if reply is not None else None
         user = msg.from_user
@@ -249,6 +266,7 @@ class Intake(TelegramCore):
                 chatter=self.chatter.take(conversation_of(msg)) if group and not command else [],
                 reply_to_sender=self._replied_to(msg) if group else None,
                 edited_at=_edit_stamp(msg, text),
+                sender_admin=sender_admin,
             )
         )
 

@@ -2,14 +2,16 @@
 away once the reply has been delivered (``TALON_TELEGRAM_ACK_REACTION``, 👀 by default; empty for
 none). A message that joins a running turn (steer) is acknowledged when it joins.
 
-Setting the reaction is cosmetic (dropped when the chat's send budget is short); clearing it waits
-for room, since a reaction left behind would say the bot is still at work (but not for a 429's
-wait of more than ``CLEAR_WAIT_MAX_S``). Failures of either are logged by the bridge and never
-touch the turn.
+Both are cosmetic calls of the chat's send budget, and setting the reaction pays for its clearing
+too (two calls of the cosmetic share at once, or none: the reaction is then left out). So the
+clearing never waits for room, and never takes any from an answer; a reaction left behind would
+say the bot is still at work, so it waits out a 429 (up to ``CLEAR_WAIT_MAX_S``). Failures of
+either are logged by the bridge and never touch the turn.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from telegram.constants import ReactionEmoji
@@ -43,7 +45,7 @@ class Reactions(TelegramCore):
     async def acknowledge(self, message: InboundMessage) -> None:
         if not self.ack_reaction or not message.message_id.isdigit() or message.key in self._acknowledged:
             return
-        if not self.budget.try_spend(message.chat_id):
+        if not self.budget.try_spend(message.chat_id, calls=2):  # the set, and the clear later
             log.debug("telegram: chat=%s: no budget for the acknowledgement of %s", message.chat_id,
                       message.message_id)
             return
@@ -60,6 +62,7 @@ class Reactions(TelegramCore):
             log.info("telegram: chat=%s: the reaction on %s stays: Telegram asked to wait %.0fs", message.chat_id,
                      message.message_id, blocked)
             return
-        await self.budget.acquire(message.chat_id)
+        if blocked:
+            await asyncio.sleep(blocked)
         await self.bot.set_message_reaction(chat_id=int(message.chat_id), message_id=int(message.message_id),
                                             reaction=[])

@@ -3,7 +3,8 @@
 At start Talon calls setWebhook with that URL and the secret token, and Telegram POSTs each update
 to ``TALON_TELEGRAM_WEBHOOK_PATH`` on Talon's own HTTP server. A request without the exact
 ``X-Telegram-Bot-Api-Secret-Token`` gets 403 and is not looked at; a body that is not an update
-gets 400. An update is answered 200 only after its message is in the durable inbox (an album:
+(``update_shape``: not JSON, too deep, lone surrogates, wrong types where Talon reads) gets 400
+with one log line, never a 500. An update is answered 200 only after its message is in the durable inbox (an album:
 after the album was gathered and submitted), so a crash before that makes Telegram retry, and the
 inbox drops the duplicate a retry may bring. Starting in polling mode again deletes the webhook
 (python-telegram-bot's start_polling does, keeping pending updates), else getUpdates would get 409.
@@ -15,7 +16,6 @@ import asyncio
 import contextvars
 import datetime as dt
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -27,6 +27,7 @@ from talon.errors import ConfigError, StoreUnavailable
 
 from channels.http import HttpServer
 from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
+from channels.telegram.update_shape import MalformedUpdate, parse_update
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,10 @@ class Webhook(TelegramCore):
         if self._bridge is None or not self.app.running:
             raise web.HTTPServiceUnavailable(text="not ready")  # Telegram tries again later
         try:
-            data = json.loads(await request.read())
-        except ValueError as exc:  # includes JSONDecodeError and UnicodeDecodeError
-            log.warning("telegram: webhook body is not JSON (%s); answered 400", exc)
-            raise web.HTTPBadRequest(text="body is not JSON") from None
-        if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
-            log.warning("telegram: webhook body is not an update (no update_id); answered 400")
-            raise web.HTTPBadRequest(text="not an update")
+            data = parse_update(await request.read())
+        except MalformedUpdate as exc:
+            log.warning("telegram: webhook body refused (400): %s", exc)
+            raise web.HTTPBadRequest(text="not an update") from None
         try:
             update = Update.de_json(data, self.bot)
         except Exception as exc:  # whatever PTB raises for a shape it cannot read

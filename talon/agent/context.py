@@ -32,9 +32,7 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +44,7 @@ from talon.agent.summary import append_archive
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, Message, TextBlock, ToolCall
 from talon.permissions import private_dir
+from talon.safe_files import atomic_write_beneath
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +121,7 @@ class ResultFiles:
         path = self.directory / f"{hashlib.sha256(data).hexdigest()[:16]}.txt"
         if self.write and not path.exists():
             private_dir(self.directory)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
+            atomic_write_beneath(self.directory, [path.name], data, mode=0o600)
         return path
 
 

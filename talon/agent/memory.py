@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from talon.agent.tools import ToolError
 from talon.agent.workspace import Workspace
-from talon.media.markers import defang_markers
+from talon.media.markers import defang_untrusted
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def workspace_guide(tool_names: Collection[str]) -> str:
 
 
 def memory_block(text: str, *, truncated_from: int | None = None) -> str:
-    body = defang_markers(text, ("MEMORY",))
+    body = defang_untrusted(text)
     cut = (
         f"\n[... {MEMORY_FILE} is {truncated_from:,} characters; only the start is shown. "
         "Shorten it with edit_file.]" if truncated_from else ""

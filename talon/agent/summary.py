@@ -118,7 +118,9 @@ def append_archive(path: Path, messages: Sequence[Message], *, first: int, last:
         + render_transcript(messages, block_chars=_ARCHIVE_BLOCK_CHARS)
         + "\n"
     )
-    with os.fdopen(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", encoding="utf-8") as fh:
+    # O_NOFOLLOW: the archive is appended to, never a file a link at its name points to.
+    with os.fdopen(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW), "a",
+                   encoding="utf-8") as fh:
         fh.write(section)
         fh.flush()
         os.fsync(fh.fileno())

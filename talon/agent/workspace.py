@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from talon.agent.beneath import BeneathError, atomic_write_beneath, open_file_beneath
+from talon.agent.beneath import BeneathError, open_file_beneath
 from talon.agent.tools import ToolError
+from talon.safe_files import atomic_write_beneath
 
 # As for outbound media: two or more letters and a colon is a URL scheme (one letter would be a
 # Windows drive).

@@ -37,13 +37,13 @@ import re2
 
 from talon.agent import file_readers
 from talon.agent.beneath import BeneathError, dir_beneath
-from talon.agent.sandbox import SANDBOX_PATH, sandbox_argv, sandbox_problem
+from talon.agent.sandbox import SANDBOX_PATH, Sandbox, SandboxLimits, find_sandbox, remove_cgroup
 from talon.agent.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
 from talon.agent.workspace import Resolved, Workspace
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, ImageBlock, TextBlock
-from talon.errors import ConfigError
+from talon.errors import ConfigError, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -635,13 +635,17 @@ class ShellTool(WorkspaceTool):
     }
 
     def __init__(self, workspace: Workspace, *, default_timeout_s: float = SHELL_DEFAULT_TIMEOUT_S,
-                 max_output_chars: int = 20_000, sandboxed: bool = True) -> None:
+                 max_output_chars: int = 20_000, sandbox: Sandbox | None) -> None:
         super().__init__(workspace)
         self.default_timeout_s = default_timeout_s
         self.max_output_chars = max_output_chars
-        # True: every command runs in a bubblewrap sandbox (``talon.agent.sandbox``); False only
+        # Every command runs in this bubblewrap sandbox (``talon.agent.sandbox``); None only
         # under TALON_SHELL_UNSANDBOXED=true.
-        self.sandboxed = sandboxed
+        self.sandbox = sandbox
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.sandbox is not None
 
     def environment(self, workspace: Workspace | None = None) -> dict[str, str]:
         # Talon's environment holds API keys and bot tokens; a command gets none of it.
@@ -670,8 +674,17 @@ class ShellTool(WorkspaceTool):
         timeout = self._timeout(args)
         cap = max(1000, min(self.max_output_chars, ctx.max_output_chars))
         workspace = self.ws(ctx)
-        if self.sandboxed:
-            argv = sandbox_argv(workspace.real_root, command)
+        cgroup = await asyncio.to_thread(self.sandbox.new_cgroup) if self.sandbox is not None else None
+        try:
+            return await self._run(command, workspace, cgroup, timeout, cap)
+        finally:
+            if cgroup is not None:
+                await asyncio.to_thread(remove_cgroup, cgroup)
+
+    async def _run(self, command: str, workspace: Workspace, cgroup: Path | None, timeout: float,
+                   cap: int) -> ToolResult:
+        if self.sandbox is not None:
+            argv = self.sandbox.argv(workspace.real_root, command, cgroup=cgroup)
             env = {"PATH": SANDBOX_PATH}
         else:
             argv = ["/bin/sh", "-c", command]
@@ -756,6 +769,7 @@ def workspace_tools(
     limits: Limits | None = None,
     shell: bool = False,
     shell_unsandboxed: bool = False,
+    sandbox_limits: SandboxLimits | None = None,
 ) -> ToolRegistry:
     """The standard tool set over one workspace; the shell only when asked for.
 
@@ -773,7 +787,12 @@ def workspace_tools(
     ):
         registry.add(tool)
     if shell:
-        problem = sandbox_problem()
+        sandbox: Sandbox | None = None
+        problem: str | None = None
+        try:
+            sandbox = find_sandbox(sandbox_limits)
+        except SandboxUnavailable as exc:
+            problem = str(exc)
         if problem is not None and not shell_unsandboxed:
             raise ConfigError(
                 f"TALON_SHELL_TOOL=true needs a sandbox, but {problem}. Install bubblewrap, or set "
@@ -783,5 +802,5 @@ def workspace_tools(
             )
         if problem is not None:
             log.warning("the shell tool runs WITHOUT a sandbox (TALON_SHELL_UNSANDBOXED=true): %s", problem)
-        registry.add(ShellTool(workspace, sandboxed=problem is None))
+        registry.add(ShellTool(workspace, sandbox=sandbox))
     return registry

@@ -12,6 +12,7 @@ from talon.media.outbound import MarkdownMediaRef, extract_markdown_media
 from talon.media.paths import open_checked_media, resolve_bounded_media_path
 
 # --- inbound --------------------------------------------------------------------------------
+from talon.media.markers import defang_untrusted
 from talon.media.inbound import (
     InboundContext,
     PreparedAttachment,
@@ -35,4 +36,6 @@ __all__ = [
     "build_inbound_text",
     "build_model_content",
     "normalize_inbound",
+    # every untrusted block
+    "defang_untrusted",
 ]

@@ -21,10 +21,10 @@ bounded pool inside the ``Transcriber``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import mimetypes
 import os
-import shutil
 import threading
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -45,8 +45,10 @@ from talon.media.documents import (
     render_document,
 )
 from talon.media.images import prepare_image
+from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES, sniff
 from talon.media.video import sample_video
+from talon.safe_files import BeneathError, new_file_beneath
 from talon.speech import Transcriber, Transcript, format_duration, language_name, probe_duration
 
 log = logging.getLogger(__name__)
@@ -316,31 +318,36 @@ def save_inbound_copy(blob: Path, media_root: Path, save_dir: str, name: str) ->
     bytes are stored once and a later write to either copy separates them; elsewhere it is a
     plain copy.
     """
-    root = media_root.resolve()
-    target_dir = (root / save_dir).resolve()
-    if target_dir != root and not target_dir.is_relative_to(root):
+    parts = [p for p in save_dir.split("/") if p]
+    if any(p in (".", "..") for p in parts):
         raise AttachmentError(f"the inbound folder {save_dir!r} is outside the media root")
-    target_dir.mkdir(parents=True, exist_ok=True)
     stem, dot, ext = name.rpartition(".")
     if not stem:
         stem, dot, ext = name, "", ""
-    for n in range(10_000):
-        candidate = target_dir / (name if n == 0 else f"{stem}-{n}{dot}{ext}")
-        try:
-            # O_EXCL reserves the name atomically, even against a concurrent save of the same name.
-            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            continue
-        try:
-            if not reflink_copy(blob, fd):
-                shutil.copyfile(blob, candidate)  # sendfile on Linux: no bytes pass through Python
-        except BaseException:
-            os.close(fd)
-            candidate.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        return candidate.relative_to(root).as_posix()
-    raise AttachmentError(f"too many files named {name!r} in {save_dir}")
+    names = (name if n == 0 else f"{stem}-{n}{dot}{ext}" for n in range(10_000))
+    # The folder is the agent's to change: it is walked and the file created without following
+    # any link (talon.safe_files); a name taken by anything, a planted link included, is skipped.
+    try:
+        with new_file_beneath(media_root, parts, names, shown=save_dir) as (out, saved):
+            if not reflink_copy(blob, out.fileno()):
+                _copy_into(blob, out.fileno())
+    except BeneathError as exc:
+        if exc.errno == errno.EEXIST:
+            raise AttachmentError(f"too many files named {name!r} in {save_dir}") from exc
+        raise
+    return "/".join([*parts, saved])
+
+
+def _copy_into(blob: Path, fd: int) -> None:
+    """Copy ``blob`` into the open ``fd`` with sendfile: no bytes pass through Python."""
+    with open(blob, "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(fd, src.fileno(), offset, size - offset)
+            if sent == 0:
+                break
+            offset += sent
 
 
 _FICLONE = 0x40049409  # Linux ioctl: make the target share the source's blocks copy-on-write
@@ -507,7 +514,7 @@ def _transcript_line(att: PreparedAttachment, transcript: Transcript, *, of_vide
     language = f", in {spoken_in}" if spoken_in else ""
     return (
         f"[{what}, {format_duration(transcript.duration_s)}, machine transcription{language}{damaged}]: "
-        f"{transcript.text}"
+        f"{defang_untrusted(transcript.text)}"
     )
 
 

@@ -10,6 +10,11 @@ imitate, and case is ignored. Anything there that resembles either marker, howev
 ``END_UNTRUSTED``, ``ENDUNTRUSTED``, ``END-UNTRUSTED``), is broken up at the same place in the
 original: the brackets become ``(`` and the word gets a hyphen (``UN-TRUSTED``), which neither a
 reader nor this matcher takes for a marker. The rest of the text is kept as it was.
+
+``defang_untrusted`` is THE defang of every block of outside text Talon puts before the model
+(documents, group chatter and its speakers' names, quoted replies, transcripts, AGENTS.md, tool
+results from outside): it breaks look-alikes of every marker Talon uses (``UNTRUSTED ...`` and
+``MEMORY``), so no block can close itself or open another, whichever block it sits in.
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ import re
 import unicodedata
 from collections.abc import Iterable
 
-__all__ = ["defang_markers", "skeleton"]
+__all__ = ["MARKER_WORDS", "defang_markers", "defang_untrusted", "skeleton"]
+
+# The words every marker of Talon's is built on: <<<UNTRUSTED DOCUMENT>>>, <<<END UNTRUSTED GROUP
+# CHATTER>>>, <<<MEMORY AGENTS.md ...>>>...
+MARKER_WORDS = ("UNTRUSTED", "MEMORY")
 
 # Letters from other scripts that render like Latin capitals (lower case is folded first).
 _LETTERS = {
@@ -105,3 +114,8 @@ def defang_markers(text: str, words: Iterable[str] = ("UNTRUSTED",)) -> str:
         last = end
     out.append(text[last:])
     return "".join(out)
+
+
+def defang_untrusted(text: str) -> str:
+    """Outside text made safe to place between Talon's markers (see the module docstring)."""
+    return defang_markers(text, MARKER_WORDS)
