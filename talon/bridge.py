@@ -24,7 +24,7 @@ from talon.agent.session import ChatKey
 from talon.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
-from talon.envelope import InboundMessage, OutboundReply
+from talon.envelope import TURN_MESSAGE, InboundMessage, OutboundReply
 from talon.errors import (
     AuthRejected,
     ContextOverflow,
@@ -42,6 +42,7 @@ from talon.media import extract_markdown_media
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
+    from talon.scheduler import Scheduler
     from talon.voice_replies import VoiceReplies
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 
 # Commands the bridge answers itself, without the model.
-COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop"})
+COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -120,6 +121,8 @@ class Bridge:
     # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
     # The runtime passes the setting (default steer); a bare Bridge keeps strict order.
     busy_mode: str = "queue"
+    # Scheduled tasks: answers /tasks, and hears how each run's turn went (talon.scheduler).
+    scheduler: "Scheduler | None" = None
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, deque[InboxItem]] = {}
@@ -132,6 +135,7 @@ class Bridge:
         self._started: set[str] = set()
         self._stopped = False
         self._delivering: set[ChatKey] = set()  # chats whose reply is being sent right now
+        self._refused: dict[str, str] = {}  # message key -> why the platform refused its reply
         self.turns_started = 0
 
     def add_channel(self, channel: "Channel", *, started: bool = True) -> None:
@@ -170,7 +174,7 @@ class Bridge:
             self._enqueue(item, first=True)
             return True
         if (self.busy_mode == "interrupt" and running is not None and not command
-                and message.edited_at is None):
+                and message.edited_at is None and message.scheduled is None):
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
@@ -281,6 +285,7 @@ class Bridge:
             return
         if attempts > MAX_ATTEMPTS:
             log.error("%s: giving up after %d attempts", ids, attempts - 1)
+            await self._report(message, "failed", f"gave up after {attempts - 1} attempts")
             await self._deliver(channel, message, OutboundReply(
                 text="Sorry, I could not process your message (it failed several times). "
                      "Please send it again or rephrase it."))
@@ -293,6 +298,7 @@ class Bridge:
 
         started = time.monotonic()
         self.turns_started += 1
+        await self._report(message, "started")
         running = self._running[chat] = _Running(item)
         await self._acknowledge(channel, message)
         try:
@@ -305,6 +311,7 @@ class Bridge:
 
     async def _run_and_deliver(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
                                item: InboxItem, running: _Running, ids: str) -> None:
+        failure = ""  # why a scheduled run failed although its apology was delivered
         async with channel.typing(message.chat_id, message.thread_id):
             running.task = asyncio.create_task(self._turn(channel, chat, message, running),
                                                name=f"turn-{message.key}")
@@ -320,25 +327,34 @@ class Bridge:
                 log.info("%s: turn stopped (%s)", ids, running.stopped)
                 for done in [item, *running.absorbed]:
                     self.inbox.mark_done(done.message.key)
+                await self._report(message, "failed", f"stopped ({running.stopped})")
                 return
             except TimeoutError:
                 log.error("%s: turn stopped after %.0fs (TALON_TURN_TIMEOUT)", ids, self.turn_timeout_s)
+                failure = f"the turn took over {self.turn_timeout_s:g}s (TALON_TURN_TIMEOUT)"
                 reply = OutboundReply(
                     text=f"Sorry, that took too long (over {self.turn_timeout_s / 60:.0f} min), so I stopped "
                          "working on it. Please try again, or ask for a smaller piece at a time.")
             except ProviderError as exc:
                 log.error("%s: model failed: %s", ids, exc)
+                failure = f"model error: {type(exc).__name__}: {exc}"
                 reply = OutboundReply(text=apology(exc))
             except Exception as exc:
                 log.exception("%s: turn failed", ids)
+                failure = f"error: {type(exc).__name__}: {exc}"
                 reply = OutboundReply(
                     text=f"Sorry, something went wrong while handling that message ({type(exc).__name__}). "
                          "Please try again.")
         if self.voice is not None:
             self.voice.forget(message)  # a turn that failed never read what was heard
-        await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
+        outcome = await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
         for joined in running.absorbed:  # answered by the same reply
             self.inbox.mark_done(joined.message.key)
+        refused = self._refused.pop(message.key, "")
+        if outcome == "refused":
+            await self._report(message, "failed", f"delivery refused: {refused}")
+        elif outcome == "sent":
+            await self._report(message, "failed" if failure else "delivered", failure)
 
     async def _acknowledge(self, channel: "Channel", message: InboundMessage, *, clear: bool = False) -> None:
         try:
@@ -367,7 +383,9 @@ class Bridge:
             text = f"{edit_note(message, while_running=running)}\n{text}"
         if message.is_group:
             # Who speaks, and what the group said meanwhile; the prompt says where the agent is.
-            text = group_turn_text(message, text)
+            # A scheduled run says itself who set it: nobody speaks.
+            if message.scheduled is None:
+                text = group_turn_text(message, text)
             self.agent.chat_notes[chat] = group_prompt_note(message)
         content = await self.normalize(message, text, files)
         return Message(role="user", content=content,
@@ -383,8 +401,8 @@ class Bridge:
         taken: list[InboxItem] = []
         for queued in list(queue):
             m = queued.message
-            if command_of(m):
-                break  # a command keeps its place: it is answered after this turn
+            if command_of(m) or m.scheduled is not None:
+                break  # a command or a scheduled run keeps its place: it has its own turn
             if m.edited_at is not None and m.original_key in answering:
                 taken.append(queued)
             elif self.busy_mode == "steer" and queued.attempts == 0:
@@ -399,6 +417,7 @@ class Bridge:
                     running: _Running | None = None) -> OutboundReply:
         """Download, normalize, run the agent: everything between a message and its reply."""
         running = running or _Running(InboxItem(0, message, 0, 0))
+        TURN_MESSAGE.set(message)  # this task's own context: tools see whose turn it is
         user = await self._user_message(channel, chat, message)
         key = message.key
         live = channel.live_reply(message, placed=lambda mid: self.inbox.set_live_message(key, mid),
@@ -443,18 +462,19 @@ class Bridge:
         return reply
 
     async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
-                       skip_parts: int = 0) -> None:
+                       skip_parts: int = 0) -> str:
         """Deliver a reply, resuming after the last part that arrived.
 
         A transient failure (network, long rate limit) is retried here with backoff while the
         chat waits, so its order holds; if it persists, the message stays pending and is
         resumed at the next start. A permanent refusal (the user blocked the bot, the chat is
-        gone) is logged and the message closed: retrying could never succeed.
+        gone) is logged and the message closed: retrying could never succeed. Returns what
+        became of it: "sent", "refused" or "pending".
         """
         chat = conversation_key(message)
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
-                                        reply_to_message_id=message.message_id)
+                                        reply_to_message_id=None if message.scheduled else message.message_id)
         live_id = self.inbox.live_message(message.key)
         if live_id is not None and reply.live_message_id is None:
             # The streamed message becomes the answer (also after a restart): edited, not doubled.
@@ -472,6 +492,7 @@ class Bridge:
                     outcome = await self._deliver_reply(channel, message, voice_reply, 0, offset=offset)
             if outcome != "pending":
                 self.inbox.mark_done(message.key)
+            return outcome
         finally:
             if spoken is not None and not spoken.done():
                 spoken.cancel()
@@ -508,6 +529,7 @@ class Bridge:
             except DeliveryError as exc:
                 if exc.permanent:
                     log.error("%s: the platform refused the reply (%s); not retrying", ids, exc)
+                    self._refused[key] = str(exc)
                     return "refused"
                 if attempt == len(self.delivery_backoff_s):
                     log.error("%s: reply still undeliverable (%s); it stays pending and is resumed "
@@ -522,14 +544,14 @@ class Bridge:
 
     # --- chat commands ----------------------------------------------------------------------
     async def _command(self, chat: ChatKey, message: InboundMessage) -> str | None:
-        if message.files:
+        if message.files or message.scheduled is not None:
             return None
         word = message.text.strip().split(maxsplit=1)[0].lower() if message.text.strip() else ""
         word = word.split("@", 1)[0]  # /status@talon_bot in groups
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
-                    "/stop stops what I am doing.")
+                    "/stop stops what I am doing; /tasks lists scheduled tasks.")
         if word == "/new":
             thread = self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
@@ -541,7 +563,21 @@ class Bridge:
             if self._stops.pop(message.key, False):
                 return "Stopped."
             return "Nothing to stop: I was not working on anything."
+        if word == "/tasks":
+            if self.scheduler is None:
+                return "Scheduled tasks are not available here."
+            return await self.scheduler.command(message)
         return None
+
+    async def _report(self, message: InboundMessage, status: str, reason: str = "") -> None:
+        """Tell the scheduler how a scheduled run's turn went; its store failing costs the record,
+        never the answer."""
+        if message.scheduled is None or self.scheduler is None:
+            return
+        try:
+            await self.scheduler.observe(message, status, reason)
+        except Exception as exc:
+            log.error("task %s: could not record its run as %s (%s)", message.scheduled.task_id, status, exc)
 
 
 def conversation_key(message: InboundMessage) -> ChatKey:

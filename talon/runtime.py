@@ -22,10 +22,11 @@ from talon.attachments import AttachmentStore
 from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
-from talon.errors import ConfigError
+from talon.errors import ConfigError, ScheduleError
 from talon.envelope import InboundMessage
 from talon.inbox import InboxStore
 from talon.media import InboundContext, normalize_inbound
+from talon.scheduler import Scheduler, SchedulerSettings, scheduler_tools
 from talon.speech import Transcriber
 from talon.tts import Synthesizer
 from talon.voice_replies import SpeakTool, VoiceReplies
@@ -105,6 +106,7 @@ class Runtime:
     synthesizer: Synthesizer | None = None  # voice replies; None when they are off
     warmup: "asyncio.Task[None] | None" = None
     stores: Stores | None = None
+    scheduler: Scheduler | None = None
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -136,6 +138,8 @@ class Runtime:
         for channel in self.channels:
             await channel.start(self.bridge)
             self.bridge.channel_started(channel.name)
+        if self.scheduler is not None:  # due runs go to channels that are running
+            await self.scheduler.start()
 
     async def warm_speech(self) -> None:
         """Load Whisper and the voice now; a failure is logged, and shows again at first use."""
@@ -155,6 +159,8 @@ class Runtime:
     async def stop(self) -> None:
         if self.warmup is not None and not self.warmup.done():
             self.warmup.cancel()
+        if self.scheduler is not None:
+            await self.scheduler.stop()
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
         # against channels that are shutting down. What still arrives is stored, not started.
         await self.bridge.stop()
@@ -200,6 +206,10 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     voice = voice_replies(settings)
     if voice is not None:
         tools.add(SpeakTool(voice.synthesizer))
+    scheduler = build_scheduler(settings, stores)
+    if scheduler is not None:
+        for tool in scheduler_tools(scheduler):
+            tools.add(tool)
     agent = Agent(
         provider,
         sessions,
@@ -235,6 +245,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
         busy_mode=settings.busy_mode,
+        scheduler=scheduler,
     )
     if stores.shared:
         from talon.scaleout import SharedBridge
@@ -243,8 +254,24 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
                                       worker_id=stores.worker_id)
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
+    if scheduler is not None:
+        scheduler.attach(bridge)
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
-                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None)
+                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None,
+                   scheduler=scheduler)
+
+
+def build_scheduler(settings: Settings, stores: Stores) -> Scheduler | None:
+    """Scheduled tasks on the stores' task store; ConfigError for a TALON_TIMEZONE that is no zone."""
+    if stores.tasks is None:
+        return None
+    config = SchedulerSettings(misfire_grace_s=settings.task_misfire_grace_s, tasks_per_chat=settings.tasks_per_chat,
+                               min_interval_s=settings.task_min_interval_s, timezone=settings.timezone,
+                               poll_s=settings.task_poll_s)
+    try:
+        return Scheduler(stores.tasks, stores.gate, config)
+    except ScheduleError as exc:
+        raise ConfigError(f"TALON_TIMEZONE: {exc}", ["TALON_TIMEZONE"]) from None
 
 
 def voice_replies(settings: Settings) -> VoiceReplies | None:

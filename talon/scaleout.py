@@ -65,7 +65,8 @@ class SharedBridge(Bridge):
         command = command_of(message)
         if command == "/stop":
             self._stops[message.key] = self._cancel(conversation_key(message), "stop")
-        elif self.busy_mode == "interrupt" and not command and message.edited_at is None:
+        elif (self.busy_mode == "interrupt" and not command and message.edited_at is None
+              and message.scheduled is None):
             self._cancel(conversation_key(message), "interrupt")
         self._claim(ChatKey(message.channel, message.chat_id))
         return True

@@ -19,12 +19,14 @@ from talon.agent.session import SessionStore
 from talon.attachments import AttachmentStore
 from talon.config import Settings
 from talon.inbox import Inbox, InboxStore
+from talon.storage.embedded.tasks import SqliteTaskStore
 
 if TYPE_CHECKING:
     from channels.media_links import MediaLinks
     from talon.pg.db import Database
     from talon.pg.leases import Leases
     from talon.storage.postgres.db import AsyncDatabase
+    from talon.storage.tasks import TaskStore
 
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class Stores:
     # The async pool the async stores use (opened by ``start``); the sync ``db`` goes as the
     # existing stores move onto it.
     adb: "AsyncDatabase | None" = None
+    tasks: "TaskStore | None" = None  # scheduled tasks (talon.storage.tasks)
 
     @property
     def shared(self) -> bool:
@@ -69,6 +72,8 @@ class Stores:
             await self.adb.open()
 
     async def aclose(self) -> None:
+        if self.tasks is not None:
+            await self.tasks.aclose()
         if self.adb is not None:
             await self.adb.close()
         self.close()
@@ -109,6 +114,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             inbox=Inbox(settings.data_dir / "inbox.sqlite3"),
             gate=AccessGate.from_settings(settings),
             worker_id=worker,
+            tasks=SqliteTaskStore(settings.data_dir / "tasks.sqlite3"),
         )
     from talon.pg.access import PgAccessGate
     from talon.pg.attachments import PgAttachmentStore
@@ -117,6 +123,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.pg.leases import Leases
     from talon.pg.sessions import PgSessionStore
     from talon.storage.postgres.db import AsyncDatabase
+    from talon.storage.postgres.tasks import PgTaskStore
     from talon.workspace_marker import check_shared_dirs
 
     db = Database(settings.database_url, max_size=settings.database_pool_size)
@@ -126,6 +133,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         if check_dirs:
             deployment = check_shared_dirs(db, {"TALON_MEDIA_ROOT": settings.media_root,
                                                 "TALON_DATA_DIR": settings.data_dir / "sessions"})
+        adb = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
         return Stores(
             attachments=PgAttachmentStore(db, settings.data_dir / "attachments"),
             sessions=PgSessionStore(db, settings.data_dir),
@@ -135,7 +143,8 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             db=db,
             leases=Leases(db, worker, settings.lease_s),
             deployment=deployment,
-            adb=AsyncDatabase(settings.database_url, max_size=settings.database_pool_size),
+            adb=adb,
+            tasks=PgTaskStore(adb),
         )
     except BaseException:
         db.close()
