@@ -87,6 +87,7 @@ class Scheduler:
         self.bridge: "Bridge | None" = None
         self._loop: asyncio.Task[None] | None = None
         self._stopping = False
+        self.ticks = 0  # polls finished: how tests (and operators) see the loop is alive
 
     def attach(self, bridge: "Bridge") -> None:
         """The bridge runs are submitted to (built after the agent, which holds our tools)."""
@@ -255,6 +256,7 @@ class Scheduler:
             handed += await self._submit(task, run.due)
         for task in await self.store.due(now):
             handed += await self._fire(task, now)
+        self.ticks += 1
         return handed
 
     async def _fire(self, task: Task, now: float) -> int:
