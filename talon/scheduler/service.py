@@ -328,12 +328,13 @@ class Scheduler:
         run = message.scheduled
         if run is None:
             return
+        due = w.iso_local(run.due, w.UTC)
         if status == FAILED:
             log.error("task %s in %s:%s: run due %s failed: %s", run.task_id, message.channel,
-                      message.conversation_id, run.due, reason)
+                      message.conversation_id, due, reason)
         elif status == DELIVERED:
             log.info("task %s in %s:%s: run due %s delivered", run.task_id, message.channel,
-                     message.conversation_id, run.due)
+                     message.conversation_id, due)
         await self._record(run.task_id, run.due, status, reason)
 
     async def _record(self, task_id: str, due: float, status: str, reason: str = "") -> None:

@@ -29,6 +29,7 @@ from croniter import croniter
 from talon.errors import ScheduleError
 
 ONCE, EVERY, CRON = "once", "every", "cron"
+UTC = ZoneInfo("UTC")
 
 _UNITS = {
     "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
