@@ -64,6 +64,9 @@ _lingering: set[asyncio.Task[None]] = set()
 class Channel(abc.ABC):
     name: str
     typing_interval_s: float = 4.0
+    # Whether senders pass the access gate on this channel; a scheduled task's owner is checked
+    # against it again before each run. The console's one person is the machine's user: no gate.
+    gated: bool = True
 
     @abc.abstractmethod
     async def start(self, bridge: "Bridge") -> None:

@@ -51,6 +51,7 @@ def _valid_text(line: str) -> str:
 
 class ConsoleChannel(Channel):
     name = "console"
+    gated = False
 
     def __init__(self, *, chat_id: str = "local", stdin: TextIO | None = None,
                  stdout: TextIO | None = None, media_root: Path | None = None) -> None:

@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import pytest_asyncio
 
+from talon.access import AccessGate
 from talon.envelope import InboundMessage, OutboundReply
 from talon.errors import DeliveryError, ScheduleError
 from talon.pg.db import Database, migrate_schema
@@ -233,6 +234,7 @@ class Gate:
 
 class Chan:
     name = "telegram"
+    gated = True
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, OutboundReply]] = []
@@ -312,17 +314,40 @@ async def test_a_run_missed_beyond_the_grace_is_reported_and_a_repeat_runs_no_ba
     assert await scheduler.tick() == 0
 
 
-async def test_a_revoked_owner_does_not_run(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_revoked_owner_does_not_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock(NOW)
+    gate = AccessGate(tmp_path / "access.sqlite3", {"telegram": set()}, pairing=True)
+    pairing = gate.request_pairing("telegram", "444", "Dora")
+    assert pairing is not None
+    gate.approve(pairing.code)
+    scheduler = Scheduler(MemoryTaskStore(), gate, SchedulerSettings(), clock=clock)
+    bridge = FakeBridge()
+    scheduler.attach(bridge)  # type: ignore[arg-type]
+    dora = person().model_copy(update={"chat_id": "444", "sender_id": "444", "sender_name": "Dora"})
+    allowed = await scheduler.schedule(dora, "in 10 minutes", "allowed")
+    revoked = await scheduler.schedule(dora, "in 20 minutes", "secret")
+    clock.now += 601
+    assert await scheduler.tick() == 1  # still allowed: it runs
+    gate.revoke("telegram", "444")
+    clock.now += 600
+    assert await scheduler.tick() == 0
+    assert [m.scheduled.task_id for m in bridge.inbox.values() if m.scheduled] == [allowed.id]
+    [run] = await scheduler.store.runs(revoked.id)
+    assert run.status == FAILED and run.reason == "access revoked: Dora is no longer allowed to use this bot"
+    assert f"task {revoked.id} in telegram:444 does not run" in caplog.text
+    gate.close()
+
+
+async def test_the_console_has_no_gate_to_check() -> None:
     clock = Clock(NOW)
     scheduler, bridge, gate = make(clock)
-    made = await scheduler.schedule(person(), "in 10 minutes", "secret")
     gate.allowed_ids.clear()
-    clock.now += 601
-    assert await scheduler.tick() == 0
-    assert bridge.inbox == {}
-    [run] = await scheduler.store.runs(made.id)
-    assert run.status == FAILED and "access revoked" in run.reason
-    assert f"task {made.id}" in caplog.text and "no longer allowed" in caplog.text
+    bridge.channels["console"] = Chan()
+    bridge.channels["console"].gated = False
+    local = person().model_copy(update={"channel": "console", "chat_id": "local", "sender_id": "console"})
+    await scheduler.schedule(local, "in 1 minute", "tea")
+    clock.now += 61
+    assert await scheduler.tick() == 1
 
 
 async def test_three_failed_runs_pause_the_task_and_the_owner_is_told() -> None:

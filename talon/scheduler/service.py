@@ -54,6 +54,7 @@ TASK_TEXT_MAX = 2000
 RESUBMIT_AFTER_S = 15.0
 # How many finished tasks /tasks still shows, latest first.
 SHOWN_FINISHED = 5
+ACCESS_REVOKED = "access revoked"
 
 
 @dataclass(frozen=True)
@@ -288,16 +289,18 @@ class Scheduler:
     def _denied(self, task: Task) -> str:
         """Why the task's owner may not have it run now; "" when they may."""
         origin = _origin_of(task)
+        channel = self.bridge.channels.get(task.channel) if self.bridge is not None else None
+        if channel is not None and not channel.gated:
+            return ""
         if origin.is_group:
-            channel = self.bridge.channels.get(task.channel) if self.bridge is not None else None
             listed = getattr(channel, "allowed_chats", None)
             if isinstance(listed, set) and task.chat_id.lstrip("-").isdigit() and int(task.chat_id) not in listed:
-                return "access revoked: the group is no longer served (TALON_TELEGRAM_ALLOWED_CHATS)"
+                return f"{ACCESS_REVOKED}: the group is no longer served (TALON_TELEGRAM_ALLOWED_CHATS)"
             return ""
         identities = [origin.sender_id] + ([f"@{origin.sender_username}"] if origin.sender_username else [])
         if self.gate.allowed(task.channel, identities):
             return ""
-        return f"access revoked: {_who(origin)} is no longer allowed to use this bot"
+        return f"{ACCESS_REVOKED}: {_who(origin)} is no longer allowed to use this bot"
 
     def run_message(self, task: Task, due: float) -> InboundMessage:
         """The inbox message of the run of ``task`` due at ``due``."""
@@ -345,6 +348,8 @@ class Scheduler:
         log.error("task %s in %s:%s paused after %d failed runs in a row (last: %s); the owner can resume "
                   "it with /tasks resume %s", task.id, task.channel, task.chat_id, task.failures, reason,
                   task.id)
+        if reason.startswith(ACCESS_REVOKED):
+            return  # the chat is no longer served: nothing is sent to it
         await self._tell(task, f"I paused the scheduled task {task.id} ({task.text[:80]!r}) after "
                                f"{task.failures} failed runs in a row (last: {reason}). "
                                f"/tasks resume {task.id} starts it again.")
