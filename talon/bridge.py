@@ -289,6 +289,7 @@ class Bridge:
             await self._deliver(channel, message, OutboundReply(
                 text="Sorry, I could not process your message (it failed several times). "
                      "Please send it again or rephrase it."))
+            self._refused.pop(message.key, None)
             return
 
         command = await self._command(chat, message)
@@ -529,7 +530,8 @@ class Bridge:
             except DeliveryError as exc:
                 if exc.permanent:
                     log.error("%s: the platform refused the reply (%s); not retrying", ids, exc)
-                    self._refused[key] = str(exc)
+                    if message.scheduled is not None:  # the run's record says why
+                        self._refused[key] = str(exc)
                     return "refused"
                 if attempt == len(self.delivery_backoff_s):
                     log.error("%s: reply still undeliverable (%s); it stays pending and is resumed "

@@ -6,6 +6,7 @@ on each tick once and stops when cancelled; limits are refused with the reason."
 from __future__ import annotations
 
 import json
+import re
 import logging
 import time
 from collections.abc import Callable
@@ -202,15 +203,21 @@ async def test_limits_refuse_with_the_reason(tmp_path: Path, tg: FakeTelegram, l
         "plan": lambda: [FakeOpenAI.tool_call("schedule_task", {"when": "in 1 hour", "task": "first"}),
                          FakeOpenAI.tool_call("schedule_task", {"when": "in 2 hours", "task": "second"})],
         "often": lambda: FakeOpenAI.tool_call("schedule_task", {"when": "every 10 seconds", "task": "spam"}),
-        "zone": lambda: FakeOpenAI.tool_call("set_timezone", {"timezone": "Berlin"}),
+        "zone is Berlin": lambda: FakeOpenAI.tool_call("set_timezone", {"timezone": "Berlin"}),
+        "in Berlin": lambda: FakeOpenAI.tool_call("set_timezone", {"timezone": "Europe/Berlin"}),
     })
     async with running(settings_for(tmp_path, tg, llm, TALON_TASKS_PER_CHAT=1)):
-        for n, words in enumerate(("plan two things", "often please", "zone is Berlin"), start=1):
+        for n, words in enumerate(("plan two things", "often please", "zone is Berlin", "I am in Berlin"), start=1):
             tg.push_update(tg.text_message(ALICE, words, user_id=ALICE))
             await tg.wait_for("sendMessage", text_is(ALICE, "Done."), count=n, timeout=20)
+        tg.push_update(tg.text_message(ALICE, "/tasks", user_id=ALICE))
+        [listing] = await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "It is now" in c.params["text"],
+                                      timeout=20)
+    assert re.search(r"It is now .* CES?T \(time zone Europe/Berlin\)", listing.params["text"]), listing.params["text"]
     results = tool_results(llm)
     assert results[0].startswith("Scheduled task ")
     assert ("Error: not scheduled: this chat already has 1 scheduled tasks, the limit (TALON_TASKS_PER_CHAT): "
             "cancel one first") in results[1]
     assert "more often than the limit of once every 5 min (TALON_TASK_MIN_INTERVAL)" in results[2]
     assert "unknown time zone 'Berlin'" in results[3]
+    assert results[4].startswith("This chat's time zone is now Europe/Berlin")

@@ -179,3 +179,53 @@ def test_two_workers_on_postgresql_run_each_due_task_once(tmp_path: Path, pg_url
     with psycopg.connect(pg_url) as conn:
         runs = conn.execute("SELECT status, count(*) FROM talon_task_runs GROUP BY status").fetchall()
     assert runs == [("delivered", len(users))]
+
+
+def test_runs_missed_beyond_the_grace_are_reported_and_a_repeat_runs_no_backlog(
+        tmp_path: Path, fakes: tuple[FakeTelegram, FakeOpenAI]) -> None:
+    tg, llm = fakes
+    runs: list[str] = []
+
+    def respond(request: dict[str, Any]) -> Any:
+        if request["messages"][-1]["role"] == "tool":
+            return "Done."
+        text = last_user_text(request)
+        if SCHEDULED in text:
+            runs.append(text)
+            return f"Ran: {text.splitlines()[-1]}"
+        if text.startswith("set up"):
+            return [FakeOpenAI.tool_call("schedule_task", {"when": "PT4S", "task": "Once"}),
+                    FakeOpenAI.tool_call("schedule_task", {"when": "every PT2S", "task": "Repeat"})]
+        return f"echo: {text}"
+
+    llm.default_responder = respond
+    env = {**env_for(tmp_path, tg, llm), "TALON_TASK_MISFIRE_GRACE": "1", "TALON_TASK_MIN_INTERVAL": "1"}
+    proc, first = start_talon(tmp_path, env, "first.log")
+    try:
+        update = tg.text_message(ALICE, "set up two tasks", user_id=ALICE)
+        tg.push_update(update)
+        tg.wait_for_sync("sendMessage", lambda c: c.params.get("text") == "Done.", timeout=60)
+        wait_until(lambda: answered(tmp_path, f"telegram:{ALICE}:{update['message']['message_id']}"), 30,
+                   "the request to be recorded as answered")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    killed_at = time.time()
+    assert not runs, "a task ran before the kill: the test proves nothing"
+    # Down for over three repeats and well past the grace of both runs.
+    wait_until(lambda: time.time() > killed_at + 8, 30, "eight seconds of downtime")
+    proc, second = start_talon(tmp_path, env, "second.log")
+    try:
+        tg.wait_for_sync("sendMessage", lambda c: c.params.get("text") == "Ran: Repeat", count=2, timeout=60)
+        restarted = time.time()
+        listing = tasks_listing(tg, ALICE)
+    finally:
+        stop_talon(proc)
+    log = second.read_text()
+    notices = [t for t in texts_to(tg, ALICE) if t.startswith("I missed the scheduled task")]
+    assert len(notices) == 2 and any("'Once'" in n for n in notices) and any("'Repeat'" in n for n in notices), log
+    assert "missed its run due" in log
+    assert not any(r.endswith("\nOnce") for r in runs)  # the one-off is missed, not run late
+    # No backlog: after the restart, runs only at the regular ticks from then on.
+    assert len(runs) <= 2 + (time.time() - restarted) / 2 + 1, runs
+    assert "'Once' (once) \u00b7 done \u00b7 last run" in listing and ": missed (it was due" in listing, listing

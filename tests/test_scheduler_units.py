@@ -5,6 +5,7 @@ missed, no backlog, access revoked, paused after three failures) with an injecte
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -421,3 +422,15 @@ async def test_a_run_claimed_by_a_worker_that_died_is_handed_over_once() -> None
 def test_local_times_use_the_zone_name() -> None:
     assert w.local_time(ts(2026, 7, 1, 6, 0), BERLIN) == "Wed 01 Jul 2026 08:00 CEST"
     assert datetime.fromtimestamp(NOW, timezone.utc).hour == 12
+
+
+async def test_a_broken_task_holds_up_no_other(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock(NOW)
+    store = MemoryTaskStore()
+    scheduler, bridge, _ = make(clock, store)
+    await store.add(dataclasses.replace(task("bad", chat="111", next_run=NOW + 1), origin="not json"), max_active=9)
+    good = await scheduler.schedule(person(), "in 2 seconds", "fine")
+    clock.now += 3
+    assert await scheduler.tick() == 1
+    assert [m.scheduled.task_id for m in bridge.inbox.values() if m.scheduled] == [good.id]
+    assert "task bad in telegram:111: could not be handled now (ValidationError" in caplog.text

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
@@ -252,13 +252,33 @@ class Scheduler:
         now = self.clock()
         handed = 0
         for task, run in await self.store.claimed_before(now - RESUBMIT_AFTER_S):
-            log.warning("task %s: the run due %s was claimed but never reached the inbox; handing it over",
-                        task.id, w.iso_local(run.due, w.zone_named(task.timezone)))
-            handed += await self._submit(task, run.due)
+            handed += await self._guarded(task, self._hand_over(task, run, now))
         for task in await self.store.due(now):
-            handed += await self._fire(task, now)
+            handed += await self._guarded(task, self._fire(task, now))
         self.ticks += 1
         return handed
+
+    async def _guarded(self, task: Task, step: Awaitable[int]) -> int:
+        """One task's step; its failure (a store error, a broken row) holds up no other task."""
+        try:
+            return await step
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("task %s in %s:%s: could not be handled now (%s: %s); trying again at the next poll",
+                      task.id, task.channel, task.chat_id, type(exc).__name__, exc)
+            return 0
+
+    async def _hand_over(self, task: Task, run: TaskRun, now: float) -> int:
+        """A run claimed by a worker that died before the inbox had it."""
+        if now - run.due > self.settings.misfire_grace_s:
+            log.warning("task %s: the run due %s was claimed but never reached the inbox; it is too late now",
+                        task.id, w.iso_local(run.due, w.UTC))
+            await self._record(task.id, run.due, MISSED, "claimed by a worker that stopped before running it")
+            return 0
+        log.warning("task %s: the run due %s was claimed but never reached the inbox; handing it over",
+                    task.id, w.iso_local(run.due, w.UTC))
+        return await self._submit(task, run.due)
 
     async def _fire(self, task: Task, now: float) -> int:
         assert task.next_run is not None
