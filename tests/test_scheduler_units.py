@@ -16,13 +16,15 @@ import pytest_asyncio
 
 from talon.access import AccessGate
 from talon.envelope import InboundMessage, OutboundReply
-from talon.errors import DeliveryError, ScheduleError
+from talon.errors import ConfigError, DeliveryError, ScheduleError
 from talon.pg.db import Database, migrate_schema
+from talon.runtime import build_scheduler
 from talon.scheduler import Scheduler, SchedulerSettings
 from talon.scheduler import when as w
 from talon.storage.embedded.tasks import SqliteTaskStore
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.postgres.tasks import PgTaskStore
+from talon.stores import open_stores
 from talon.storage.tasks import (
     ACTIVE,
     CANCELLED,
@@ -39,6 +41,7 @@ from talon.storage.tasks import (
     TaskRun,
     TaskStore,
 )
+from tests.conftest import make_settings
 
 BERLIN = ZoneInfo("Europe/Berlin")
 UTC = ZoneInfo("UTC")
@@ -434,3 +437,14 @@ async def test_a_broken_task_holds_up_no_other(caplog: pytest.LogCaptureFixture)
     assert await scheduler.tick() == 1
     assert [m.scheduled.task_id for m in bridge.inbox.values() if m.scheduled] == [good.id]
     assert "task bad in telegram:111: could not be handled now (ValidationError" in caplog.text
+
+
+async def test_an_unknown_talon_timezone_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9/v1", TALON_TIMEZONE="Mars/Olympus")
+    stores = open_stores(settings)
+    try:
+        with pytest.raises(ConfigError, match="TALON_TIMEZONE: unknown time zone 'Mars/Olympus'") as err:
+            build_scheduler(settings, stores)
+        assert err.value.missing == ["TALON_TIMEZONE"]
+    finally:
+        await stores.aclose()
