@@ -33,6 +33,7 @@ from talon.storage.tasks import (
     CANCELLED,
     CLAIMED,
     DELIVERED,
+    DONE,
     DUE,
     FAILED,
     MISSED,
@@ -174,8 +175,8 @@ class Scheduler:
         zone = await self.zone_for(message.channel, message.chat_id)
         now = self.clock()
         tasks = await self.tasks_of(message)
-        live = [t for t in tasks if t.status in (ACTIVE, PAUSED)]
-        finished = sorted((t for t in tasks if t.status not in (ACTIVE, PAUSED)),
+        live = [t for t in tasks if t.status in (ACTIVE, PAUSED) or _in_flight(t)]
+        finished = sorted((t for t in tasks if t not in live),
                           key=lambda t: t.last_due or t.created, reverse=True)[:SHOWN_FINISHED]
         head = f"It is now {w.local_time(now, zone)} (time zone {zone.key})."
         if not live and not finished:
@@ -197,7 +198,7 @@ class Scheduler:
             parts.append(f"next {w.local_time(task.next_run, zone)}")
         elif task.status == PAUSED:
             parts.append(f"PAUSED after {task.failures} failed runs in a row")
-        elif task.status != ACTIVE:
+        elif not _in_flight(task):
             parts.append(task.status)
         if task.last_status and task.last_due is not None:
             last = f"last run {w.local_time(task.last_due, zone)}: {_outcome_word(task.last_status)}"
@@ -383,6 +384,11 @@ class Scheduler:
             await channel.deliver(task.chat_id, OutboundReply(text=text, thread_id=task.thread_id))
         except (DeliveryError, OSError) as exc:
             log.warning("task %s: could not tell the chat %s:%s (%s)", task.id, task.channel, task.chat_id, exc)
+
+
+def _in_flight(task: Task) -> bool:
+    """A task with no run ahead whose last run is still on its way (a one-off being answered)."""
+    return task.status == DONE and task.last_status in (CLAIMED, DUE, STARTED)
 
 
 def _outcome_word(status: str) -> str:
