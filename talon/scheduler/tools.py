@@ -39,24 +39,17 @@ class _SchedulerTool(Tool):
 class ScheduleTaskTool(_SchedulerTool):
     name = "schedule_task"
     description = (
-        "Schedule a task to run later in this chat: a reminder, a report, a check. When it is due you "
-        "are asked `task` again, as a scheduled task in this conversation, and your answer is sent "
-        "here. `when`: an ISO 8601 date-time with its offset (2026-12-02T08:00:00+01:00; without an "
-        "offset it is read in the chat's time zone), a delay from now (PT90S, in 2 hours), or a repeat: "
-        "'every <duration>' (every 6 hours) or a five-field cron expression in the chat's time zone "
-        "(0 8 * * 1-5 = weekdays at 08:00). If you need today's date or the time, call list_tasks "
-        "first: it says the current time in the chat's zone."
+        "Run a task later in this chat (reminder, report, check); when due you get `task` as a scheduled "
+        "turn and your answer is sent here. For today's date and time call list_tasks."
     )
     parameters = {
         "type": "object",
         "properties": {
-            "when": {"type": "string", "description": "When it runs (see above)."},
-            "task": {"type": "string",
-                     "description": "What to do then, in words, as you will be asked it (e.g. "
-                                    "'Remind the person to call the dentist')."},
-            "timezone": {"type": "string",
-                         "description": "IANA time zone for this task (e.g. Europe/Berlin); default: "
-                                        "the chat's."},
+            "when": {"type": "string",
+                     "description": "ISO date-time with offset, a delay (PT90S, in 2 hours), or a repeat: "
+                                    "'every 6 hours' or cron '0 8 * * 1-5' (chat's time zone)."},
+            "task": {"type": "string", "description": "What to do then, in words."},
+            "timezone": {"type": "string", "description": "IANA zone; default the chat's."},
         },
         "required": ["when", "task"],
     }
@@ -79,8 +72,7 @@ class ScheduleTaskTool(_SchedulerTool):
 
 class ListTasksTool(_SchedulerTool):
     name = "list_tasks"
-    description = ("List this chat's scheduled tasks with their ids, next run and last outcome, and the "
-                   "current time in the chat's time zone.")
+    description = "This chat's scheduled tasks (ids, next run, last outcome) and the current time."
     parameters: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
 
     async def run(self, args: dict[str, Any]) -> ToolResult:
@@ -89,10 +81,10 @@ class ListTasksTool(_SchedulerTool):
 
 class CancelTaskTool(_SchedulerTool):
     name = "cancel_task"
-    description = "Cancel one of this chat's scheduled tasks by its id (see list_tasks)."
+    description = "Cancel one of this chat's scheduled tasks."
     parameters = {
         "type": "object",
-        "properties": {"id": {"type": "string", "description": "The task's id, e.g. 3f9a1c2b."}},
+        "properties": {"id": {"type": "string", "description": "The task's id."}},
         "required": ["id"],
     }
 
@@ -106,9 +98,7 @@ class CancelTaskTool(_SchedulerTool):
 
 class SetTimezoneTool(_SchedulerTool):
     name = "set_timezone"
-    description = ("Set this chat's time zone when the person tells you where they are or which zone they "
-                   "want (\"I'm in Berlin\" -> Europe/Berlin). Times of tasks are shown and cron "
-                   "schedules read in it.")
+    description = "Set this chat's time zone when the person says where they are."
     parameters = {
         "type": "object",
         "properties": {"timezone": {"type": "string", "description": "IANA name, e.g. Europe/Berlin."}},
