@@ -31,7 +31,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from talon.attachments import AttachmentStore  # noqa: E402
+from talon.storage.embedded.attachments import FileAttachments  # noqa: E402
 from talon.config import Limits  # noqa: E402
 from talon.content import ImageBlock, InboundFile, TextBlock  # noqa: E402
 from talon.media.inbound import InboundContext, normalize_inbound  # noqa: E402
@@ -75,8 +75,8 @@ async def talon_photo(ctx: InboundContext, photo: InboundFile) -> float:
 def photo_ratio(work: Path) -> tuple[float, float, float, int]:
     work.mkdir(parents=True, exist_ok=True)
     path = make_photo(work / "photo.jpg")
-    ctx = InboundContext(store=AttachmentStore(work / "store"), media_root=work / "media", save_dir="inbox/bench")
-    ref = ctx.store.put_bytes(path.read_bytes(), mime="image/jpeg", name="photo.jpg")
+    ctx = InboundContext(store=FileAttachments(work / "store"), media_root=work / "media", save_dir="inbox/bench")
+    ref = ctx.store.blocking.put_bytes(path.read_bytes(), mime="image/jpeg", name="photo.jpg")
     photo = InboundFile(kind="photo", ref=ref, name="photo.jpg", mime="image/jpeg", size=ref.bytes)
     ours: list[float] = []
     floor: list[float] = []
@@ -123,7 +123,7 @@ def _reset_peak_rss() -> bool:
 
 
 def document_memory(work: Path) -> tuple[float, float | None, str]:
-    ctx = InboundContext(store=AttachmentStore(work / "store"), media_root=work / "media", save_dir="inbox/bench")
+    ctx = InboundContext(store=FileAttachments(work / "store"), media_root=work / "media", save_dir="inbox/bench")
 
     async def receive_and_normalize() -> str:
         ref = await ctx.store.put_stream(_chunks(20 * MB), mime="text/plain", name="server.log", limit=20 * MB)

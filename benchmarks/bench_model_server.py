@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from talon.agent.discovery import discover  # noqa: E402
 from talon.agent.loop import Agent  # noqa: E402
 from talon.agent.openai_provider import OpenAIProvider  # noqa: E402
-from talon.agent.session import ChatKey, SessionStore  # noqa: E402
+from talon.storage.sessions import ChatKey
+from talon.storage.embedded.sessions import JsonlSessions  # noqa: E402
 from talon.content import Message  # noqa: E402
 from tests.llama_server import available  # noqa: E402
 
@@ -90,7 +91,7 @@ async def turns_cpu(base_url: str, stream: bool, turns: int) -> float:
         if True:
             provider = OpenAIProvider("gpt-fake", api_key="k", base_url=base_url, hydrate=lambda b: "",
                                       stream=stream, max_retries=0)
-            agent = Agent(provider, SessionStore(Path(tmp)))
+            agent = Agent(provider, JsonlSessions(Path(tmp)))
             sink: list[str] = []
 
             async def on_text(delta: str) -> None:

@@ -10,7 +10,7 @@ messages each, so that what limits is the work the workers do, not one chat's tu
 one after another whatever the number of workers. The time is from the first
 post to the last reply; the figure is messages / time, and the ratio is against one worker in this
 same run; each count runs ROUNDS times, alternating, and the best is shown (this machine is shared,
-and a burst of load elsewhere only ever slows a round down). Round trips are each worker's own count (``talon.pg.db.Database.round_trips``, logged at
+and a burst of load elsewhere only ever slows a round down). Round trips are each worker's own count (``talon.storage.postgres.db.AsyncDatabase.round_trips``, logged at
 stop), summed, including what idle workers spend on lease renewal and the scan for orphaned chats.
 
 The workers share the machine's cores with the fakes and the database, so the ratio says how far

@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import httpx
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import AttachmentRef, InboundFile
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
@@ -19,6 +20,7 @@ from talon.errors import DownloadTooLarge
 
 if TYPE_CHECKING:
     from talon.bridge import Bridge
+    from talon.media.received import ReceivedNote
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +63,26 @@ async def store_response(resp: httpx.Response, store: AttachmentStore, remote: R
 _lingering: set[asyncio.Task[None]] = set()
 
 
+@dataclass(frozen=True)
+class ChannelHealth:
+    """Whether a channel can do its job now (``GET /healthz``), and in one line why or why not."""
+
+    ok: bool
+    detail: str
+
+
 class Channel(abc.ABC):
     name: str
     typing_interval_s: float = 4.0
     # Whether senders pass the access gate on this channel; a scheduled task's owner is checked
     # against it again before each run. The console's one person is the machine's user: no gate.
     gated: bool = True
+
+    def health(self) -> ChannelHealth:
+        """Whether messages can arrive and replies leave now, from the channel's own state (never a
+        network call: /healthz is asked often). Platform channels say more; this default is for
+        channels with nothing to watch (the console)."""
+        return ChannelHealth(True, "running")
 
     @abc.abstractmethod
     async def start(self, bridge: "Bridge") -> None:
@@ -75,7 +91,7 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None: ...
 
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], None] | None = None,
+    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
                    resume_id: str | None = None) -> LiveReply | None:
         """Where the answer to ``message`` is shown while it is written; None (the default):
         the chat sees only the finished reply. A live view that posts a message which the final
@@ -88,6 +104,10 @@ class Channel(abc.ABC):
 
     async def unacknowledge(self, message: InboundMessage) -> None:  # noqa: B027 - optional
         """Take that sign away again: the reply has been delivered."""
+
+    def show_received(self, message: InboundMessage, notes: "list[ReceivedNote]") -> None:  # noqa: B027
+        """Show the person what the model got of their files (an image it could not see, a voice
+        note's transcript); chat apps keep quiet (the default), the console prints them."""
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""

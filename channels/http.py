@@ -7,7 +7,10 @@ Routes must be added before ``start`` (aiohttp freezes the router when it starts
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -45,6 +48,25 @@ class AbortLog:
         log.warning("http: %s %s from %s: the client closed the connection before the request "
                     "was complete; ignored%s", request.method, request.path, request.remote or "?", more)
         self._last, self._quiet = now, 0
+
+
+def listen_error(host: str, port: int, exc: OSError) -> ConfigError:
+    """Which setting is at fault and what is wrong with its value; both have values, so neither
+    is "missing" (``ConfigError.missing`` names the setting to change)."""
+    # asyncio rewords strerror ("error while attempting to bind on address ..."): the plain one.
+    plain = exc.strerror if isinstance(exc, socket.gaierror) else os.strerror(exc.errno) if exc.errno else None
+    reason = (plain or str(exc)).lower()
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(f"TALON_HTTP_PORT={port}: address already in use on {host} (another program "
+                           "listens there: stop it, or choose a free port)", ["TALON_HTTP_PORT"])
+    if exc.errno == errno.EACCES:
+        return ConfigError(f"TALON_HTTP_PORT={port}: permission denied (ports below 1024 need privileges; "
+                           "choose a port above 1024)", ["TALON_HTTP_PORT"])
+    if exc.errno == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):
+        return ConfigError(f"TALON_HTTP_HOST={host}: {reason} (not an address of this machine; "
+                           "127.0.0.1 or 0.0.0.0 are)", ["TALON_HTTP_HOST"])
+    return ConfigError(f"TALON_HTTP_HOST={host}, TALON_HTTP_PORT={port}: cannot listen ({reason})",
+                       ["TALON_HTTP_HOST", "TALON_HTTP_PORT"])
 
 
 class HttpServer:
@@ -100,11 +122,7 @@ class HttpServer:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise ConfigError(
-                f"cannot listen on {self.host}:{self.requested_port} ({exc.strerror or exc}); "
-                "change TALON_HTTP_HOST / TALON_HTTP_PORT",
-                ["TALON_HTTP_HOST", "TALON_HTTP_PORT"],
-            ) from exc
+            raise listen_error(self.host, self.requested_port, exc) from exc
         self._runner = runner
         self._port = int(runner.addresses[0][1])
         log.info("http: listening on %s:%d", self.host, self._port)

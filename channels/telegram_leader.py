@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from talon.pg.leases import Leases
+from talon.storage.leases import Leases
 
 if TYPE_CHECKING:
     from channels.telegram import TelegramChannel
@@ -37,7 +37,7 @@ class PollLeader:
         try:
             while True:
                 try:
-                    have = self.leases.acquire(self.name)  # also renews it while ours
+                    have = await self.leases.acquire(self.name)  # also renews it while ours
                 except Exception as exc:
                     log.error("telegram: cannot reach the database for the polling lease (%s)", exc)
                     have = False

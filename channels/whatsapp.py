@@ -59,17 +59,18 @@ from twilio.http.async_http_client import AsyncTwilioHttpClient
 from twilio.request_validator import RequestValidator
 from twilio.rest import Client
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
+from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.config import Limits, Settings, normalize_whatsapp_number
 from talon.content import AttachmentRef, InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
-from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError
+from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError, StoreUnavailable
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, long_reply_note, reply_document
 from talon.render.whatsapp import markdown_to_whatsapp, split_for_whatsapp
 
-from channels.base import Channel, PartCallback, deliver_parts, store_response
+from channels.base import Channel, ChannelHealth, PartCallback, deliver_parts, store_response
 from channels.http import HttpServer
 from channels.media_links import MediaLinks
 from channels.whatsapp_media import CAPTIONED_KINDS, WhatsAppMedia, fit_for_whatsapp, meant_as_voice
@@ -402,8 +403,8 @@ class WhatsAppChannel(Channel):
 
     def __init__(self, settings: Settings, *, http: HttpServer | None = None,
                  retry_base_s: float = 1.0, media_drain_s: float = MEDIA_DRAIN_S,
-                 links: Callable[[Path, str, float], MediaLinks] | None = None) -> None:
-        # ``links`` makes the table of media links (channels.shared_media_links with many workers).
+                 links: MediaLinkStore | None = None) -> None:
+        # ``links`` holds the table of media links (in PostgreSQL with many workers; default in memory).
         check_whatsapp_settings(settings)
         self.settings = settings
         self.limits: Limits = settings.limits()
@@ -422,7 +423,8 @@ class WhatsAppChannel(Channel):
         self._owns_http = http is None
         self.http = http or HttpServer(settings.http_host, settings.http_port)
         self.links: MediaLinks | None = (
-            (links or MediaLinks)(settings.media_root, self.public_base_url, settings.media_url_ttl_s)
+            MediaLinks(links or MemoryMediaLinks(), settings.media_root, self.public_base_url,
+                       settings.media_url_ttl_s)
             if self.public_base_url else None
         )
         self.http.add_route("POST", self.webhook_path, self._on_webhook)
@@ -434,6 +436,7 @@ class WhatsAppChannel(Channel):
         self._twilio_http: _TwilioHttp | None = None
         self._download: httpx.AsyncClient | None = None
         self._pairing_sends: set[asyncio.Task[None]] = set()
+        self._state = "not started"  # "up" between start and stop (health)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, bridge: Any) -> None:
@@ -463,6 +466,15 @@ class WhatsAppChannel(Channel):
         log.info("whatsapp: webhook at %s%s (listening on %s:%s), sending as %s",
                  self.public_base_url or "<no public URL>", self.webhook_path, self.http.host,
                  self.http.port if self.http.running else self.http.requested_port, self.sender)
+        self._state = "up"
+
+    def health(self) -> ChannelHealth:
+        if self._state != "up":
+            return ChannelHealth(False, self._state)
+        if not self.http.running:
+            return ChannelHealth(False, "Talon's HTTP server is not listening: Twilio's webhooks cannot arrive")
+        return ChannelHealth(True, f"ready: webhook {self.public_base_url or '<no public URL>'}{self.webhook_path}, "
+                                   f"sending as {self.sender}")
 
     async def drain(self) -> None:
         if self.links is None or self.media_drain_s <= 0:
@@ -474,6 +486,7 @@ class WhatsAppChannel(Channel):
                         self.settings.media_url_ttl_s)
 
     async def stop(self) -> None:
+        self._state = "stopped"
         if self._owns_http:
             await self.http.stop()
         for task in self._pairing_sends:
@@ -540,8 +553,8 @@ class WhatsAppChannel(Channel):
             log.warning("whatsapp: ignoring a non-WhatsApp message from %s (MessageSid=%s); point only "
                         "the WhatsApp sender's webhook at Talon", message.chat_id, message.message_id)
             return _twiml()
-        if not self._bridge.gate.allowed(self.name, [message.chat_id]):
-            pairing = self._bridge.gate.request_pairing(self.name, message.chat_id, message.sender_name or "")
+        if not await self._bridge.gate.allowed(self.name, [message.chat_id]):
+            pairing = await self._bridge.gate.request_pairing(self.name, message.chat_id, message.sender_name or "")
             if pairing is None:
                 log.warning("whatsapp: message from %s denied (MessageSid=%s); to allow them add %s to "
                             "TALON_WHATSAPP_ALLOWED_NUMBERS", message.chat_id, message.message_id, message.chat_id)
@@ -556,7 +569,14 @@ class WhatsAppChannel(Channel):
             log.info("whatsapp: chat=%s: message %s has no text or media (MessageType=%s); nothing to do",
                      message.chat_id, message.message_id, form.get("MessageType", "?"))
             return _twiml()
-        if self._bridge.submit(message):
+        try:
+            fresh = await self._bridge.submit(message)
+        except StoreUnavailable as exc:
+            log.warning("whatsapp: chat=%s: message %s not stored (%s); answered 503 so that Twilio tries again",
+                        message.chat_id, message.message_id, exc)
+            raise web.HTTPServiceUnavailable(text="the database is unavailable; try again",
+                                             headers={"Retry-After": "5"}) from None
+        if fresh:
             log.info("whatsapp: chat=%s: message %s accepted (%d media)", message.chat_id,
                      message.message_id, len(message.files))
         else:
@@ -688,11 +708,11 @@ class WhatsAppChannel(Channel):
             return
         if isinstance(part, ReplyDocumentPart):
             assert self.links is not None  # planned only when files can be sent
-            url = self.links.add_bytes(reply_document(part.text), REPLY_DOCUMENT_NAME, REPLY_DOCUMENT_MIME)
+            url = await self.links.add_bytes(reply_document(part.text), REPLY_DOCUMENT_NAME, REPLY_DOCUMENT_MIME)
             try:
                 await self._send(chat_id, body="", media_url=url, what=REPLY_DOCUMENT_NAME)
             except BaseException:
-                self.links.forget(url)
+                await self.links.forget(url)
                 raise
             return
         body = part.body if isinstance(part, TextPart) else part.text
@@ -719,7 +739,7 @@ class WhatsAppChannel(Channel):
                 failures.append(attach_failure_line(fitted.name, exc.reason))
             finally:
                 if not sent and self.links is not None:
-                    self.links.forget(url)  # nobody will fetch it: stop need not wait for it
+                    await self.links.forget(url)  # nobody will fetch it: stop need not wait for it
         if caption:  # the file did not go out: the words still must
             await self._send(chat_id, body=caption, what="caption")
         if failures:
@@ -753,9 +773,9 @@ class WhatsAppChannel(Channel):
             if fitted.note:
                 log.info("whatsapp: chat=%s: %s %s", chat_id, media.name, fitted.note)
             if fitted.data is not None:
-                url = self.links.add_bytes(fitted.data, fitted.name, fitted.mime)
+                url = await self.links.add_bytes(fitted.data, fitted.name, fitted.mime)
             else:
-                url = self.links.add_file(media.path, media.file, fitted.name, fitted.mime,
+                url = await self.links.add_file(media.path, media.file, fitted.name, fitted.mime,
                                           root=self.settings.workspace_dir(self.name, chat_id))
             return fitted, url
         except MediaError as exc:

@@ -9,6 +9,7 @@ only after its reply was delivered; anything pending at start-up is replayed in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -18,10 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from talon.access import AccessGate
 from talon.agent.loop import Agent
-from talon.agent.session import ChatKey
-from talon.attachments import AttachmentStore
+from talon.storage.sessions import ChatKey
 from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import TURN_MESSAGE, InboundMessage, OutboundReply
@@ -35,10 +34,13 @@ from talon.errors import (
     ProviderUnavailable,
     QuotaExceeded,
     RateLimited,
+    StoreUnavailable,
 )
 from talon.groups import group_prompt_note, group_turn_text
-from talon.inbox import InboxItem, InboxStore
 from talon.media import extract_markdown_media
+from talon.storage.access import AccessGate
+from talon.storage.attachments import AttachmentStore
+from talon.storage.inbox import InboxItem, InboxStore
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
@@ -121,6 +123,8 @@ class Bridge:
     # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
     # The runtime passes the setting (default steer); a bare Bridge keeps strict order.
     busy_mode: str = "queue"
+    # Wait before trying a store again that did not answer (a database that hangs or is down).
+    store_retry_s: float = 1.0
     # Scheduled tasks: answers /tasks, and hears how each run's turn went (talon.scheduler).
     scheduler: "Scheduler | None" = None
 
@@ -135,7 +139,8 @@ class Bridge:
         self._started: set[str] = set()
         self._stopped = False
         self._delivering: set[ChatKey] = set()  # chats whose reply is being sent right now
-        self._refused: dict[str, str] = {}  # message key -> why the platform refused its reply
+        self._live_ids: dict[str, str] = {}  # message key -> the live message its answer edits
+        self._refused: dict[str, str] = {}  # scheduled run's key -> why the platform refused its reply
         self.turns_started = 0
 
     def add_channel(self, channel: "Channel", *, started: bool = True) -> None:
@@ -152,22 +157,22 @@ class Bridge:
                 self._start_worker(chat)
 
     # --- intake ---------------------------------------------------------------------------
-    def submit(self, message: InboundMessage) -> bool:
+    async def submit(self, message: InboundMessage) -> bool:
         """Persist and queue a message. False when it is a duplicate (already seen).
 
         ``/stop`` cancels the conversation's running turn and is answered before anything else
         queued; in ``interrupt`` mode any other message does the same (it is answered next). An
         edited message (``edited_at``) replaces its original if that has not started yet.
         """
-        item = self.inbox.add(message)
+        item = await self.inbox.add(message)
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
         chat = conversation_key(message)
         running = self._running.get(chat)
         command = command_of(message)
-        if message.edited_at is not None and self._replace_queued(chat, message):
-            self.inbox.mark_done(message.key)  # the original, not yet started, now carries it
+        if message.edited_at is not None and await self._replace_queued(chat, message):
+            await self.inbox.mark_done(message.key)  # the original, not yet started, now carries it
             return True
         if command == "/stop":
             self._stops[message.key] = self._cancel(chat, "stop")
@@ -179,12 +184,12 @@ class Bridge:
         self._enqueue(item)
         return True
 
-    def _replace_queued(self, chat: ChatKey, edit: InboundMessage) -> bool:
+    async def _replace_queued(self, chat: ChatKey, edit: InboundMessage) -> bool:
         """Put an edit's text into its original while that still waits in the queue."""
         for index, queued in enumerate(self._queues.get(chat, ())):
             if queued.message.key == edit.original_key and queued.attempts == 0:
                 updated = edit.model_copy(update={"edited_at": None, "received_at": queued.message.received_at})
-                if not self.inbox.replace_pending(updated):
+                if not await self.inbox.replace_pending(updated):
                     return False
                 self._queues[chat][index] = dataclasses.replace(queued, message=updated)
                 log.info("message %s was edited before its turn; the new text is answered", edit.original_key)
@@ -200,9 +205,9 @@ class Bridge:
         running.task.cancel()
         return True
 
-    def recover(self) -> int:
+    async def recover(self) -> int:
         """Queue every message left pending by an earlier run, in arrival order."""
-        items = self.inbox.pending()
+        items = await self.inbox.pending()
         for item in items:
             if item.message.channel not in self.channels:
                 log.warning("pending message %s waits for channel %s, which is not running",
@@ -274,27 +279,36 @@ class Bridge:
         self._workers.clear()
 
     # --- one message ----------------------------------------------------------------------
-    async def _process(self, item: InboxItem) -> None:
+    async def _process(self, item: InboxItem, *, attempted: bool = False) -> None:
+        """Answer one message (``attempted``: its attempt was counted already, ``item`` is its
+        state after that)."""
         message = item.message
         channel = self.channels[message.channel]
         chat = conversation_key(message)
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
-        attempts = self.inbox.begin_attempt(message.key)
-        if attempts > 1 and self._joined_earlier(chat, message):
-            self.inbox.mark_done(message.key)  # answered by the turn it joined, before a restart
+        if not attempted:
+            state = await self.inbox.begin_attempt(message.key)
+            if state is None:
+                log.error("%s: not in the inbox any more; skipped", ids)
+                return
+            item = dataclasses.replace(item, attempts=state.attempts, delivered_parts=state.delivered_parts,
+                                       live_message=state.live_message)
+        attempts = item.attempts
+        if attempts > 1 and await self._joined_earlier(chat, message):
+            await self.inbox.mark_done(message.key)  # answered by the turn it joined, before a restart
             return
         if attempts > MAX_ATTEMPTS:
             log.error("%s: giving up after %d attempts", ids, attempts - 1)
             await self._report(message, "failed", f"gave up after {attempts - 1} attempts")
             await self._deliver(channel, message, OutboundReply(
                 text="Sorry, I could not process your message (it failed several times). "
-                     "Please send it again or rephrase it."))
+                     "Please send it again or rephrase it."), item=item)
             self._refused.pop(message.key, None)
             return
 
         command = await self._command(chat, message)
         if command is not None:
-            await self._deliver(channel, message, OutboundReply(text=command))
+            await self._deliver(channel, message, OutboundReply(text=command), item=item)
             return
 
         started = time.monotonic()
@@ -314,7 +328,7 @@ class Bridge:
                                item: InboxItem, running: _Running, ids: str) -> None:
         failure = ""  # why a scheduled run failed although its apology was delivered
         async with channel.typing(message.chat_id, message.thread_id):
-            running.task = asyncio.create_task(self._turn(channel, chat, message, running),
+            running.task = asyncio.create_task(self._turn(channel, chat, message, running, item),
                                                name=f"turn-{message.key}")
             try:
                 reply = await asyncio.wait_for(running.task, self.turn_timeout_s)
@@ -322,12 +336,12 @@ class Bridge:
                 if not running.stopped or self._stopped:
                     raise  # shutting down: the message stays pending for the next start
                 # /stop, or a new message in interrupt mode: what was said so far is kept.
-                self.agent.record_interrupted(chat, message.key, running.partial)
+                await self.agent.record_interrupted(chat, message.key, running.partial)
                 if self.voice is not None:
                     self.voice.forget(message)
                 log.info("%s: turn stopped (%s)", ids, running.stopped)
                 for done in [item, *running.absorbed]:
-                    self.inbox.mark_done(done.message.key)
+                    await self.inbox.mark_done(done.message.key)
                 await self._report(message, "failed", f"stopped ({running.stopped})")
                 return
             except TimeoutError:
@@ -340,6 +354,8 @@ class Bridge:
                 log.error("%s: model failed: %s", ids, exc)
                 failure = f"model error: {type(exc).__name__}: {exc}"
                 reply = OutboundReply(text=apology(exc))
+            except StoreUnavailable:
+                raise  # not the message's fault: it stays pending and is answered when the database is back
             except Exception as exc:
                 log.exception("%s: turn failed", ids)
                 failure = f"error: {type(exc).__name__}: {exc}"
@@ -348,9 +364,9 @@ class Bridge:
                          "Please try again.")
         if self.voice is not None:
             self.voice.forget(message)  # a turn that failed never read what was heard
-        outcome = await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
+        outcome = await self._deliver(channel, message, reply, item=item)
         for joined in running.absorbed:  # answered by the same reply
-            self.inbox.mark_done(joined.message.key)
+            await self.inbox.mark_done(joined.message.key)
         refused = self._refused.pop(message.key, "")
         if outcome == "refused":
             await self._report(message, "failed", f"delivery refused: {refused}")
@@ -369,10 +385,10 @@ class Bridge:
             log.warning("message %s: could not %s the acknowledgement: %s", message.key,
                         "clear" if clear else "show", exc)
 
-    def _joined_earlier(self, chat: ChatKey, message: InboundMessage) -> bool:
+    async def _joined_earlier(self, chat: ChatKey, message: InboundMessage) -> bool:
         """Did this message join another turn (steer) that was answered before a restart?"""
         return any(m.role == "user" and m.meta.get("joined") == message.key
-                   for m in self.agent.sessions.load(chat))
+                   for m in await self.agent.sessions.load(chat))
 
     async def _user_message(self, channel: "Channel", chat: ChatKey, message: InboundMessage, *,
                             running: bool = False) -> Message:
@@ -380,7 +396,7 @@ class Bridge:
         reply, the speaker and chatter in groups, a note when it is an edit."""
         files = [await channel.download(remote, self.store, self.limits) for remote in message.files]
         text = quoted_text(message)
-        if message.edited_at is not None and self.inbox.seen(message.original_key):
+        if message.edited_at is not None and await self.inbox.seen(message.original_key):
             text = f"{edit_note(message, while_running=running)}\n{text}"
         if message.is_group:
             # Who speaks, and what the group said meanwhile; the prompt says where the agent is.
@@ -415,14 +431,19 @@ class Bridge:
         return taken
 
     async def _turn(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
-                    running: _Running | None = None) -> OutboundReply:
+                    running: _Running | None = None, item: InboxItem | None = None) -> OutboundReply:
         """Download, normalize, run the agent: everything between a message and its reply."""
-        running = running or _Running(InboxItem(0, message, 0, 0))
+        item = item or InboxItem(0, message, 0, 0)
+        running = running or _Running(item)
         TURN_MESSAGE.set(message)  # this task's own context: tools see whose turn it is
         user = await self._user_message(channel, chat, message)
         key = message.key
-        live = channel.live_reply(message, placed=lambda mid: self.inbox.set_live_message(key, mid),
-                                  resume_id=self.inbox.live_message(key))
+
+        async def placed(message_id: str) -> None:
+            self._live_ids[key] = message_id
+            await self.inbox.set_live_message(key, message_id)
+
+        live = channel.live_reply(message, placed=placed, resume_id=item.live_message)
 
         async def on_text(delta: str) -> None:
             running.partial += delta
@@ -439,7 +460,7 @@ class Bridge:
             joined = []
             for queued in self._steerable(chat, running):
                 m = queued.message
-                self.inbox.begin_attempt(m.key)
+                await self.inbox.begin_attempt(m.key)
                 running.absorbed.append(queued)
                 await self._acknowledge(channel, m)
                 user_joined = await self._user_message(channel, chat, m, running=True)
@@ -458,49 +479,71 @@ class Bridge:
         if self.voice is not None:
             turn = result.messages
             if result.replayed:  # the speak tool may have been called before the restart
-                turn = [m for m in self.agent.sessions.load(chat) if m.meta.get("turn_id") == message.key]
+                turn = [m for m in await self.agent.sessions.load(chat) if m.meta.get("turn_id") == message.key]
             reply.voice = self.voice.wish(message, turn)
         return reply
 
-    async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
-                       skip_parts: int = 0) -> str:
-        """Deliver a reply, resuming after the last part that arrived.
+    async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply, *,
+                       item: InboxItem) -> str:
+        """Deliver a reply, resuming after the last part that arrived (``item``: the message's
+        inbox state when its attempt began); "sent", "refused" or "pending".
 
         A transient failure (network, long rate limit) is retried here with backoff while the
         chat waits, so its order holds; if it persists, the message stays pending and is
         resumed at the next start. A permanent refusal (the user blocked the bot, the chat is
-        gone) is logged and the message closed: retrying could never succeed. Returns what
-        became of it: "sent", "refused" or "pending".
+        gone) is logged and the message closed: retrying could never succeed.
         """
         chat = conversation_key(message)
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
                                         reply_to_message_id=None if message.scheduled else message.message_id)
-        live_id = self.inbox.live_message(message.key)
+        live_id = self._live_ids.pop(message.key, None) or item.live_message
         if live_id is not None and reply.live_message_id is None:
             # The streamed message becomes the answer (also after a restart): edited, not doubled.
             reply = dataclasses.replace(reply, live_message_id=live_id)
         self._delivering.add(chat)
-        spoken = self._start_voice(channel, message, reply)
+        # Parts known delivered, counted here: this worker alone delivers this message now.
+        delivered = [item.delivered_parts]
+        spoken = self._start_voice(channel, message, reply, item.delivered_parts)
         try:
-            outcome = await self._deliver_reply(channel, message, reply, skip_parts)
+            # The last part's record is left to the one that closes the message: a round trip less.
+            last = None
+            if spoken is None:
+                with contextlib.suppress(NotImplementedError):
+                    last = len(channel.reply_parts(reply))
+            outcome = await self._deliver_reply(channel, message, reply, delivered, last=last)
             if outcome == "sent" and spoken is not None:
                 # The voice note's parts come after the text's, so a resumed delivery skips
                 # exactly what arrived; it is made while the text was being sent.
                 offset = len(channel.reply_parts(reply))
                 voice_reply = await spoken
                 if voice_reply is not None:
-                    outcome = await self._deliver_reply(channel, message, voice_reply, 0, offset=offset)
+                    outcome = await self._deliver_reply(channel, message, voice_reply, delivered, offset=offset)
             if outcome != "pending":
-                self.inbox.mark_done(message.key)
+                await self._record(lambda: self._finish(message, delivered[0]))
             return outcome
         finally:
             if spoken is not None and not spoken.done():
                 spoken.cancel()
             self._delivering.discard(chat)
 
-    def _start_voice(self, channel: "Channel", message: InboundMessage,
-                     reply: OutboundReply) -> "asyncio.Task[OutboundReply | None] | None":
+    async def _finish(self, message: InboundMessage, delivered_parts: int) -> None:
+        """Close a message whose reply was delivered (or refused for good)."""
+        await self.inbox.mark_done(message.key, delivered_parts=delivered_parts)
+
+    async def _record(self, write: Callable[[], Awaitable[None]]) -> None:
+        """Record what was delivered, waiting out a database that does not answer: the platform
+        has the reply, so giving up here would send it again later."""
+        while True:
+            try:
+                await write()
+                return
+            except StoreUnavailable as exc:
+                log.warning("delivered, but not recorded yet (%s); trying again", exc)
+                await asyncio.sleep(self.store_retry_s)
+
+    def _start_voice(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
+                     delivered_parts: int) -> "asyncio.Task[OutboundReply | None] | None":
         """Start making the voice note now, unless there is none or it already arrived."""
         if self.voice is None or reply.voice is None:
             return None
@@ -509,22 +552,26 @@ class Bridge:
         except NotImplementedError:
             log.warning("no voice note for %s: the channel cannot list reply parts", message.key)
             return None
-        if self.inbox.delivered_parts(message.key) > text_parts:
+        if delivered_parts > text_parts:
             return None  # delivered before a restart
         return asyncio.create_task(self.voice.make(message, reply), name=f"voice-{message.key}")
 
     async def _deliver_reply(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
-                             skip_parts: int, *, offset: int = 0) -> str:
+                             delivered: list[int], *, offset: int = 0, last: int | None = None) -> str:
         """Deliver one reply whose parts are counted from ``offset`` in the inbox: "sent",
-        "refused" (permanently: the message is closed) or "pending" (resumed at the next start)."""
+        "refused" (permanently: the message is closed) or "pending" (resumed at the next start).
+        ``delivered[0]`` is the count of parts delivered so far, kept up to date; the ``last``
+        part's arrival is recorded by the caller, with the message's end."""
         key = message.key
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
 
         async def progress(parts: int) -> None:
-            self.inbox.set_delivered_parts(key, offset + parts)
+            delivered[0] = offset + parts
+            if last is None or offset + parts < offset + last:
+                await self._record(lambda: self.inbox.set_delivered_parts(key, offset + parts))
 
         for attempt in range(len(self.delivery_backoff_s) + 1):
-            skip = max(skip_parts, self.inbox.delivered_parts(key) - offset)
+            skip = max(0, delivered[0] - offset)
             try:
                 await channel.deliver(message.chat_id, reply, skip_parts=skip, on_part=progress)
             except DeliveryError as exc:
@@ -555,11 +602,11 @@ class Bridge:
                     "/new starts a fresh conversation; /status shows the model and context use; "
                     "/stop stops what I am doing; /tasks lists scheduled tasks.")
         if word == "/new":
-            thread = self.agent.sessions.new_thread(chat)
+            thread = await self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
         if word == "/status":
             await self.agent.discover()  # what the server says now (bounded; never fails /status)
-            return self.agent.status_text(chat, self.model_label)
+            return await self.agent.status_text(chat, self.model_label)
         if word == "/stop":
             # The running turn was cancelled when /stop arrived (see submit); this answers it.
             if self._stops.pop(message.key, False):

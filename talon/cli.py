@@ -11,11 +11,16 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from talon.config import Settings
 from talon.errors import ConfigError, PairingError
+
+if TYPE_CHECKING:
+    from talon.agent.local_server import LocalModelServer
+    from talon.storage.migrate import MigrationReport
 
 log = logging.getLogger("talon")
 
@@ -60,29 +65,52 @@ def _setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
     logging.getLogger("httpcore").setLevel(logging.WARNING)
 
 
-def _fail(message: str, missing: list[str] | None = None) -> int:
+def _fail(message: str, missing: list[str] | None = None, settings: Settings | None = None) -> int:
+    """``missing`` names the settings the error is about; only those without a value are said to be
+    missing (a busy TALON_HTTP_PORT is set: the message says what is wrong with it)."""
+    from talon.settings_source import unset
+
     print(f"talon: cannot start: {message}", file=sys.stderr)
+    if missing and settings is not None:
+        missing = unset(settings, missing)
     if missing:
         print(f"talon: missing settings: {', '.join(missing)} (see .env.example)", file=sys.stderr)
     return 2
 
 
 def _load_settings() -> Settings:
-    return Settings()
+    """From the environment and the .env file ``talon.settings_source`` finds."""
+    from talon.settings_source import load_settings
+
+    return load_settings()[0]
 
 
 async def _run(settings: Settings) -> int:
-    from talon.runtime import build_runtime, configured_channels, serve, shared_http_server
-    from talon.stores import open_stores
+    from talon.runtime import (build_runtime, configured_channels, serve, shared_http_server,
+                               until_stopped)
+    from talon.settings_source import find_env_file
+    from talon.storage.factory import open_stores
 
-    http = shared_http_server(settings)  # one server for every channel's webhooks
-    stores = open_stores(settings)  # embedded, or PostgreSQL (TALON_DATABASE_URL)
-    channels = configured_channels(settings, http, stores)
-    runtime = build_runtime(settings, channels, http=http, stores=stores)
+    # First of all: a signal must stop Talon in every phase, start-up waits included.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    log.info("settings: %s", find_env_file().describe())
+    http = shared_http_server(settings)  # one server for every channel's webhooks
+    # Embedded, or PostgreSQL (TALON_DATABASE_URL), which may make us wait for a server.
+    stores = open_stores(settings)
+
+    async def opened() -> bool:
+        await stores.start()
+        return True
+
+    if await until_stopped(stop, opened()) is None:
+        log.info("stopped while opening the stores")
+        await stores.aclose()
+        return 0
+    channels = configured_channels(settings, http, stores)
+    runtime = build_runtime(settings, channels, http=http, stores=stores)
     await serve(runtime, stop)
     return 0
 
@@ -93,12 +121,16 @@ async def _chat(settings: Settings) -> int:
 
     console = ConsoleChannel(media_root=settings.workspace_dir("console", "local"))
     runtime = build_runtime(settings, [console])
-    await runtime.start()
     try:
+        await runtime.start()
+        # From here Ctrl-C is the console's: the first one during an answer stops it.
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, console.interrupt)
+        loop.add_signal_handler(signal.SIGTERM, console.quit, 128 + signal.SIGTERM)
         await console.finished.wait()
     finally:
-        await runtime.stop()
-    return 0
+        await runtime.stop()  # also a local model server that started before start failed
+    return console.exit_code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -116,32 +148,58 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM (WhatsApp)")
         missing += ["TELEGRAM_BOT_TOKEN, or TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM"]
     if problems:
-        return _fail("; ".join(problems), missing)
+        return _fail("; ".join(problems), missing, settings)
     try:
         return asyncio.run(_run(settings))
     except ConfigError as exc:
-        return _fail(str(exc), exc.missing)
+        return _fail(str(exc), exc.missing, settings)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from talon.agent.local_server import BUNDLED_NOTE
+
     settings = _load_settings()
     _setup_logging(settings.log_level if args.verbose else "WARNING", _secrets(settings))
+    if not settings.model.strip():
+        # A first try needs no account and no server: the tiny model Talon runs itself.
+        settings = settings.model_copy(update={"model": "local:bundled"})
+        print(f"talon: {BUNDLED_NOTE}", flush=True)
     try:
         settings.check_model()
         return asyncio.run(_chat(settings))
     except ConfigError as exc:
-        return _fail(str(exc), exc.missing)
+        return _fail(str(exc), exc.missing, settings)
 
 
 async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
-    """Discovery, then one cheap live request (a one-token reply): what a chat would meet."""
+    """Discovery, then one cheap live request (a one-token reply): what a chat would meet. A
+    ``local:`` model's server is started for that, and stopped again."""
+    from talon.agent.local_server import local_model_server
+    from talon.errors import LocalModelError
+
+    rows: list[tuple[str, str]] = []
+    local = local_model_server(settings)
+    if local is not None:
+        try:
+            await local.start()
+        except LocalModelError as exc:
+            return [("local model", f"FAILED: {exc}")]
+        rows.append(("local model", f"ok: {local.describe()}, ready in {local.started_in_s or 0:.1f} s"))
+    try:
+        return rows + await _ask_model_server(settings, local)
+    finally:
+        if local is not None:
+            await local.stop()
+
+
+async def _ask_model_server(settings: Settings, local: "LocalModelServer | None") -> list[tuple[str, str]]:
     from talon.agent.provider import ModelRequest
-    from talon.attachments import AttachmentStore
     from talon.content import Message
+    from talon.storage.attachments import MemoryAttachments
     from talon.runtime import build_provider, model_discoverer
 
     rows: list[tuple[str, str]] = []
-    facts = await model_discoverer(settings).discover() if settings.model_discovery else None
+    facts = await model_discoverer(settings, local).discover() if settings.model_discovery else None
     profile = None
     if facts is not None:
         rows.append(("model server", ("UNREACHABLE: " if not facts.reachable else "") + facts.describe()
@@ -154,7 +212,7 @@ async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
     except ConfigError as exc:
         rows.append(("model profile", f"INVALID: {exc}"))
     with tempfile.TemporaryDirectory() as scratch:
-        provider = build_provider(settings, AttachmentStore(Path(scratch)))
+        provider = build_provider(settings, MemoryAttachments(Path(scratch)), local=local)
         started = time.monotonic()
         try:
             reply = await provider.complete(ModelRequest(system="", messages=[Message.user("Say OK.")],
@@ -172,10 +230,16 @@ async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
+    from talon.doctor_checks import model_url_row, settings_row, telegram_bot_row, twilio_account_row
     from talon.speech import Transcriber
 
-    settings = _load_settings()
-    rows: list[tuple[str, str]] = []
+    rows: list[tuple[str, str]] = [settings_row()]
+    try:
+        settings = _load_settings()
+    except ConfigError as exc:  # TALON_ENV_FILE names no file
+        print(f"settings  INVALID: {exc}")
+        print("\ntalon doctor: problems with settings", file=sys.stderr)
+        return 1
     model_ok = False
     try:
         settings.check_model()
@@ -184,11 +248,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         rows.append(("model", f"MISSING: {exc}"))
     if model_ok:
+        rows += model_url_row(settings)
         rows += asyncio.run(_check_model_server(settings))
     empty_allowlist = ("EMPTY (only senders approved with `talon pair`)" if settings.pairing
                        else "EMPTY (nobody is allowed)")
     rows.append(("telegram", "configured" if settings.telegram_configured() else "not configured"))
     if settings.telegram_configured():
+        rows.append(asyncio.run(telegram_bot_row(settings)))
         try:
             settings.check_telegram_webhook()
             mode = (f"webhook {settings.telegram_webhook_url.strip()} -> {settings.telegram_webhook_path} on "
@@ -209,6 +275,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append(("http server", f"{settings.http_host}:{settings.http_port}"))
         if not settings.twilio_auth_token and not settings.whatsapp_insecure_no_signature:
             rows.append(("twilio auth token", "MISSING: webhooks cannot be verified; the channel will not start"))
+        account = twilio_account_row(settings)
+        if account is not None:
+            rows.append(account)
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     rows.append(("media root", str(settings.media_root.resolve())))
@@ -216,7 +285,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if settings.database_url:  # many workers: the shared stores
         from talon.health import database_rows
 
-        rows += database_rows(settings.database_url)
+        rows += asyncio.run(database_rows(settings.database_url))
+    rows += _outside_tool_rows(settings)
     transcriber = Transcriber.from_settings(settings)
     rows.append(("transcriber", f"{settings.transcriber}: " + (
         f"ok ({transcriber.backend.name})" if transcriber.backend is not None
@@ -230,6 +300,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"\ntalon doctor: problems with {', '.join(problems)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
+    """The web fetch's setting, and each MCP server started once (state and tool count)."""
+    from talon.agent.mcp import doctor_rows
+
+    allowed = ", ".join(settings.web_allowlist) or "none"
+    rows = [("web fetch", f"on (private hosts allowed: {allowed})" if settings.web_fetch
+             else "off (TALON_WEB_FETCH=false)")]
+    try:
+        servers = settings.mcp_servers()
+    except ConfigError as exc:
+        return rows + [("mcp config", f"INVALID: {exc}")]
+    path = settings.mcp_config_path
+    rows.append(("mcp config", str(path.resolve()) if path.exists() else f"none ({path} not found)"))
+    if servers:
+        rows += asyncio.run(doctor_rows(servers, start_timeout_s=settings.mcp_start_timeout_s))
+    return rows
 
 
 # Row values that mean Talon cannot work as configured (doctor exits 1).
@@ -255,12 +343,19 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def cmd_pair(args: argparse.Namespace) -> int:
     """List pairing requests and approvals, approve a code, or revoke an approval."""
-    from talon.access import CODE_TTL_S
-    from talon.stores import open_gate
-    from talon.config import normalize_whatsapp_number
-
     settings = _load_settings()
-    gate = open_gate(settings)
+    try:
+        return asyncio.run(_pair(settings, args))
+    except ConfigError as exc:
+        return _fail(str(exc), exc.missing)
+
+
+async def _pair(settings: Settings, args: argparse.Namespace) -> int:
+    from talon.config import normalize_whatsapp_number
+    from talon.storage.access import CODE_TTL_S
+    from talon.storage.factory import open_gate
+
+    gate = await open_gate(settings)
     try:
         if args.revoke:
             channel, _, sender = args.revoke.partition(":")
@@ -270,7 +365,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
                 print(f"talon: --revoke takes CHANNEL:ID, e.g. telegram:123456789 or whatsapp:+14155550123 "
                       f"(got {args.revoke!r})", file=sys.stderr)
                 return 2
-            revoked = gate.revoke(channel, sender)
+            revoked = await gate.revoke(channel, sender)
             if revoked is None:
                 print(f"talon: {channel}:{sender} was not approved through pairing (`talon pair` lists "
                       "approvals)", file=sys.stderr)
@@ -281,7 +376,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
             return 0
         if args.code:
             try:
-                approved = gate.approve(args.code)
+                approved = await gate.approve(args.code)
             except PairingError as exc:
                 print(f"talon: {exc}", file=sys.stderr)
                 return 1
@@ -290,7 +385,7 @@ def cmd_pair(args: argparse.Namespace) -> int:
         now = time.time()
         if not settings.pairing:
             print("pairing is off (TALON_PAIRING=false): unknown senders get no code")
-        pending = gate.pending()
+        pending = await gate.pending()
         if pending:
             print(f"pending requests (codes expire {CODE_TTL_S / 3600:.0f} hour after they are given; "
                   "approve one with `talon pair CODE`):")
@@ -299,19 +394,18 @@ def cmd_pair(args: argparse.Namespace) -> int:
                 for p in pending])
         else:
             print("no pending requests")
-        approvals = gate.approvals()
+        approvals = await gate.approvals()
         if approvals:
             print("approved through pairing (remove with `talon pair --revoke CHANNEL:ID`):")
             _table([("who", "approved")] + [(a.who, _age(now - a.approved_at)) for a in approvals])
         return 0
     finally:
-        gate.close()
+        await gate.close()
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy."""
-    from talon.migrate import migrate_embedded
-    from talon.pg.db import Database, redact
+    from talon.storage.postgres.db import redact
 
     settings = _load_settings()
     _setup_logging("WARNING", _secrets(settings))
@@ -320,15 +414,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return _fail("talon migrate needs --to postgresql://... (the TALON_DATABASE_URL the workers will use)",
                      ["TALON_DATABASE_URL"])
     if not settings.data_dir.is_dir():
-        return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"])
+        return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"],
+                     settings)
     try:
-        db = Database(url, max_size=2)
+        report = asyncio.run(_migrate(settings, url))
     except ConfigError as exc:
-        return _fail(str(exc), exc.missing)
-    try:
-        report = migrate_embedded(settings.data_dir, db)
-    finally:
-        db.close()
+        return _fail(str(exc))  # about the --to URL: nothing is missing
     print(f"from {settings.data_dir.resolve()} to {redact(url)}")
     rows = [("store", "found", "copied now", "verified")]
     rows += [(s.name, str(s.found), str(s.copied), str(s.verified)) for s in report.stores]
@@ -338,6 +429,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(f"PROBLEM: {problem}")
     print("ok: every item is in the database and checked" if report.ok else "NOT OK: see the problems above")
     return 0 if report.ok else 1
+
+
+async def _migrate(settings: Settings, url: str) -> "MigrationReport":
+    from talon.storage.migrate import migrate_embedded
+    from talon.storage.postgres.db import AsyncDatabase
+
+    db = AsyncDatabase(url, max_size=2)
+    await db.open()
+    try:
+        return await migrate_embedded(settings.data_dir, db)
+    finally:
+        await db.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}"
+                             for e in exc.errors())
         return _fail(f"invalid settings: {problems}")
+    except ConfigError as exc:  # TALON_ENV_FILE names no file
+        return _fail(str(exc), exc.missing)
     except KeyboardInterrupt:
         return 130
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field
@@ -18,7 +18,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from talon.errors import ConfigError
 
+if TYPE_CHECKING:
+    from talon.agent.mcp_config import McpServerConfig
+
 MB = 1_000_000
+
+# An environment variable only (a .env cannot name another .env): the .env file to read. Without
+# it, ./.env, then .env in the user's config directory (talon.settings_source has the rule).
+ENV_FILE_SETTING = "TALON_ENV_FILE"
 
 # Telegram's rule for setWebhook's secret_token (sent back as X-Telegram-Bot-Api-Secret-Token).
 _WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
@@ -91,6 +98,11 @@ class Settings(BaseSettings):
     )
     model_context_window: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
     model_max_output: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
+    # TALON_MODEL=local:PATH.gguf (talon.agent.local_server): the window in tokens (0: the model's
+    # own), compute threads (0: llama.cpp's choice) and how long loading may take.
+    local_context: int = Field(default=8192, ge=0, validation_alias=_env("TALON_LOCAL_CONTEXT"))
+    local_threads: int = Field(default=0, ge=0, validation_alias=_env("TALON_LOCAL_THREADS"))
+    local_start_timeout_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_LOCAL_START_TIMEOUT"))
     summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
     turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
     max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
@@ -103,6 +115,19 @@ class Settings(BaseSettings):
     shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
+
+    # --- MCP servers and web fetch (talon.agent.mcp, talon.agent.web_fetch) ---------------------
+    # The mcpServers JSON file; unset: mcp.json in the working directory (beside .env), if any.
+    mcp_config: Path | None = Field(default=None, validation_alias=_env("TALON_MCP_CONFIG"))
+    mcp_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_MCP_TIMEOUT"))
+    mcp_start_timeout_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_MCP_START_TIMEOUT"))
+    # A per-chat server (one using ${WORKSPACE}) is stopped after this long without a call.
+    mcp_idle_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_MCP_IDLE_TIMEOUT"))
+    web_fetch: bool = Field(default=True, validation_alias=_env("TALON_WEB_FETCH"))
+    # Hosts web_fetch may reach although they are on a private network (exact names or addresses).
+    web_allow_hosts: str = Field(default="", validation_alias=_env("TALON_WEB_ALLOW_HOSTS"))
+    web_max_bytes: int = Field(default=5 * MB, gt=0, validation_alias=_env("TALON_WEB_MAX_BYTES"))
+    web_timeout_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_WEB_TIMEOUT"))
 
     # --- context management (shares of the model's window) ------------------------------------
     context_trigger: float = Field(default=0.85, gt=0.1, le=0.98,
@@ -227,7 +252,7 @@ class Settings(BaseSettings):
         default=Limits.video_decode_seconds, validation_alias=_env("TALON_VIDEO_DECODE_SECONDS")
     )
 
-    # --- access (see talon.access) -----------------------------------------------------------
+    # --- access (see talon.storage.access) ---------------------------------------------------
     # Unknown senders get a pairing code the owner approves with `talon pair CODE`.
     pairing: bool = Field(default=False, validation_alias=_env("TALON_PAIRING"))
 
@@ -339,17 +364,22 @@ class Settings(BaseSettings):
         """Raise ConfigError naming what is missing for the configured model."""
         if not self.model:
             raise ConfigError(
-                "no model configured: set TALON_MODEL (for example openai:gpt-4.1-mini)",
+                "no model configured: set TALON_MODEL (for example openai:gpt-4.1-mini, or local:bundled to "
+                "try Talon with a tiny model it runs itself)",
                 ["TALON_MODEL"],
             )
         provider, name = split_model(self.model)
-        if provider not in ("openai", "anthropic"):
+        if provider not in ("openai", "anthropic", "local"):
             raise ConfigError(
-                f"TALON_MODEL={self.model!r}: unknown provider {provider!r} (use openai: or anthropic:)",
+                f"TALON_MODEL={self.model!r}: unknown provider {provider!r} (use openai:, anthropic: or local:)",
                 ["TALON_MODEL"],
             )
         if not name:
             raise ConfigError(f"TALON_MODEL={self.model!r} names no model", ["TALON_MODEL"])
+        if provider == "local":
+            from talon.agent.local_server import resolve_gguf
+
+            resolve_gguf(name)
         if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
             raise ConfigError(
                 "the openai provider needs OPENAI_API_KEY (for OpenAI), or OPENAI_BASE_URL for a "
@@ -366,6 +396,21 @@ class Settings(BaseSettings):
         check_dirs_apart(self.media_root, self.data_dir)
         self.media_root.mkdir(parents=True, exist_ok=True)
         private_dir(self.data_dir)
+
+    def mcp_servers(self) -> "list[McpServerConfig]":
+        """The servers of the MCP config file; ConfigError for a file that is named but missing,
+        or invalid."""
+        from talon.agent.mcp_config import load_mcp_config
+
+        return load_mcp_config(self.mcp_config_path, explicit=self.mcp_config is not None)
+
+    @property
+    def mcp_config_path(self) -> Path:
+        return self.mcp_config if self.mcp_config is not None else Path("mcp.json")
+
+    @property
+    def web_allowlist(self) -> list[str]:
+        return _csv(self.web_allow_hosts)
 
     def workspace_dir(self, channel: str, conversation_id: str) -> Path:
         """The directory this conversation's agent works in (``TALON_WORKSPACE``)."""

@@ -2,6 +2,7 @@
 
     TalonError
     ├── ConfigError                 settings missing or invalid (names the settings)
+    │   └── LocalModelError         the local llama.cpp server (TALON_MODEL=local:...) could not start
     ├── AttachmentError             the attachment store could not save or find bytes
     ├── MediaError                  inbound media could not be used (each has a user-facing reason)
     │   ├── DownloadTooLarge        over the per-file cap, refused before or during download
@@ -24,7 +25,9 @@
     ├── ScheduleError               a scheduled task cannot be made as asked (when, zone, limits)
     ├── StoreError                  a durable store could not do what was asked
     │   └── StoreUnavailable        the database did not answer in time, or refused to connect
-    └── PairingError                `talon pair`: no live request has that code
+    ├── PairingError                `talon pair`: no live request has that code
+    ├── McpUnavailable              an MCP server is not running (failed to start, exited, hung)
+    └── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ class ConfigError(TalonError):
     def __init__(self, message: str, missing: list[str] | None = None) -> None:
         super().__init__(message)
         self.missing = missing or []
+
+
+class LocalModelError(ConfigError):
+    """``TALON_MODEL=local:...``: llama.cpp could not load or serve the file; the message says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, [])
 
 
 class AttachmentError(TalonError):
@@ -156,3 +166,11 @@ class StoreUnavailable(StoreError):
 
 class PairingError(TalonError):
     """A pairing code that names no live request (mistyped, expired or dropped)."""
+
+
+class McpUnavailable(TalonError):
+    """An MCP server cannot take a call now; ``str(exc)`` says why and when Talon tries again."""
+
+
+class WebFetchRefused(TalonError):
+    """A URL ``web_fetch`` will not fetch; ``str(exc)`` names the rule (the host's own network...)."""

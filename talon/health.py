@@ -1,9 +1,11 @@
 """``GET /healthz`` on Talon's HTTP server: 200 when this worker can do its job, else 503.
 
 A load balancer or an orchestrator asks it. Unhealthy means: the shared database does not answer
-(with ``TALON_DATABASE_URL``), or a channel has been silent too long (Telegram polling with no
-successful ``getUpdates`` for the poll timeout plus a minute, the watchdog's own threshold). The
-body lists each check, one per line, so a person reading it sees which failed.
+(with ``TALON_DATABASE_URL``), or a configured channel is not up, by its own account
+(``Channel.health``): still starting or waiting for its platform (Telegram before getMe and
+setWebhook or the first poll succeed), polling that keeps failing or has gone silent, a webhook
+another process took over, a channel stopped. The body lists each check, one per line, so a
+person reading it sees which failed and why.
 """
 
 from __future__ import annotations
@@ -23,30 +25,19 @@ HEALTH_PATH = "/healthz"
 async def health_checks(runtime: Runtime) -> list[tuple[str, bool, str]]:
     checks: list[tuple[str, bool, str]] = []
     stores = runtime.stores
-    if stores is not None and stores.db is not None:
-        problem = await asyncio.to_thread(stores.db.ping)
-        checks.append(("database", problem is None, problem or "reachable"))
+    if stores is not None and stores.adb is not None:
+        # The monitor's latest word, not a query of our own: /healthz answers at once, also
+        # while the database hangs.
+        problem = stores.adb.problem
+        checks.append(("database", problem is None,
+                       f"unavailable for {time.monotonic() - stores.adb.down_since:.0f}s: {problem}"
+                       if problem else "reachable"))
     for channel in runtime.channels:
-        silent = _telegram_silence(channel)
-        if silent is not None:
-            seconds, limit = silent
-            checks.append((f"channel {channel.name}", seconds < limit,
-                           f"last getUpdates {seconds:.0f}s ago (limit {limit:.0f}s)"))
-        else:
-            checks.append((f"channel {channel.name}", True, "running"))
+        health = channel.health()
+        checks.append((f"channel {channel.name}", health.ok, health.detail))
     if stores is not None:
         checks.append(("worker", True, stores.worker_id))
     return checks
-
-
-def _telegram_silence(channel: object) -> tuple[float, float] | None:
-    """(seconds since the last good getUpdates, the limit) while this worker polls Telegram."""
-    request = getattr(channel, "_poll_request", None)
-    app = getattr(channel, "app", None)
-    updater = getattr(app, "updater", None)
-    if request is None or updater is None or not updater.running:
-        return None
-    return time.monotonic() - request.last_ok, float(getattr(channel, "_stall_after"))
 
 
 def add_health_route(runtime: Runtime) -> None:
@@ -64,19 +55,21 @@ def add_health_route(runtime: Runtime) -> None:
     setattr(http, "_talon_health", True)
 
 
-def database_rows(url: str) -> list[tuple[str, str]]:
+async def database_rows(url: str) -> list[tuple[str, str]]:
     """``talon doctor``'s lines about the shared database: reachable, schema version, leases."""
     from talon.errors import ConfigError
-    from talon.pg.db import SCHEMA_VERSION, Database, redact, schema_version
-    from talon.pg.leases import Leases
+    from talon.storage.postgres.db import AsyncDatabase, redact
+    from talon.storage.postgres.leases import PgLeases
+    from talon.storage.postgres.schema import SCHEMA_VERSION, schema_version
 
     rows = [("database", redact(url))]
+    db = AsyncDatabase(url, max_size=1, timeout_s=5.0)
     try:
-        db = Database(url, max_size=1, timeout_s=5.0)
+        await db.open()
     except ConfigError as exc:
         return rows + [("database status", f"UNREACHABLE: {exc}")]
     try:
-        version = schema_version(db)
+        version = await schema_version(db)
         if version == SCHEMA_VERSION:
             rows.append(("database schema", f"ok: version {version}"))
         elif version < SCHEMA_VERSION:
@@ -86,16 +79,18 @@ def database_rows(url: str) -> list[tuple[str, str]]:
             rows.append(("database schema", f"NEWER ({version}) than this Talon knows ({SCHEMA_VERSION}): "
                                             "upgrade Talon"))
         if version >= 2:
-            live, expired, holders = Leases(db, "doctor", 0).summary()
-            poll = Leases(db, "doctor", 0).holder_of("telegram:poll")
-            rows.append(("leases", f"{live} live, held by {holders} worker(s); {expired} expired and not yet "
-                                   "taken over" + (" (a worker died or is stuck)" if expired else "")))
+            leases = PgLeases(db, "doctor", 0)
+            summary = await leases.summary()
+            poll = await leases.holder_of("telegram:poll")
+            rows.append(("leases", f"{summary.live} live, held by {summary.holders} worker(s); {summary.expired} "
+                                   "expired and not yet taken over"
+                                   + (" (a worker died or is stuck)" if summary.expired else "")))
             rows.append(("telegram poller", poll or "none (webhook mode, or no worker is polling)"))
-            pending = db.fetchone("SELECT count(*), min(created) FROM talon_inbox WHERE status = 'pending'")
+            pending = await db.fetchone("SELECT count(*), min(created) FROM talon_inbox WHERE status = 'pending'")
             if pending and pending[0]:
                 rows.append(("inbox", f"{pending[0]} message(s) pending, oldest {time.time() - pending[1]:.0f}s old"))
             else:
                 rows.append(("inbox", "nothing pending"))
     finally:
-        db.close()
+        await db.close()
     return rows

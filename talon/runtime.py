@@ -4,51 +4,58 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from talon.agent.context import ContextPolicy
 from talon.agent.discovery import Discoverer
 from talon.agent.learned import LearnedFacts
+from talon.agent.local_server import LocalModelServer, local_model_server
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
-from talon.agent.session import SessionStore, safe_path_part
+from talon.agent.tools import ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
-from talon.attachments import AttachmentStore
 from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
 from talon.errors import ConfigError, ScheduleError
 from talon.envelope import InboundMessage
-from talon.inbox import InboxStore
 from talon.media import InboundContext, normalize_inbound
+from talon.media.received import ReceivedNote, received_notes
 from talon.scheduler import Scheduler, SchedulerSettings, scheduler_tools
 from talon.speech import Transcriber
 from talon.tts import Synthesizer
 from talon.voice_replies import SpeakTool, VoiceReplies
-from talon.stores import Stores, open_stores
+from talon.storage.attachments import AttachmentStore
+from talon.storage.factory import Stores, open_stores
+from talon.storage.inbox import InboxStore
+from talon.storage.sessions import SessionStore, safe_path_part
 
 if TYPE_CHECKING:
     from channels.base import Channel
+    from talon.agent.mcp import McpManager
     from channels.http import HttpServer
 
 log = logging.getLogger(__name__)
 
 
-def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None) -> Provider:
+def build_provider(settings: Settings, store: AttachmentStore, model: str | None = None, *,
+                   local: LocalModelServer | None = None) -> Provider:
     """The provider for ``TALON_MODEL``, or for another model spec (the summary model).
 
     Its image and tool support come from the model profile (settings over the table; discovery
-    updates them at start). The SDK of each provider is imported only when it is used.
+    updates them at start). The SDK of each provider is imported only when it is used. A
+    ``local:`` model is an OpenAI-compatible one whose server is ``local`` (llama.cpp in Talon).
     """
     settings.check_model()
 
-    def hydrate(block: ImageBlock) -> str:
-        return data_url(block.ref.mime, store.read_bytes(block.ref))
+    async def hydrate(block: ImageBlock) -> str:
+        return data_url(block.ref.mime, await store.read_bytes(block.ref))
 
     if model is None:
         provider_name, model_name = settings.provider_name, settings.model_name
@@ -60,13 +67,17 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     # costs about a second of start-up.
     timeouts = dict(timeout_s=settings.model_timeout_s, total_timeout_s=settings.model_total_timeout_s,
                     max_retries=settings.model_max_retries, stream=settings.model_stream)
-    if provider_name == "openai":
+    if provider_name in ("openai", "local"):
         from talon.agent.openai_provider import OpenAIProvider
 
+        api_key, base_url = settings.openai_api_key, settings.openai_base_url or None
+        if provider_name == "local":
+            server = _local_server(settings, local)
+            api_key, base_url, model_name = "", server.base_url, server.spec.alias
         return OpenAIProvider(
             model_name,
-            api_key=settings.openai_api_key,
-            base_url=settings.openai_base_url or None,
+            api_key=api_key,
+            base_url=base_url,
             hydrate=hydrate,
             vision=profile.vision,
             tools=profile.tools,
@@ -106,11 +117,16 @@ class Runtime:
     synthesizer: Synthesizer | None = None  # voice replies; None when they are off
     warmup: "asyncio.Task[None] | None" = None
     stores: Stores | None = None
+    started: bool = False  # every channel started
+    local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
+    mcp: "McpManager | None" = None  # the MCP servers' connections; None without any configured
     scheduler: Scheduler | None = None
 
     async def start(self) -> None:
         if self.stores is not None:
             await self.stores.start()
+        if self.local is not None:
+            await self.local.start()  # before anything asks the model
         # Bounded by TALON_MODEL_DISCOVERY_TIMEOUT and never fatal, except for a setting that
         # cannot fit what the server reports (ConfigError: Talon refuses to start).
         await self.agent.discover(strict=True)
@@ -118,11 +134,13 @@ class Runtime:
             # In the background: the channels start now, and the first voice note finds the
             # models loaded instead of paying for the load.
             self.warmup = asyncio.create_task(self.warm_speech(), name="speech-warmup")
+        if self.mcp is not None:
+            await self.mcp.start()  # in the background: a server that fails does not stop Talon
         for channel in self.channels:
             self.bridge.add_channel(channel, started=False)
         # Pending messages from an earlier run go first, before new ones can arrive; each chat's
         # messages are handled once its channel has started.
-        self.bridge.recover()
+        await self.bridge.recover()
         if self.stores is not None and self.stores.leases is not None:
             from channels.telegram_leader import PollLeader
 
@@ -140,6 +158,7 @@ class Runtime:
             self.bridge.channel_started(channel.name)
         if self.scheduler is not None:  # due runs go to channels that are running
             await self.scheduler.start()
+        self.started = True
 
     async def warm_speech(self) -> None:
         """Load Whisper and the voice now; a failure is logged, and shows again at first use."""
@@ -164,6 +183,8 @@ class Runtime:
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
         # against channels that are shutting down. What still arrives is stored, not started.
         await self.bridge.stop()
+        if self.mcp is not None:
+            await self.mcp.close()  # every server process ends with Talon
         for channel in self.channels:
             try:
                 await channel.drain()
@@ -184,8 +205,10 @@ class Runtime:
         if self.stores is not None:
             await self.stores.aclose()
         else:
-            self.inbox.close()
-            self.bridge.gate.close()
+            await self.inbox.close()
+            await self.bridge.gate.close()
+        if self.local is not None:
+            await self.local.stop()
 
 
 def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *,
@@ -194,22 +217,23 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     stores = stores or open_stores(settings)
     store = stores.attachments
     sessions = stores.sessions
-    provider = build_provider(settings, store)
+    local = local_model_server(settings)  # not started yet: Runtime.start does that
+    provider = build_provider(settings, store, local=local)
     workspace = Workspace(settings.media_root)
     summary_provider = (
-        build_provider(settings, store, settings.summary_model)
+        build_provider(settings, store, settings.summary_model, local=local)
         if settings.summary_model and settings.summary_model != settings.model else None
     )
     tools = workspace_tools(workspace, store=store, limits=settings.limits(), shell=settings.shell_tool,
                             shell_unsandboxed=settings.shell_unsandboxed)
     tools.timeout_s = settings.tool_timeout_s
+    mcp = outside_tools(settings, tools, store)
     voice = voice_replies(settings)
     if voice is not None:
         tools.add(SpeakTool(voice.synthesizer))
     scheduler = build_scheduler(settings, stores)
-    if scheduler is not None:
-        for tool in scheduler_tools(scheduler):
-            tools.add(tool)
+    for tool in scheduler_tools(scheduler):
+        tools.add(tool)
     agent = Agent(
         provider,
         sessions,
@@ -226,7 +250,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         summary_window=settings_profile(settings, settings.summary_model).context_window
         if summary_provider is not None else None,
         workspace=workspace,
-        discoverer=model_discoverer(settings) if settings.model_discovery else None,
+        discoverer=model_discoverer(settings, local) if settings.model_discovery else None,
         learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
@@ -240,8 +264,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         limits=settings.limits(),
         media_root=settings.media_root,
         gate=stores.gate,
-        normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision),
-        model_label=settings.model,
+        normalize=inbound_normalizer(settings, store, transcriber, voice, lambda: agent.provider.vision,
+                                     shown=lambda message, notes: _show_received(bridge, message, notes)),
+        model_label=settings.model + (f" ({local.describe()})" if local is not None else ""),
         turn_timeout_s=settings.turn_timeout_s,
         voice=voice,
         busy_mode=settings.busy_mode,
@@ -254,17 +279,31 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
                                       worker_id=stores.worker_id)
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
-    if scheduler is not None:
-        scheduler.attach(bridge)
+    scheduler.attach(bridge)
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
-                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None,
-                   scheduler=scheduler)
+                   stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
+                   mcp=mcp, scheduler=scheduler)
 
 
-def build_scheduler(settings: Settings, stores: Stores) -> Scheduler | None:
-    """Scheduled tasks on the stores' task store; ConfigError for a TALON_TIMEZONE that is no zone."""
-    if stores.tasks is None:
+def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":
+    """Add ``web_fetch`` (unless TALON_WEB_FETCH=false) and the MCP servers' tools to ``tools``;
+    the MCP manager, when any server is configured (ConfigError for an invalid MCP config)."""
+    if settings.web_fetch:
+        from talon.agent.web_fetch import WebFetchTool
+
+        tools.add(WebFetchTool(store=store, limits=settings.limits(), allow_hosts=settings.web_allowlist,
+                               max_bytes=settings.web_max_bytes, timeout_s=settings.web_timeout_s))
+    servers = settings.mcp_servers()
+    if not servers:
         return None
+    from talon.agent.mcp import McpManager
+
+    return McpManager(servers, tools, store=store, limits=settings.limits(), call_timeout_s=settings.mcp_timeout_s,
+                      start_timeout_s=settings.mcp_start_timeout_s, idle_timeout_s=settings.mcp_idle_timeout_s)
+
+
+def build_scheduler(settings: Settings, stores: Stores) -> Scheduler:
+    """Scheduled tasks on the stores' task store; ConfigError for a TALON_TIMEZONE that is no zone."""
     config = SchedulerSettings(misfire_grace_s=settings.task_misfire_grace_s, tasks_per_chat=settings.tasks_per_chat,
                                min_interval_s=settings.task_min_interval_s, timezone=settings.timezone,
                                poll_s=settings.task_poll_s)
@@ -287,20 +326,36 @@ def voice_replies(settings: Settings) -> VoiceReplies | None:
                         workspace=lambda message: settings.workspace_dir(message.channel, message.conversation_id))
 
 
+def _local_server(settings: Settings, local: LocalModelServer | None) -> LocalModelServer:
+    if local is None:  # a caller that forgot it: better an error than a request to another server
+        raise ConfigError(f"TALON_MODEL={settings.model}: the local model server was not set up", [])
+    return local
+
+
 def learned_key(settings: Settings) -> str:
     """Which model on which server: what the server revealed is true of that pair."""
+    if settings.provider_name == "local":
+        # The file and its window are the model; the server's port changes every run.
+        return f"{settings.model} @ local, context {settings.local_context}"
     base = settings.anthropic_base_url if settings.provider_name == "anthropic" else settings.openai_base_url
     return f"{settings.model} @ {base.rstrip('/') or 'default'}"
 
 
-def model_discoverer(settings: Settings) -> Discoverer:
-    """Discovery for ``TALON_MODEL``: its server's own facts, turned into a profile under the settings."""
+def model_discoverer(settings: Settings, local: LocalModelServer | None = None) -> Discoverer:
+    """Discovery for ``TALON_MODEL``: its server's own facts, turned into a profile under the settings.
+    A ``local:`` model is discovered like any llama.cpp server, at the address of ``local``."""
     provider = settings.provider_name
+    base_url = (settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None
+    api_key = settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key
+    model = settings.model_name
+    if provider == "local":  # never the default OpenAI URL: the server is Talon's own
+        server = _local_server(settings, local)
+        provider, base_url, api_key, model = "openai", server.base_url, "", server.spec.alias
     return Discoverer(
         provider,
-        base_url=(settings.anthropic_base_url if provider == "anthropic" else settings.openai_base_url) or None,
-        api_key=settings.anthropic_api_key if provider == "anthropic" else settings.openai_api_key,
-        model=settings.model_name,
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
         timeout_s=settings.model_discovery_timeout_s,
         resolve=lambda facts: settings_profile(settings, facts=facts),
     )
@@ -308,9 +363,11 @@ def model_discoverer(settings: Settings) -> Discoverer:
 
 def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: Transcriber,
                        voice: VoiceReplies | None = None,
-                       vision: Callable[[], bool] = lambda: True) -> Normalizer:
+                       vision: Callable[[], bool] = lambda: True,
+                       shown: Callable[[InboundMessage, list[ReceivedNote]], None] | None = None) -> Normalizer:
     """``vision`` says, per message, whether images go to the model as images or as a notice
-    with their saved path (it changes when discovery or a refusal shows the model takes none)."""
+    with their saved path (it changes when discovery or a refusal shows the model takes none).
+    ``shown`` is told what the model got of the message's files (the console shows it)."""
     limits = settings.limits()
 
     async def normalize(message: InboundMessage, text: str, files: list[InboundFile]) -> list[ContentBlock]:
@@ -327,10 +384,18 @@ def inbound_normalizer(settings: Settings, store: AttachmentStore, transcriber: 
             if shared else "inbox",
             on_transcript=(lambda kind, transcript: voice.heard(message, kind, transcript))
             if voice is not None else None,
+            on_prepared=(lambda prepared, seen: shown(message, received_notes(prepared, vision=seen)))
+            if shown is not None else None,
         )
         return await normalize_inbound(text, files, ctx)
 
     return normalize
+
+
+def _show_received(bridge: Bridge, message: InboundMessage, notes: list[ReceivedNote]) -> None:
+    channel = bridge.channels.get(message.channel)
+    if channel is not None and notes:
+        channel.show_received(message, notes)
 
 
 def shared_http_server(settings: Settings) -> "HttpServer | None":
@@ -358,13 +423,40 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
 
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
         channels.append(WhatsAppChannel(settings, http=http,
-                                        links=stores.media_links() if stores is not None else None))
+                                        links=stores.links if stores is not None else None))
     return channels
 
 
 async def serve(runtime: Runtime, stop: asyncio.Event) -> None:
+    """Start, run until ``stop`` is set, stop. A stop during start-up (a channel waiting for its
+    platform, discovery waiting for the model server) cancels the start at once: what arrived is
+    in the inbox, and the next start takes it up."""
     try:
-        await runtime.start()
+        await until_stopped(stop, runtime.start())
+        if stop.is_set() and not runtime.started:
+            log.info("stop requested during start-up; stopping")
         await stop.wait()
     finally:
         await runtime.stop()
+
+
+_T = TypeVar("_T")
+
+
+async def until_stopped(stop: asyncio.Event, work: Awaitable[_T]) -> _T | None:
+    """What ``work`` gives, or None as soon as ``stop`` is set: a coroutine is cancelled then
+    (its cleanup runs to its end)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)  # a coroutine's cleanup runs to its end
+    return None

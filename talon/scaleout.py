@@ -1,6 +1,6 @@
 """Many workers, one order per chat: the bridge when the stores are shared (PostgreSQL).
 
-A worker serves a chat only while it holds the chat's lease (``talon.pg.leases``): a row that says
+A worker serves a chat only while it holds the chat's lease (``talon.storage.leases``): a row that says
 who serves it until when. The worker that stores a message tries to take the lease and, if it
 gets it, serves the chat's pending messages from the shared inbox one at a time, oldest first,
 until none is left, then gives the lease back. If another worker holds it, that worker finds the
@@ -23,11 +23,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
-from talon.pg.inbox import PgInbox
-from talon.pg.leases import Leases, chat_lease
+from talon.errors import StoreUnavailable
+from talon.storage.inbox import SharedInbox
+from talon.storage.leases import Leases, chat_lease
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,8 @@ class SharedBridge(Bridge):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        assert isinstance(self.inbox, PgInbox) and self.leases is not None
-        self._shared_inbox: PgInbox = self.inbox
+        assert self.leases is not None and isinstance(self.inbox, SharedInbox)
+        self._shared_inbox: SharedInbox = self.inbox
         self._leases: Leases = self.leases
         self._coordinator: asyncio.Task[None] | None = None
         self._lease_watch: asyncio.Task[None] | None = None
@@ -52,11 +53,29 @@ class SharedBridge(Bridge):
         # How many times each chat's lease was taken here: a renewal that started before the
         # latest taking says nothing about it.
         self._taken: dict[ChatKey, int] = {}
+        self._takings = 0  # counts every taking and giving back, for ``_taken``
         self._renewed = time.monotonic()  # leases taken from now on are fresh
+        self._claiming: set[ChatKey] = set()  # chats whose lease is being taken now
+        self._released: dict[ChatKey, bool] = {}  # chats whose lease closing a message gave back
 
     # --- intake ---------------------------------------------------------------------------
-    def submit(self, message: InboundMessage) -> bool:
-        item = self.inbox.add(message)
+    async def submit(self, message: InboundMessage) -> bool:
+        chat = ChatKey(message.channel, message.chat_id)
+        claim = self._may_claim(chat)
+        leased = False
+        if claim:
+            # Stored and the chat's lease tried in one round trip.
+            self._claiming.add(chat)
+            try:
+                item, leased = await self._shared_inbox.add_and_lease(
+                    message, chat_lease(chat.channel, chat.chat_id), self._leases.holder, self._leases.ttl_s)
+                if leased:
+                    self._took(chat)
+                    self._start(chat)
+            finally:
+                self._claiming.discard(chat)
+        else:
+            item = await self.inbox.add(message)
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
@@ -68,10 +87,9 @@ class SharedBridge(Bridge):
         elif (self.busy_mode == "interrupt" and not command and message.edited_at is None
               and message.scheduled is None):
             self._cancel(conversation_key(message), "interrupt")
-        self._claim(ChatKey(message.channel, message.chat_id))
         return True
 
-    def recover(self) -> int:
+    async def recover(self) -> int:
         """Nothing to queue here: pending messages are found by the scan once channels start."""
         return 0
 
@@ -81,19 +99,37 @@ class SharedBridge(Bridge):
             self._coordinator = asyncio.create_task(self._coordinate(), name="talon-coordinator")
             self._lease_watch = asyncio.create_task(self._watch_leases(), name="talon-lease-watch")
 
-    def _claim(self, chat: ChatKey) -> None:
-        if self._stopped or chat.channel not in self._started:
-            return
+    def _may_claim(self, chat: ChatKey) -> bool:
+        """Whether to try for the chat's lease: nothing here serves it or is taking it now (a
+        worker serving it asks the inbox for the chat's next message after each one)."""
+        if self._stopped or chat.channel not in self._started or chat in self._claiming:
+            return False
         worker = self._workers.get(chat)
-        if worker is not None and not worker.done():
-            return  # it asks the inbox for the chat's next message after each one
-        if self._take(chat):
+        return worker is None or worker.done()
+
+    async def _claim(self, chat: ChatKey) -> None:
+        if not self._may_claim(chat):
+            return
+        self._claiming.add(chat)
+        try:
+            if await self._take(chat):
+                self._start(chat)
+        finally:
+            self._claiming.discard(chat)
+
+    def _start(self, chat: ChatKey) -> None:
+        if not self._stopped:
             self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
 
-    def _take(self, chat: ChatKey) -> bool:
-        if not self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
+    def _took(self, chat: ChatKey) -> None:
+        """The chat's lease was taken or given back: a renewal that began before says nothing of it."""
+        self._takings += 1
+        self._taken[chat] = self._takings
+
+    async def _take(self, chat: ChatKey) -> bool:
+        if not await self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
             return False
-        self._taken[chat] = self._taken.get(chat, 0) + 1
+        self._took(chat)
         return True
 
     # --- serving one chat -------------------------------------------------------------------
@@ -102,28 +138,60 @@ class SharedBridge(Bridge):
         tried: set[int] = set()
         try:
             while not self._stopped:
-                item = self._shared_inbox.next_pending(chat.channel, chat.chat_id)
-                if item is None or item.seq in tried:
-                    if item is not None:  # its delivery failed for now; give others a go later
-                        self._retry_at[chat] = time.monotonic() + self.retry_after_s
-                    self._leases.release(name)
-                    # A message stored by a worker that found the lease still held must not wait
-                    # for the scan: look once more now that the lease is free.
-                    again = self._shared_inbox.next_pending(chat.channel, chat.chat_id)
-                    if again is None or again.seq in tried or not self._take(chat):
-                        return
-                    continue
-                tried.add(item.seq)
                 try:
-                    await self._process(item)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("chat %s: message %s failed unexpectedly", chat, item.message.message_id)
+                    if await self._serve_next(chat, name, tried):
+                        return
+                except StoreUnavailable as exc:
+                    # The database hangs or is away: no message is at fault. The chat's next one
+                    # is tried again, in its place, once the database answers (while the lease
+                    # holds; past it, the watchdog gives the chat up).
+                    log.warning("chat %s waits for the database (%s)", chat, exc)
+                    await asyncio.sleep(self.store_retry_s)
         finally:
             if self._workers.get(chat) is asyncio.current_task():
                 self._workers.pop(chat, None)
                 self._taken.pop(chat, None)
+                self._released.pop(chat, None)
+
+    async def _serve_next(self, chat: ChatKey, name: str, tried: set[int]) -> bool:
+        """Answer the chat's next message; True when there is none left to answer here."""
+        # The next message and its attempt in one round trip (not counted again for a message
+        # whose delivery failed here already).
+        item = await self._shared_inbox.claim_next(chat.channel, chat.chat_id, sorted(tried))
+        if item is None or item.seq in tried:
+            if item is not None:  # its delivery failed for now; give others a go later
+                self._retry_at[chat] = time.monotonic() + self.retry_after_s
+            self._took(chat)
+            await self._leases.release(name)
+            if item is not None:
+                return True
+            # A message stored by a worker that found the lease still held must not wait for
+            # the scan: look once more now that the lease is free.
+            again = await self._shared_inbox.next_pending(chat.channel, chat.chat_id)
+            return again is None or not await self._take(chat)
+        tried.add(item.seq)
+        try:
+            await self._process(item, attempted=True)
+        except StoreUnavailable:
+            tried.discard(item.seq)
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("chat %s: message %s failed unexpectedly", chat, item.message.message_id)
+        # Closing the message gave the lease back when nothing else waited: done here.
+        return self._released.pop(chat, False)
+
+    async def _finish(self, message: InboundMessage, delivered_parts: int) -> None:
+        chat = ChatKey(message.channel, message.chat_id)
+        if self._workers.get(chat) is not asyncio.current_task():
+            await super()._finish(message, delivered_parts)
+            return
+        # Closed, and the lease given back if the chat has nothing else pending, in one round trip.
+        self._took(chat)
+        if await self._shared_inbox.finish(message.key, delivered_parts, chat_lease(chat.channel, chat.chat_id),
+                                           self._leases.holder):
+            self._released[chat] = True
 
     # --- leases and the scan --------------------------------------------------------------
     async def _coordinate(self) -> None:
@@ -145,9 +213,7 @@ class SharedBridge(Bridge):
         serving = dict(self._workers)
         taken = dict(self._taken)
         names = [chat_lease(chat.channel, chat.chat_id) for chat in serving]
-        # In a thread, like the scan's query: with the database away, a call waits for a pooled
-        # connection, and the event loop must go on (webhooks answer, /healthz says 503).
-        held = await asyncio.to_thread(self._leases.renew, names) if names else set()
+        held = await self._leases.renew(names) if names else set()
         self._renewed = now
         for chat, task in serving.items():
             if (chat_lease(chat.channel, chat.chat_id) not in held and not task.done()
@@ -172,14 +238,14 @@ class SharedBridge(Bridge):
         channels = sorted(self._started)
         if not channels:
             return
-        waiting = await asyncio.to_thread(self._shared_inbox.pending_chats, channels, 100)
+        waiting = await self._shared_inbox.pending_chats(channels, 100)
         now = time.monotonic()
         for channel, chat_id in waiting:
             chat = ChatKey(channel, chat_id)
             if self._retry_at.get(chat, 0.0) > now:
                 continue
             self._retry_at.pop(chat, None)
-            self._claim(chat)
+            await self._claim(chat)
 
     async def stop(self) -> None:
         self._stopped = True
@@ -189,7 +255,7 @@ class SharedBridge(Bridge):
                 await asyncio.gather(task, return_exceptions=True)
         await super().stop()
         try:
-            self._leases.release_all()  # the other workers take the chats over at once
+            await self._leases.release_all()  # the other workers take the chats over at once
         except Exception as exc:
             log.warning("worker %s: could not give its leases back (%s); they expire in %gs",
                         self.worker_id, exc, self._leases.ttl_s)

@@ -129,7 +129,11 @@ def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
         raise TranscriptionError(f"the file is not audio that can be decoded ({short_reason(exc)})") from exc
     with container:
         if not container.streams.audio:
-            raise TranscriptionError("the file has no audio track")
+            # Also what noise can look like: FFmpeg's probe takes some random bytes for a text
+            # format (lyrics, subtitles) that holds no audio.
+            found = ", ".join(sorted({s.type for s in container.streams})) or "nothing"
+            raise TranscriptionError(f"the file is not audio: it has no audio track (read as "
+                                     f"{container.format.name}: {found})")
         stream = container.streams.audio[0]
         declared = _declared_seconds(container, stream)
         if declared is not None and declared > limits.audio_max_seconds:

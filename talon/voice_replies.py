@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from talon.agent.session import safe_path_part
+from talon.storage.sessions import safe_path_part
 from talon.agent.tools import Tool, ToolError, ToolResult
 from talon.content import InboundKind, Message
 from talon.envelope import InboundMessage, OutboundReply, VoiceWish

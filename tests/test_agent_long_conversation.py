@@ -18,13 +18,15 @@ from PIL import Image
 from talon.agent.loop import Agent
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
-from talon.agent.session import ChatKey, SessionStore, is_checkpoint
+from talon.storage.sessions import ChatKey
+from talon.storage.embedded.sessions import JsonlSessions
+from talon.agent.session import is_checkpoint
 from talon.agent.summary import SUMMARY_SYSTEM
 from talon.agent.tokens import estimate_request
 from talon.agent.tools import Tool, ToolResult
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileAttachments
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 
 CHAT = ChatKey("telegram", "4242")
@@ -113,8 +115,8 @@ class ScriptedModel(Provider):
 async def test_hundreds_of_turns_stay_in_the_window_and_the_archive_can_be_read(tmp_path: Path) -> None:
     root = tmp_path / "media_root"
     workspace = Workspace(root)
-    store = AttachmentStore(tmp_path / "data" / "attachments")
-    sessions = SessionStore(tmp_path / "data")
+    store = FileAttachments(tmp_path / "data" / "attachments")
+    sessions = JsonlSessions(tmp_path / "data")
     (root / "pics").mkdir(parents=True)
     (root / "inbox").mkdir()
     for i in range(7):
@@ -125,13 +127,13 @@ async def test_hundreds_of_turns_stay_in_the_window_and_the_archive_can_be_read(
     agent = Agent(model, sessions, tools=tools, workspace=workspace,
                   profile=ModelProfile(WINDOW, MAX_OUTPUT, True))
 
-    archive = sessions.archive_path(CHAT)
+    archive = sessions.archive_path(CHAT, "main")
     sizes: list[int] = []
     for k in range(TURNS):
         model.turn, model.step = k, 0
         photo = png(k % 11)
         (root / "inbox" / f"photo{k}.png").write_bytes(photo)
-        ref = store.put_bytes(photo, mime="image/png", name=f"photo{k}.png").model_copy(
+        ref = (await store.put_bytes(photo, mime="image/png", name=f"photo{k}.png")).model_copy(
             update={"path": f"inbox/photo{k}.png"})
         text = f"turn {k}: what about this photo?" + (f" The secret code is {SECRET}." if k == 1 else "")
         user = Message(role="user", content=[TextBlock(text=text), ImageBlock(ref=ref)])
@@ -149,7 +151,7 @@ async def test_hundreds_of_turns_stay_in_the_window_and_the_archive_can_be_read(
         assert all(m.meta in ({}, {"error": True}) for m in request.messages)
         assert sum(len(m.images()) for m in request.messages) <= 20
     # Summaries happened many times and the archive only ever grew.
-    checkpoints = sum(is_checkpoint(m) for m in sessions.load(CHAT))
+    checkpoints = sum(is_checkpoint(m) for m in await sessions.load(CHAT))
     assert model.summaries >= 10 and checkpoints >= 10
     assert sizes == sorted(sizes) and len(set(sizes)) > 10
     text = archive.read_text()
@@ -163,11 +165,11 @@ async def test_hundreds_of_turns_stay_in_the_window_and_the_archive_can_be_read(
     # An evicted tool output was read back from its file.
     assert any("svc20 entry 00999" in r or "entry 00999" in r for r in model.seen_results)
     # The log is complete and holds no base64.
-    log = sessions.load(CHAT)
+    log = await sessions.load(CHAT)
     assert sum(1 for m in log if m.role == "user" and m.meta.get("turn_id")) == TURNS + 1
     raw = sessions.thread_path(CHAT).read_text()
     assert "data:image" not in raw and "base64" not in raw
     assert BASE64_RUN.search(raw) is None
     assert len(raw) < 30_000_000
-    status = agent.status_text(CHAT, "openai:scripted")
+    status = await agent.status_text(CHAT, "openai:scripted")
     assert "summaries so far" in status and "reported by the provider" in status

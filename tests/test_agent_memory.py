@@ -8,7 +8,8 @@ from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.memory import MEMORY_CLOSE, MEMORY_OPEN
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
-from talon.agent.session import ChatKey, SessionStore
+from talon.storage.sessions import ChatKey
+from talon.storage.embedded.sessions import JsonlSessions
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
 from talon.content import Message
@@ -32,7 +33,7 @@ class Echo(Provider):
 def make_agent(tmp_path: Path, provider: Provider | None = None) -> tuple[Agent, Path]:
     root = tmp_path / "media_root"
     workspace = Workspace(root)
-    agent = Agent(provider or Echo(), SessionStore(tmp_path / "data"),
+    agent = Agent(provider or Echo(), JsonlSessions(tmp_path / "data"),
                   tools=workspace_tools(workspace, store=None), workspace=workspace,
                   profile=ModelProfile(128_000, 8_000, True))
     return agent, root
@@ -88,28 +89,26 @@ async def test_agent_can_update_its_memory_with_edit_file(tmp_path: Path) -> Non
 
 async def test_status_marks_estimates_and_reports_provider_usage(tmp_path: Path) -> None:
     agent, _ = make_agent(tmp_path, Echo(usage=False))
-    before = agent.status_text(CHAT, "openai:gpt-4o")
+    before = await agent.status_text(CHAT, "openai:gpt-4o")
     assert "Model: openai:gpt-4o (context window 128,000 tokens" in before
     assert "Context: ~" in before and "approximate" in before and "0 messages" in before
     await agent.run_turn(CHAT, Message.user("hello"), "t1")
-    estimated = agent.status_text(CHAT, "openai:gpt-4o")
+    estimated = await agent.status_text(CHAT, "openai:gpt-4o")
     assert "approximate" in estimated and "2 messages" in estimated and "KB" in estimated
 
     agent.provider = Echo(usage=True)
     await agent.run_turn(CHAT, Message.user("again"), "t2")
-    reported = agent.status_text(CHAT, "openai:gpt-4o")
+    reported = await agent.status_text(CHAT, "openai:gpt-4o")
     assert "1,290 of 128,000 tokens (1%), reported by the provider" in reported
     # Usage survives a restart: it is read from the session, not from memory.
     fresh, _ = make_agent(tmp_path)
-    assert "reported by the provider" in fresh.status_text(CHAT, "openai:gpt-4o")
-    thread = agent.sessions.new_thread(CHAT)
-    after_new = agent.status_text(CHAT, "openai:gpt-4o")
+    assert "reported by the provider" in await fresh.status_text(CHAT, "openai:gpt-4o")
+    thread = await agent.sessions.new_thread(CHAT)
+    after_new = await agent.status_text(CHAT, "openai:gpt-4o")
     assert f"Session: {thread}, 0 messages" in after_new and "approximate" in after_new
 
 
-def test_runtime_builds_the_agent_with_workspace_tools(tmp_path: Path) -> None:
-    import asyncio
-
+async def test_runtime_builds_the_agent_with_workspace_tools(tmp_path: Path) -> None:
     from talon.config import Settings
     from talon.runtime import build_runtime
 
@@ -124,13 +123,13 @@ def test_runtime_builds_the_agent_with_workspace_tools(tmp_path: Path) -> None:
         assert "shell" not in runtime.agent.tools.tools
         assert runtime.agent.profile.context_window == 128_000
     finally:
-        runtime.inbox.close()
-        asyncio.run(runtime.agent.aclose())
+        await runtime.stores.aclose()
+        await runtime.agent.aclose()
     runtime = build(TALON_SHELL_TOOL="true", TALON_MODEL_CONTEXT_WINDOW="20000", TALON_SUMMARY_MODEL="gpt-4o")
     try:
         assert "shell" in runtime.agent.tools.tools
         assert runtime.agent.profile.context_window == 20_000
         assert runtime.agent.summary_provider is not None and runtime.agent.summary_provider.model == "gpt-4o"
     finally:
-        runtime.inbox.close()
-        asyncio.run(runtime.agent.aclose())
+        await runtime.stores.aclose()
+        await runtime.agent.aclose()

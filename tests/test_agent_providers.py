@@ -16,11 +16,13 @@ from talon.agent.loop import Agent
 from talon.agent.openai_provider import OpenAIProvider
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import Provider, data_url
-from talon.agent.session import ChatKey, SessionStore, is_checkpoint
+from talon.storage.sessions import ChatKey
+from talon.storage.embedded.sessions import JsonlSessions
+from talon.agent.session import is_checkpoint
 from talon.agent.tools import Tool, ToolResult
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileAttachments
 from talon.content import ImageBlock, Message
 from talon.errors import ContextOverflow
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -54,12 +56,12 @@ class Setup:
     def __init__(self, tmp_path: Path) -> None:
         self.root = tmp_path / "media_root"
         self.workspace = Workspace(self.root)
-        self.store = AttachmentStore(tmp_path / "data" / "attachments")
-        self.sessions = SessionStore(tmp_path / "data")
+        self.store = FileAttachments(tmp_path / "data" / "attachments")
+        self.sessions = JsonlSessions(tmp_path / "data")
         (self.root / "pic.png").write_bytes(png())
 
     def hydrate(self, block: ImageBlock) -> str:
-        return data_url(block.ref.mime, self.store.read_bytes(block.ref))
+        return data_url(block.ref.mime, self.store.blocking.read_bytes(block.ref))
 
     def agent(self, provider: Provider, profile: ModelProfile | None = None, **kw: Any) -> Agent:
         tools = workspace_tools(self.workspace, store=self.store)
@@ -149,7 +151,7 @@ async def test_unknown_openai_model_falls_back_to_placeholders_when_images_are_r
         fake.queue(FakeOpenAI.error(400, "This model does not support image input."), "ok")
         provider = openai_provider(fake, setup, model="my-local-model", vision=True)
         agent = setup.agent(provider)
-        ref = setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
+        ref = await setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
         user = Message(role="user", content=[*Message.user("see").content, ImageBlock(ref=ref)])
         result = await agent.run_turn(CHAT, user, "t1")
         await provider.aclose()
@@ -181,7 +183,7 @@ async def test_openai_overflow_once_is_recovered_by_clipping_tool_output(setup: 
     retried = next(m for m in fake.requests[2].json["messages"] if m["role"] == "tool")["content"]
     assert len(refused) == 20_000 and len(retried) < 5_000 and "too long to keep" in retried
     # The session log still has the whole output.
-    tool = next(m for m in setup.sessions.load(CHAT) if m.role == "tool")
+    tool = next(m for m in await setup.sessions.load(CHAT) if m.role == "tool")
     assert len(tool.text) == 20_000
 
 
@@ -200,7 +202,7 @@ async def test_openai_overflow_once_on_a_fresh_chat_is_retried_and_completes(set
 
 async def test_overflow_twice_summarizes_and_completes(setup: Setup) -> None:
     for i in range(12):
-        setup.sessions.append(CHAT, Message.user(f"old question {i}", turn_id=f"o{i}"),
+        await setup.sessions.append(CHAT, Message.user(f"old question {i}", turn_id=f"o{i}"),
                               Message.assistant(f"old answer {i} " + "z" * 300, turn_id=f"o{i}", final=True))
     async with FakeOpenAI() as fake:
         fake.queue(FakeOpenAI.context_length_exceeded(), "SUMMARY: twelve old questions were asked.",
@@ -216,14 +218,14 @@ async def test_overflow_twice_summarizes_and_completes(setup: Setup) -> None:
     final = json.dumps(fake.requests[2].json)
     assert "SUMMARY: twelve old questions" in final and "old question 0" not in final
     assert "new question" in final
-    log = setup.sessions.load(CHAT)
+    log = await setup.sessions.load(CHAT)
     assert sum(is_checkpoint(m) for m in log) == 1
-    archive = setup.sessions.archive_path(CHAT)
+    archive = setup.sessions.archive_path(CHAT, "main")
     assert "old question 0" in archive.read_text()
 
 
 async def test_overflow_that_never_ends_fails_the_turn_without_looping(setup: Setup) -> None:
-    setup.sessions.append(CHAT, Message.user("earlier", turn_id="o"), Message.assistant("sure", turn_id="o", final=True))
+    await setup.sessions.append(CHAT, Message.user("earlier", turn_id="o"), Message.assistant("sure", turn_id="o", final=True))
     async with FakeOpenAI() as fake:
         fake.default_responder = lambda body: FakeOpenAI.context_length_exceeded()
         provider = openai_provider(fake, setup)
@@ -267,7 +269,7 @@ async def test_build_provider_picks_adapter_and_profile(tmp_path: Path) -> None:
     from talon.config import Settings
     from talon.runtime import build_provider
 
-    store = AttachmentStore(tmp_path / "att")
+    store = FileAttachments(tmp_path / "att")
     base = dict(OPENAI_API_KEY="k", ANTHROPIC_API_KEY="k")
     claude = build_provider(Settings(_env_file=None, TALON_MODEL="anthropic:claude-3-5-haiku-latest", **base), store)
     assert isinstance(claude, AnthropicProvider) and claude.vision
@@ -288,7 +290,7 @@ async def test_anthropic_accepts_every_request_of_a_summarized_conversation(setu
 
     for i in range(15):
         call = ToolCall(id=f"toolu_{i}", name="ls", arguments="{}")
-        setup.sessions.append(
+        await setup.sessions.append(
             CHAT,
             Message.user(f"question {i} " + "q" * 2000, turn_id=f"o{i}"),
             Message(role="assistant", tool_calls=[call], meta={"turn_id": f"o{i}"}),

@@ -12,7 +12,7 @@ import pytest
 
 from talon.agent.context import SUMMARY, ContextBudget, RequestContext, ResultFiles, conversation_view, summarize_step
 from talon.agent.profiles import ModelProfile
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderUnavailable
 from tests.fakes.anthropic_server import FakeAnthropic, Reply as AnthropicReply, ToolUse
@@ -147,7 +147,7 @@ async def test_a_tool_call_with_a_null_id_does_not_crash_the_turn(tmp_path: Path
 # --- refused images stay withheld through overflow recovery ----------------------------------
 async def test_a_refused_image_is_not_sent_again_when_the_request_is_also_too_long(tmp_path: Path) -> None:
     setup = Setup(tmp_path)
-    ref = setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
+    ref = await setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
     photo = Message(role="user", content=[TextBlock(text="what is this?"), ImageBlock(ref=ref)])
     profile = ModelProfile(context_window=16_000, max_output=1000, vision=True, known=True)
     async with FakeOpenAI() as fake:
@@ -178,12 +178,15 @@ async def test_summary_inside_a_long_turn_keeps_the_users_request_verbatim(tmp_p
                                content=[TextBlock(text=f"rows {step} " + "r" * 3200)]))
     persisted: list[Message] = []
 
+    async def persist(message: Message) -> None:
+        persisted.append(message)
+
     async def summarize(previous: str | None, messages: list[Message]) -> str:
         return "- The assistant has been reading files."  # a summary that forgot the request
 
     ctx = RequestContext(
         budget=ContextBudget.for_profile(ModelProfile(8000, 500, True)),
-        archive=tmp_path / "a.md", summarize=summarize, persist=persisted.append,
+        archive=tmp_path / "a.md", summarize=summarize, persist=persist,
         results=ResultFiles(tmp_path / "r"),
     )
     out = await summarize_step(conversation_view(history), ctx)
@@ -200,7 +203,7 @@ async def test_an_image_missing_from_the_store_becomes_a_placeholder_not_a_faile
     # log still names the picture. Each request used to fail (for every turn the image stayed in
     # the window) with an AttachmentError instead of reaching the model.
     setup = Setup(tmp_path)
-    ref = setup.store.put_bytes(png(), mime="image/png", name="gone.png", width=40, height=30)
+    ref = await setup.store.put_bytes(png(), mime="image/png", name="gone.png", width=40, height=30)
     setup.store.path_for(ref.id).unlink()
     photo = Message(role="user", content=[TextBlock(text="and this one?"), ImageBlock(ref=ref)])
     async with FakeOpenAI() as fake:
@@ -246,7 +249,7 @@ async def test_a_413_from_a_proxy_in_front_of_the_model_costs_the_image_not_the_
     # carries a photo with 413. That used to fail the turn, and every turn while the photo stayed
     # in the window.
     setup = Setup(tmp_path)
-    ref = setup.store.put_bytes(png(), mime="image/png", name="big.png", width=40, height=30)
+    ref = await setup.store.put_bytes(png(), mime="image/png", name="big.png", width=40, height=30)
     photo = Message(role="user", content=[TextBlock(text="what is this?"), ImageBlock(ref=ref)])
     async with FakeOpenAI() as fake:
         fake.queue(FakeOpenAI.error(413, "Request Entity Too Large"), "I cannot see it, sorry.")

@@ -16,7 +16,7 @@ from tests.pdfs import pdf_bytes
 from talon.agent.tools import ToolContext, ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileAttachments, FileBlobs
 from talon.config import Limits
 from talon.content import ImageBlock, ToolCall
 
@@ -50,7 +50,7 @@ def ws(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def tools(ws: Path, tmp_path: Path) -> ToolRegistry:
-    store = AttachmentStore(tmp_path / "data" / "attachments")
+    store = FileAttachments(tmp_path / "data" / "attachments")
     return workspace_tools(Workspace(ws), store=store, limits=Limits())
 
 
@@ -161,8 +161,8 @@ async def test_read_image_returns_an_image_block(tools: ToolRegistry, ws: Path, 
     [note, image] = result.content
     assert "image 64x48" in note.text
     assert isinstance(image, ImageBlock) and image.ref.path == "pics/red.png" and image.ref.width == 64
-    store = AttachmentStore(tmp_path / "data" / "attachments")
-    assert store.read_bytes(image.ref)[:8] == b"\x89PNG\r\n\x1a\n"
+    store = FileAttachments(tmp_path / "data" / "attachments")
+    assert (await store.read_bytes(image.ref))[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 async def test_read_pdf_pages(tools: ToolRegistry, ws: Path) -> None:

@@ -13,11 +13,12 @@ from talon.agent.context import tombstone
 from talon.agent.loop import Agent
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import ModelRequest, ModelResponse, Provider
-from talon.agent.session import ChatKey, SessionStore
+from talon.storage.sessions import ChatKey
+from talon.storage.embedded.sessions import JsonlSessions
 from talon.agent.tools import ToolRegistry
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileAttachments, FileBlobs
 from talon.config import Limits
 from talon.content import ImageBlock, Message, ToolCall
 from tests.test_agent_providers import Dump
@@ -27,7 +28,7 @@ from tests.test_agent_workspace import make_video
 def _tools(tmp_path: Path) -> tuple[Path, ToolRegistry]:
     root = tmp_path / "media_root"
     root.mkdir()
-    store = AttachmentStore(tmp_path / "data" / "attachments")
+    store = FileAttachments(tmp_path / "data" / "attachments")
     return root, workspace_tools(Workspace(root), store=store, limits=Limits())
 
 
@@ -77,15 +78,15 @@ async def test_saved_output_is_readable_by_the_path_the_preview_gives_with_relat
     # read_file resolves inside the workspace: the agent could never read it back.
     monkeypatch.chdir(tmp_path)
     workspace = Workspace(Path("media_root"))
-    store = AttachmentStore(Path(".talon") / "attachments")
-    sessions = SessionStore(Path(".talon"))
+    store = FileAttachments(Path(".talon") / "attachments")
+    sessions = JsonlSessions(Path(".talon"))
     tools = workspace_tools(workspace, store=store)
     tools.add(Dump(60_000))
     agent = Agent(_ScriptedProvider(), sessions, tools=tools, workspace=workspace,
                   profile=ModelProfile(32_000, 2000, True))
     result = await agent.run_turn(ChatKey("telegram", "5"), Message.user("dump, then read it back"), "t1")
     assert result.text == "read it", result.text
-    read_back = [m for m in sessions.load(ChatKey("telegram", "5")) if m.role == "tool"][-1]
+    read_back = [m for m in await sessions.load(ChatKey("telegram", "5")) if m.role == "tool"][-1]
     assert not read_back.meta.get("error"), read_back.text
     assert "entry 00000" in read_back.text
 

@@ -122,17 +122,29 @@ def test_bad_token_is_reported_without_traceback(tmp_path: Path, fakes) -> None:
     assert "TELEGRAM_BOT_TOKEN" in log and "Traceback" not in log
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _doctor(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    # doctor calls getMe: never at api.telegram.org from a test (a closed port unless a test
+    # passes the fake's URL).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
     env.update({"TALON_MODEL": "openai:gpt-4.1-mini", "OPENAI_API_KEY": "sk-very-secret",
-                "TELEGRAM_BOT_TOKEN": "123:also-secret", "TALON_TELEGRAM_ALLOWED_USERS": "42", **extra})
+                "TELEGRAM_BOT_TOKEN": "123:also-secret", "TALON_TELEGRAM_ALLOWED_USERS": "42",
+                "TELEGRAM_API_BASE_URL": f"http://127.0.0.1:{closed_port()}",
+                "XDG_CONFIG_HOME": str(tmp_path / "config"), **extra})
     return subprocess.run([sys.executable, "-m", "talon.cli", "doctor"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
 def test_doctor_reports_configuration_and_the_server_without_secrets(tmp_path: Path, fakes) -> None:
-    _, llm = fakes
-    result = _doctor(tmp_path, OPENAI_BASE_URL=llm.base_url, TALON_MODEL="openai:gpt-fake")
+    tg, llm = fakes
+    result = _doctor(tmp_path, OPENAI_BASE_URL=llm.base_url, TALON_MODEL="openai:gpt-fake",
+                     TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_API_BASE_URL=tg.base_url)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in result.stdout.splitlines() if "  " in line}
     assert rows["model"] == "ok: openai:gpt-fake"
@@ -142,7 +154,10 @@ def test_doctor_reports_configuration_and_the_server_without_secrets(tmp_path: P
     assert "context window 32,768 tokens (Talon's default for unknown models)" in rows["model profile"]
     assert rows["live request"].startswith("ok: answered")
     assert llm.requests and llm.requests[-1].json["max_tokens"] == 1  # one cheap request
-    assert "secret" not in result.stdout
+    assert rows["model server url"] == f"{llm.base_url} (OPENAI_BASE_URL)"
+    assert rows["telegram bot"] == "ok: @talon_test_bot (id 123456), getMe answered"
+    assert [c.method for c in tg.calls] == ["getMe"]
+    assert "secret" not in result.stdout and TOKEN not in result.stdout
 
 
 def test_doctor_exits_1_when_a_required_setting_is_missing(tmp_path: Path) -> None:
@@ -153,14 +168,13 @@ def test_doctor_exits_1_when_a_required_setting_is_missing(tmp_path: Path) -> No
 
 
 def test_doctor_exits_1_when_the_model_server_cannot_be_reached(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = closed_port()
     result = _doctor(tmp_path, OPENAI_BASE_URL=f"http://127.0.0.1:{port}/v1", TALON_MODEL_MAX_RETRIES="0")
     assert result.returncode == 1, result.stdout
     rows = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in result.stdout.splitlines() if "  " in line}
     assert rows["model server"].startswith("UNREACHABLE: not reachable")
-    assert rows["live request"].startswith("FAILED: could not reach the model server")
+    assert rows["live request"].startswith(f"FAILED: could not reach the model server at http://127.0.0.1:{port}/v1")
+    assert rows["model server url"] == f"http://127.0.0.1:{port}/v1 (OPENAI_BASE_URL)"
 
 
 def test_debug_log_never_shows_the_bot_token_or_api_key(tmp_path: Path, fakes) -> None:

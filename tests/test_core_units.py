@@ -8,13 +8,14 @@ import pytest
 
 from talon.agent.loop import Agent
 from talon.agent.provider import ModelRequest, ModelResponse, Provider
-from talon.agent.session import ChatKey, SessionStore
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.sessions import JsonlSessions
+from talon.storage.sessions import ChatKey
+from talon.storage.embedded.attachments import FileAttachments
 from talon.config import Settings, normalize_whatsapp_number, split_model
 from talon.content import Message, TextBlock, ToolCall
 from talon.envelope import InboundMessage
 from talon.errors import ConfigError, DownloadTooLarge
-from talon.inbox import Inbox
+from talon.storage.embedded.inbox import SqliteInbox
 
 CHAT = ChatKey("telegram", "42")
 
@@ -32,55 +33,55 @@ class ScriptedProvider(Provider):
         return ModelResponse(message=self.replies.pop(0))
 
 
-def test_session_append_load_and_torn_line(tmp_path: Path) -> None:
-    store = SessionStore(tmp_path)
-    store.append(CHAT, Message.user("one"))
+async def test_session_append_load_and_torn_line(tmp_path: Path) -> None:
+    store = JsonlSessions(tmp_path)
+    await store.append(CHAT, Message.user("one"))
     path = store.thread_path(CHAT)
     with open(path, "a") as fh:
         fh.write('{"role": "user", "content": [{"type": "te')  # a crash mid-write
-    store.append(CHAT, Message.user("two"))
-    assert [m.text for m in store.load(CHAT)] == ["one", "two"]
+    await store.append(CHAT, Message.user("two"))
+    assert [m.text for m in await store.load(CHAT)] == ["one", "two"]
 
 
-def test_new_thread_keeps_old_one(tmp_path: Path) -> None:
-    store = SessionStore(tmp_path)
-    store.append(CHAT, Message.user("old"))
+async def test_new_thread_keeps_old_one(tmp_path: Path) -> None:
+    store = JsonlSessions(tmp_path)
+    await store.append(CHAT, Message.user("old"))
     old = store.thread_path(CHAT)
-    store.new_thread(CHAT)
-    assert store.load(CHAT) == []
+    await store.new_thread(CHAT)
+    assert await store.load(CHAT) == []
     assert old.exists() and "old" in old.read_text()
 
 
-def test_inbox_dedup_order_and_progress(tmp_path: Path) -> None:
-    inbox = Inbox(tmp_path / "inbox.sqlite3")
+async def test_inbox_dedup_order_and_progress(tmp_path: Path) -> None:
+    inbox = SqliteInbox(tmp_path / "inbox.sqlite3")
     a = InboundMessage(channel="telegram", chat_id="1", sender_id="1", message_id="10", text="a")
     b = InboundMessage(channel="telegram", chat_id="1", sender_id="1", message_id="11", text="b")
-    assert inbox.add(a) is not None
-    assert inbox.add(b) is not None
-    assert inbox.add(a) is None  # duplicate
-    inbox.set_delivered_parts(a.key, 2)
-    inbox.close()
-    reopened = Inbox(tmp_path / "inbox.sqlite3")
-    pending = reopened.pending()
+    assert await inbox.add(a) is not None
+    assert await inbox.add(b) is not None
+    assert await inbox.add(a) is None  # duplicate
+    await inbox.set_delivered_parts(a.key, 2)
+    await inbox.close()
+    reopened = SqliteInbox(tmp_path / "inbox.sqlite3")
+    pending = await reopened.pending()
     assert [p.message.text for p in pending] == ["a", "b"]
     assert pending[0].delivered_parts == 2
-    reopened.mark_done(a.key)
-    assert [p.message.text for p in reopened.pending()] == ["b"]
-    assert reopened.add(a) is None  # still a duplicate after it was done
+    await reopened.mark_done(a.key)
+    assert [p.message.text for p in await reopened.pending()] == ["b"]
+    assert await reopened.add(a) is None  # still a duplicate after it was done
 
 
-def test_attachment_store_dedup_and_cap(tmp_path: Path) -> None:
-    store = AttachmentStore(tmp_path)
-    r1 = store.put_bytes(b"hello", mime="text/plain", name="a.txt")
-    r2 = store.put_chunks([b"hel", b"lo"], mime="text/plain", name="b.txt")
-    assert r1.id == r2.id and store.read_bytes(r1) == b"hello"
+async def test_attachment_store_dedup_and_cap(tmp_path: Path) -> None:
+    store = FileAttachments(tmp_path)
+    r1 = await store.put_bytes(b"hello", mime="text/plain", name="a.txt")
+    r2 = store.blocking.put_chunks([b"hel", b"lo"], mime="text/plain", name="b.txt")
+    assert r1.id == r2.id and await store.read_bytes(r1) == b"hello"
     with pytest.raises(DownloadTooLarge):
-        store.put_chunks([b"x" * 10, b"y" * 10], mime="application/octet-stream", name="big", limit=15)
+        store.blocking.put_chunks([b"x" * 10, b"y" * 10], mime="application/octet-stream", name="big", limit=15)
     assert list((tmp_path / "tmp").iterdir()) == []  # the partial file is gone
 
 
 async def test_turn_replay_after_crash_does_not_ask_model_again(tmp_path: Path) -> None:
-    sessions = SessionStore(tmp_path)
+    sessions = JsonlSessions(tmp_path)
     provider = ScriptedProvider([Message.assistant("first answer")])
     agent = Agent(provider, sessions)
     result = await agent.run_turn(CHAT, Message.user("hi"), turn_id="t1")
@@ -88,7 +89,7 @@ async def test_turn_replay_after_crash_does_not_ask_model_again(tmp_path: Path) 
     # The process died before delivery; the same turn runs again after restart.
     again = await Agent(ScriptedProvider([]), sessions).run_turn(CHAT, Message.user("hi"), turn_id="t1")
     assert again.replayed and again.text == "first answer"
-    assert [m.role for m in sessions.load(CHAT)] == ["user", "assistant"]
+    assert [m.role for m in await sessions.load(CHAT)] == ["user", "assistant"]
 
 
 async def test_turn_resume_runs_only_unanswered_tool_calls(tmp_path: Path) -> None:
@@ -105,29 +106,29 @@ async def test_turn_resume_runs_only_unanswered_tool_calls(tmp_path: Path) -> No
             calls.append(args["v"])
             return ToolResult.text(args["v"])
 
-    sessions = SessionStore(tmp_path)
+    sessions = JsonlSessions(tmp_path)
     user = Message(role="user", content=[TextBlock(text="go")], meta={"turn_id": "t"})
     ask = Message(role="assistant", tool_calls=[ToolCall(id="c1", name="echo", arguments='{"v": "a"}'),
                                                  ToolCall(id="c2", name="echo", arguments='{"v": "b"}')],
                   meta={"turn_id": "t"})
     done = Message(role="tool", content=[TextBlock(text="a")], tool_call_id="c1", meta={"turn_id": "t"})
-    sessions.append(CHAT, user, ask, done)  # crashed after the first tool result
+    await sessions.append(CHAT, user, ask, done)  # crashed after the first tool result
     agent = Agent(ScriptedProvider([Message.assistant("done")]), sessions)
     agent.tools.add(Echo())
     result = await agent.run_turn(CHAT, Message.user("go"), turn_id="t")
     assert result.text == "done"
     assert calls == ["b"]
-    assert [m.role for m in sessions.load(CHAT)] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert [m.role for m in await sessions.load(CHAT)] == ["user", "assistant", "tool", "tool", "assistant"]
 
 
 async def test_bad_tool_arguments_reach_the_agent_as_an_error(tmp_path: Path) -> None:
-    sessions = SessionStore(tmp_path)
+    sessions = JsonlSessions(tmp_path)
     provider = ScriptedProvider([
         Message(role="assistant", tool_calls=[ToolCall(id="c", name="nope", arguments="{broken")]),
         Message.assistant("ok"),
     ])
     await Agent(provider, sessions).run_turn(CHAT, Message.user("x"), turn_id="t")
-    tool = [m for m in sessions.load(CHAT) if m.role == "tool"][0]
+    tool = [m for m in await sessions.load(CHAT) if m.role == "tool"][0]
     assert tool.text.startswith("Error:") and tool.meta.get("error")
 
 
@@ -165,12 +166,12 @@ def test_partial_downloads_left_by_a_crash_are_removed_at_start(tmp_path: Path) 
     import os
     import time
 
-    AttachmentStore(tmp_path)
+    FileAttachments(tmp_path)
     stale = tmp_path / "tmp" / "in-stale"
     fresh = tmp_path / "tmp" / "in-fresh"
     stale.write_bytes(b"half a download")
     fresh.write_bytes(b"a download in progress")
     old = time.time() - 2 * 3600
     os.utime(stale, (old, old))
-    AttachmentStore(tmp_path)
+    FileAttachments(tmp_path)
     assert not stale.exists() and fresh.exists()

@@ -212,7 +212,7 @@ async def test_redelivered_update_is_answered_once(tg: FakeTelegram, llm: FakeOp
 
 
 def _chat(chat_id: int):
-    from talon.agent.session import ChatKey
+    from talon.storage.sessions import ChatKey
 
     return ChatKey("telegram", str(chat_id))
 
@@ -225,7 +225,7 @@ async def test_transient_delivery_failure_is_retried_in_run(tg: FakeTelegram, ll
         tg.push_update(tg.text_message(ALICE, "through the storm", user_id=ALICE))
         [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE), timeout=30)
         await runtime.bridge.idle()
-        assert runtime.inbox.pending() == []
+        assert await runtime.inbox.pending() == []
     assert reply.params["text"] == "echo: through the storm"
     assert len(llm.requests) == 1  # the model was asked once; only the delivery was repeated
 
@@ -238,7 +238,7 @@ async def test_permanent_refusal_closes_the_message_and_chat_goes_on(
         tg.push_update(tg.text_message(ALICE, "first", user_id=ALICE))
         await llm.wait_for_requests(1)
         await runtime.bridge.idle()
-        assert runtime.inbox.pending() == []  # not retried forever
+        assert await runtime.inbox.pending() == []  # not retried forever
         tg.push_update(tg.text_message(ALICE, "second", user_id=ALICE))
         [reply] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE))
     assert reply.params["text"] == "echo: second"
@@ -293,4 +293,4 @@ async def test_a_turn_that_never_ends_gets_an_apology(tg: FakeTelegram, llm: Fak
         # (the unanswered message travels with it: consecutive user messages are merged)
         assert replies[1].params["text"].endswith("and now?")
         await runtime.bridge.idle()
-        assert runtime.inbox.pending() == []
+        assert await runtime.inbox.pending() == []

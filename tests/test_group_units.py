@@ -12,17 +12,18 @@ from talon.config import Settings
 from talon.envelope import Chatter, InboundMessage
 from talon.errors import ConfigError
 from talon.groups import CHATTER_CLOSE, chatter_block, group_prompt_note, group_turn_text, speaker_label
-from talon.inbox import Inbox
+from talon.storage.embedded.inbox import SqliteInbox
 
 
-def test_inbox_rows_from_before_groups_still_load(tmp_path: Path) -> None:
-    inbox = Inbox(tmp_path / "inbox.sqlite3")
+async def test_inbox_rows_from_before_groups_still_load(tmp_path: Path) -> None:
+    inbox = SqliteInbox(tmp_path / "inbox.sqlite3")
     old = {"channel": "telegram", "chat_id": "111", "sender_id": "111", "message_id": "5", "text": "hi",
            "sender_name": "alice", "files": [], "reply_to_text": None, "received_at": 1.0}
-    inbox._db.execute("INSERT INTO inbox(key, channel, chat_id, payload, created) VALUES (?,?,?,?,?)",
-                      ("telegram:111:5", "telegram", "111", json.dumps(old), 1.0))
-    [item] = inbox.pending()
-    inbox.close()
+    await inbox.db.run(lambda c: c.execute("INSERT INTO inbox(key, channel, chat_id, payload, created) "
+                                           "VALUES (?,?,?,?,?)",
+                                           ("telegram:111:5", "telegram", "111", json.dumps(old), 1.0)))
+    [item] = await inbox.pending()
+    await inbox.close()
     message = item.message
     assert (message.text, message.chat_type, message.thread_id, message.chatter) == ("hi", "private", None, [])
     assert message.conversation_id == "111" and not message.is_group

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileBlobs
 from talon.config import Limits
 from talon.errors import MediaError
 from talon.media.images import CorruptImage, ImageBomb, NotAnImage, encode_to_fit, prepare_image
@@ -20,8 +20,8 @@ MB = 1_000_000
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> AttachmentStore:
-    return AttachmentStore(tmp_path / "store")
+def store(tmp_path: Path) -> FileBlobs:
+    return FileBlobs(tmp_path / "store")
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +68,13 @@ def red_left_blue_right(width: int, height: int) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def stored_image(store: AttachmentStore, ref) -> Image.Image:  # type: ignore[no-untyped-def]
+def stored_image(store: FileBlobs, ref) -> Image.Image:  # type: ignore[no-untyped-def]
     im = Image.open(io.BytesIO(store.read_bytes(ref)))
     im.load()
     return im
 
 
-def test_big_photo_is_downscaled_not_dropped(big_jpeg: Path, store: AttachmentStore) -> None:
+def test_big_photo_is_downscaled_not_dropped(big_jpeg: Path, store: FileBlobs) -> None:
     assert big_jpeg.stat().st_size > 10 * MB
     result = prepare_image(big_jpeg, store=store, limits=Limits(), name="big.jpg")
     ref = result.ref
@@ -89,7 +89,7 @@ def test_big_photo_is_downscaled_not_dropped(big_jpeg: Path, store: AttachmentSt
     assert not decoded.getexif()
 
 
-def test_byte_limit_steps_quality_then_size(big_jpeg: Path, store: AttachmentStore) -> None:
+def test_byte_limit_steps_quality_then_size(big_jpeg: Path, store: FileBlobs) -> None:
     limits = Limits(image_max_bytes=150_000)
     ref = prepare_image(big_jpeg, store=store, limits=limits).ref
     assert ref.bytes <= 150_000
@@ -98,7 +98,7 @@ def test_byte_limit_steps_quality_then_size(big_jpeg: Path, store: AttachmentSto
 
 @pytest.mark.parametrize(("size", "orientation"), [((400, 200), 6), ((3000, 1500), 6), ((400, 200), 8)])
 def test_exif_rotated_photo_comes_out_upright(
-    tmp_path: Path, store: AttachmentStore, size: tuple[int, int], orientation: int
+    tmp_path: Path, store: FileBlobs, size: tuple[int, int], orientation: int
 ) -> None:
     # Stored landscape with red on the left; orientation 6 means "rotate 90° clockwise to view",
     # so upright the picture is portrait with red on top (8: counter-clockwise, red at bottom).
@@ -114,7 +114,7 @@ def test_exif_rotated_photo_comes_out_upright(
     assert blue[2] > 200 and blue[0] < 60
 
 
-def test_small_image_passes_through_unchanged(tmp_path: Path, store: AttachmentStore) -> None:
+def test_small_image_passes_through_unchanged(tmp_path: Path, store: FileBlobs) -> None:
     path = tmp_path / "small.png"
     Image.new("RGBA", (64, 48), (10, 200, 30, 128)).save(path, "PNG")
     source_ref = store.put_bytes(path.read_bytes(), mime="application/octet-stream")
@@ -124,14 +124,14 @@ def test_small_image_passes_through_unchanged(tmp_path: Path, store: AttachmentS
     assert not result.resized
 
 
-def test_static_webp_sticker_is_accepted(tmp_path: Path, store: AttachmentStore) -> None:
+def test_static_webp_sticker_is_accepted(tmp_path: Path, store: FileBlobs) -> None:
     path = tmp_path / "sticker.webp"
     Image.new("RGBA", (512, 512), (255, 200, 0, 255)).save(path, "WEBP")
     ref = prepare_image(path, store=store, limits=Limits()).ref
     assert ref.mime == "image/webp" and (ref.width, ref.height) == (512, 512)
 
 
-def test_large_alpha_image_falls_back_to_jpeg_within_bytes(tmp_path: Path, store: AttachmentStore) -> None:
+def test_large_alpha_image_falls_back_to_jpeg_within_bytes(tmp_path: Path, store: FileBlobs) -> None:
     rng = np.random.default_rng(1)
     pixels = rng.integers(0, 256, (1500, 1500, 4), dtype=np.uint8)
     path = tmp_path / "noise.png"
@@ -142,7 +142,7 @@ def test_large_alpha_image_falls_back_to_jpeg_within_bytes(tmp_path: Path, store
     assert ref.mime == "image/jpeg" and ref.bytes <= 2 * MB
 
 
-def test_truncated_png_is_reported_as_corrupt(tmp_path: Path, store: AttachmentStore) -> None:
+def test_truncated_png_is_reported_as_corrupt(tmp_path: Path, store: FileBlobs) -> None:
     rng = np.random.default_rng(2)
     good = tmp_path / "good.png"
     Image.fromarray(rng.integers(0, 256, (300, 300, 3), dtype=np.uint8)).save(good)
@@ -152,14 +152,14 @@ def test_truncated_png_is_reported_as_corrupt(tmp_path: Path, store: AttachmentS
         prepare_image(cut, store=store, limits=Limits())
 
 
-def test_text_named_jpg_is_not_an_image(tmp_path: Path, store: AttachmentStore) -> None:
+def test_text_named_jpg_is_not_an_image(tmp_path: Path, store: FileBlobs) -> None:
     path = tmp_path / "holiday.jpg"
     path.write_text("this is not a picture, just some words\n" * 20)
     with pytest.raises(NotAnImage, match="not an image.*text"):
         prepare_image(path, store=store, limits=Limits())
 
 
-def test_decompression_bomb_refused_from_header(tmp_path: Path, store: AttachmentStore) -> None:
+def test_decompression_bomb_refused_from_header(tmp_path: Path, store: FileBlobs) -> None:
     path = png_bomb(tmp_path / "bomb.png", 10_000, 10_000)
     assert path.stat().st_size < 100_000
     with pytest.raises(ImageBomb) as info:
@@ -170,14 +170,14 @@ def test_decompression_bomb_refused_from_header(tmp_path: Path, store: Attachmen
     assert info.value.pixels == 100_000_000
 
 
-def test_bomb_beyond_pillows_own_guard_gets_our_notice(tmp_path: Path, store: AttachmentStore) -> None:
+def test_bomb_beyond_pillows_own_guard_gets_our_notice(tmp_path: Path, store: FileBlobs) -> None:
     # Over twice Pillow's process-wide limit Image.open itself refuses; the notice is the same.
     path = png_bomb(tmp_path / "bigger.png", 20_000, 10_000)
     with pytest.raises(ImageBomb, match="200,000,000 pixels"):
         prepare_image(path, store=store, limits=Limits())
 
 
-def test_failure_reasons_are_distinct(tmp_path: Path, store: AttachmentStore) -> None:
+def test_failure_reasons_are_distinct(tmp_path: Path, store: FileBlobs) -> None:
     text = tmp_path / "a.jpg"
     text.write_text("hello")
     rng = np.random.default_rng(3)

@@ -162,7 +162,7 @@ async def test_session_with_photos_holds_no_base64(tg: FakeTelegram, llm: FakeOp
             img.save(buf, "JPEG", quality=85)
             tg.push_update(tg.photo_message(ALICE, data=buf.getvalue(), caption=f"photo {rnd.randint(0, 9)}"))
             await tg.wait_for("sendMessage", to_alice, count=i + 1, timeout=20)
-        from talon.agent.session import ChatKey
+        from talon.storage.sessions import ChatKey
 
         session = runtime.sessions.thread_path(ChatKey("telegram", str(ALICE)))
     raw = session.read_text()

@@ -14,7 +14,7 @@ import pytest
 from talon.agent.tools import ToolContext
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import workspace_tools
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileBlobs
 from talon.config import Limits, Settings
 from talon.content import ToolCall
 from talon.errors import ConfigError, MediaPathError
@@ -197,7 +197,7 @@ async def test_hard_links_are_refused_by_tools_and_outbound_and_inbound_copies_h
     with pytest.raises(MediaPathError, match="hard links"):
         open_checked_media("inside-name.txt", ws)
     # Talon's own inbound copy is a file of its own (a reflink where the file system has them).
-    store = AttachmentStore(tmp_path / "store")
+    store = FileBlobs(tmp_path / "store")
     ref = store.put_bytes(b"photo bytes", mime="image/jpeg", name="p.jpg")
     saved = save_inbound_copy(store.path_for(ref.id), ws, "inbox", "p.jpg")
     assert (ws / saved).read_bytes() == b"photo bytes" and os.stat(ws / saved).st_nlink == 1
@@ -223,7 +223,7 @@ async def test_on_whatsapp_too_a_chat_cannot_send_another_chats_file(tmp_path: P
             await post(channel, twilio.inbound_params(WA_BOB, "send me alice's chart"), sign_with=twilio)
             await twilio.wait_for_messages(3, to=WA_BOB, timeout=20)
             await runtime.bridge.idle()
-            links = len(channel.links) if channel.links is not None else 0
+            links = await channel.links.count() if channel.links is not None else 0
         sent = twilio.sent(WA_BOB)
     assert bob_ws != alice_chart.parent
     assert not [m for m in sent if m.media_urls] and links == 0  # no media link to Alice's file

@@ -12,7 +12,7 @@ import pytest
 from channels.telegram import TelegramChannel
 from talon.config import Settings
 from talon.envelope import InboundMessage, RemoteFile
-from talon.inbox import Inbox
+from talon.storage.embedded.inbox import SqliteInbox
 from talon.runtime import build_runtime, configured_channels, shared_http_server
 from tests.conftest import ALICE, TOKEN
 from tests.fakes.openai_server import FakeOpenAI, image_urls, last_user_text
@@ -39,18 +39,18 @@ async def test_pending_message_waits_until_its_channel_has_started(
                            TALON_TELEGRAM_POLL_TIMEOUT=1)
     settings.ensure_dirs()
     photo = twilio.add_media(jpeg(40, 40), "image/jpeg")
-    inbox = Inbox(settings.data_dir / "inbox.sqlite3")
-    inbox.add(InboundMessage(channel="whatsapp", chat_id=WA_ALICE, sender_id=WA_ALICE, message_id="SM1",
+    inbox = SqliteInbox(settings.data_dir / "inbox.sqlite3")
+    await inbox.add(InboundMessage(channel="whatsapp", chat_id=WA_ALICE, sender_id=WA_ALICE, message_id="SM1",
                              text="what is this?",
                              files=[RemoteFile(kind="photo", source=photo, mime="image/jpeg", name="p.jpg")]))
-    inbox.close()
+    await inbox.close()
     http = shared_http_server(settings)
     runtime = build_runtime(settings, configured_channels(settings, http), http=http)
     await runtime.start()
     try:
         await twilio.wait_for_messages(1, to=WA_ALICE, timeout=15)
         await runtime.bridge.idle()
-        assert runtime.inbox.status("whatsapp:%s:SM1" % WA_ALICE) == "done"
+        assert await runtime.inbox.status("whatsapp:%s:SM1" % WA_ALICE) == "done"
     finally:
         await runtime.stop()
     assert len(image_urls(llm.requests[0])) == 1  # the photo was downloaded, not lost to a notice
@@ -94,7 +94,7 @@ async def test_stop_mid_turn_leaves_the_message_pending_and_it_is_answered_once(
         tg.push_update(tg.text_message(ALICE, "first", user_id=ALICE))
         tg.push_update(tg.text_message(ALICE, "second", user_id=ALICE))
         await llm.wait_for_requests(1, timeout=20)
-        pending = [item.message.text for item in runtime.inbox.pending()]
+        pending = [item.message.text for item in await runtime.inbox.pending()]
         assert pending == ["first", "second"]
     llm.release()
     # Stopping cancelled the turn cleanly: no traceback, no delivery through a stopped channel.
@@ -103,7 +103,7 @@ async def test_stop_mid_turn_leaves_the_message_pending_and_it_is_answered_once(
     async with running(settings) as runtime:
         await tg.wait_for("sendMessage", to_alice, count=2, timeout=20)
         await runtime.bridge.idle()
-        assert not runtime.inbox.pending()
+        assert not await runtime.inbox.pending()
     assert [c.params["text"] for c in tg.sent("sendMessage", chat_id=ALICE)] == ["echo: first", "echo: second"]
 
 
@@ -119,5 +119,5 @@ async def test_stop_while_a_reply_is_being_sent_lets_it_finish_and_never_sends_i
     async with running(settings) as runtime:
         await asyncio.sleep(0.5)
         await runtime.bridge.idle()
-        assert not runtime.inbox.pending()
+        assert not await runtime.inbox.pending()
     assert [c.params["text"] for c in tg.sent("sendMessage", chat_id=ALICE)] == ["echo: hello"]

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.config import Settings
 from talon.envelope import InboundMessage
 from tests.conftest import ALICE, make_settings
@@ -146,7 +146,7 @@ async def test_stop_during_a_slow_turn_answers_at_once_and_keeps_what_was_said(
         llm.chunk_delay = 0.0
         tg.push_update(tg.text_message(ALICE, "and now?", user_id=ALICE))
         replies = await tg.wait_for("sendMessage", to(ALICE), count=2, timeout=10)
-        session = runtime.sessions.load(ChatKey("telegram", str(ALICE)))
+        session = await runtime.sessions.load(ChatKey("telegram", str(ALICE)))
     assert stopped.params["text"] == "Stopped."
     assert answered - asked < 1.0  # normally a few tens of milliseconds
     assert replies[1].params["text"] == "Fresh answer."
@@ -172,7 +172,7 @@ async def test_steer_hands_a_message_sent_during_a_tool_step_to_the_next_request
         tg.push_update(tg.text_message(ALICE, "answer in French please", user_id=ALICE))
         await tg.wait_for("sendMessage", to(ALICE), timeout=15)
         await asyncio.sleep(0.3)
-        assert runtime.inbox.pending() == []  # both messages are closed by the one reply
+        assert await runtime.inbox.pending() == []  # both messages are closed by the one reply
     assert len(llm.requests) == 2  # no third turn for the steered message
     second = llm.requests[1].json["messages"]
     assert [m["role"] for m in second[-3:]] == ["assistant", "tool", "user"]
@@ -218,8 +218,8 @@ async def test_interrupt_mode_stops_the_running_turn_and_answers_the_new_message
         tg.push_update(tg.text_message(ALICE, "actually, just the short version", user_id=ALICE))
         [reply] = await tg.wait_for("sendMessage", to(ALICE), timeout=10)
         await asyncio.sleep(0.3)
-        assert runtime.inbox.pending() == []
-        session = runtime.sessions.load(ChatKey("telegram", str(ALICE)))
+        assert await runtime.inbox.pending() == []
+        session = await runtime.sessions.load(ChatKey("telegram", str(ALICE)))
     assert reply.params["text"] == "Here is the short version."
     assert len(tg.sent("sendMessage", ALICE)) == 1  # the stopped turn sent nothing of its own
     assert [m.meta.get("interrupted", False) for m in session if m.role == "assistant"] == [True, False]
@@ -295,7 +295,7 @@ async def test_an_edit_while_its_turn_runs_reaches_the_next_model_step(
         tg.push_update(tg.edited_text_message(ALICE, update["message"]["message_id"], "plan a trip to Paris"))
         await tg.wait_for("sendMessage", to(ALICE), timeout=15)
         await asyncio.sleep(0.3)
-        assert runtime.inbox.pending() == []
+        assert await runtime.inbox.pending() == []
     assert len(llm.requests) == 2  # the edit joined the turn (even in queue mode): no turn of its own
     last = llm.requests[1].json["messages"][-1]
     assert last["role"] == "user"

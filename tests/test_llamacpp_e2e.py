@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 from talon.config import Settings
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.content import Message
 from talon.runtime import build_runtime
 from tests.conftest import ALICE, make_settings
@@ -136,7 +136,7 @@ async def test_discovered_limits_photo_and_long_document(tg: FakeTelegram, llama
         assert_answered(await chat.say(tg.document_message(ALICE, data=document_100kb(), file_name="minutes.txt",
                                                            caption="summarize")))
         assert_answered(await chat.say(tg.text_message(ALICE, "thanks", user_id=ALICE)))
-        history = runtime.sessions.load(ChatKey("telegram", str(ALICE)))
+        history = await runtime.sessions.load(ChatKey("telegram", str(ALICE)))
     photo_turn = history[0]
     assert not photo_turn.images() and "what is this?" in photo_turn.text  # a notice, never sent
 
@@ -195,8 +195,8 @@ async def test_a_generation_longer_than_the_timeout_streams_and_completes(tg: Fa
                                               "long-1", on_text=on_text)
     finally:
         await runtime.agent.aclose()
-        runtime.inbox.close()
-        runtime.bridge.gate.close()
+        await runtime.inbox.close()
+        await runtime.bridge.gate.close()
     elapsed = time.monotonic() - started
     assert result.steps == 1 and result.text.startswith("".join(deltas))  # asked once, text as streamed
     assert elapsed > idle_timeout, f"the generation took only {elapsed:.1f} s; it proves nothing"

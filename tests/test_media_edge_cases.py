@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from talon.agent.session import ChatKey
-from talon.attachments import AttachmentStore
+from talon.storage.sessions import ChatKey
+from talon.storage.embedded.attachments import FileBlobs
 from talon.config import Limits
 from talon.content import Message
 from talon.media.documents import DocumentText, render_document
@@ -23,15 +23,15 @@ from tests.test_agent_providers import Setup, anthropic_provider
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> AttachmentStore:
-    return AttachmentStore(tmp_path / "store")
+def store(tmp_path: Path) -> FileBlobs:
+    return FileBlobs(tmp_path / "store")
 
 
 def _gradient16() -> np.ndarray:
     return np.tile(np.linspace(0, 65535, 300), (200, 1)).astype(np.uint16)
 
 
-def _mean(store: AttachmentStore, ref) -> float:  # type: ignore[no-untyped-def]
+def _mean(store: FileBlobs, ref) -> float:  # type: ignore[no-untyped-def]
     im = Image.open(io.BytesIO(store.read_bytes(ref)))
     return float(np.asarray(im.convert("L")).mean())
 
@@ -47,7 +47,7 @@ def _mean(store: AttachmentStore, ref) -> float:  # type: ignore[no-untyped-def]
     ],
 )
 def test_deep_colour_images_keep_their_tones(
-    tmp_path: Path, store: AttachmentStore, name: str, image: Image.Image, fmt: str
+    tmp_path: Path, store: FileBlobs, name: str, image: Image.Image, fmt: str
 ) -> None:
     path = tmp_path / name
     image.save(path, fmt)
@@ -60,7 +60,7 @@ def test_deep_colour_images_keep_their_tones(
 
 
 def test_image_under_the_byte_limit_still_fits_it_once_base64_encoded(
-    tmp_path: Path, store: AttachmentStore
+    tmp_path: Path, store: FileBlobs
 ) -> None:
     # Anthropic counts its 5 MB per image on the base64 text. A detailed 4.2 MB PNG screenshot
     # used to pass through untouched and become 5.6 MB of base64: refused.
@@ -126,7 +126,7 @@ def _odd_exif(orientation: int) -> bytes:
     return b"Exif\x00\x00" + body
 
 
-def test_photo_with_an_odd_exif_block_is_still_rotated_and_shown(tmp_path: Path, store: AttachmentStore) -> None:
+def test_photo_with_an_odd_exif_block_is_still_rotated_and_shown(tmp_path: Path, store: FileBlobs) -> None:
     # ImageOps.exif_transpose rewrites the EXIF block after rotating and raised (struct.error,
     # AttributeError...) on such files: the photo became "internal error" instead of an image.
     path = tmp_path / "odd.jpg"

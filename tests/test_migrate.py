@@ -3,6 +3,7 @@ attachments) copied into PostgreSQL, checked, idempotent, and then served by the
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 from pathlib import Path
@@ -10,18 +11,22 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from talon.access import AccessGate
-from talon.agent.session import ChatKey, SessionStore
-from talon.attachments import AttachmentStore
 from talon.cli import main
 from talon.content import ImageBlock, Message, TextBlock
 from talon.envelope import InboundMessage
-from talon.inbox import Inbox
-from talon.pg.access import PgAccessGate
-from talon.pg.attachments import PgAttachmentStore
-from talon.pg.db import Database
-from talon.pg.inbox import PgInbox
-from talon.pg.sessions import PgSessionStore
+from talon.storage.access import AccessGate
+from talon.storage.embedded.access import SqlitePairing
+from talon.storage.embedded.attachments import FileAttachments, FileBlobs
+from talon.storage.embedded.inbox import SqliteInbox
+from talon.storage.embedded.sessions import JsonlSessions
+from talon.storage.postgres.access import PgPairing
+from talon.storage.postgres.attachments import PgAttachments
+from talon.storage.postgres.db import AsyncDatabase
+from talon.storage.postgres.inbox import PgInbox
+from talon.storage.postgres.sessions import PgSessions
+from talon.storage.sessions import ChatKey
+
+# Not coroutines: `talon migrate` runs its own event loop, as on the command line.
 
 
 def png_bytes() -> bytes:
@@ -30,34 +35,37 @@ def png_bytes() -> bytes:
     return buf.getvalue()
 
 
-def embedded_deployment(data: Path) -> dict[str, object]:
-    store = AttachmentStore(data / "attachments")
-    image = store.put_bytes(png_bytes(), mime="image/png", name="chart.png")
-    blob = store.put_bytes(os.urandom(700_000), mime="application/octet-stream", name="data.bin")
-    sessions = SessionStore(data)
+async def embedded_deployment(data: Path) -> dict[str, object]:
+    store = FileAttachments(data / "attachments")
+    image = await store.put_bytes(png_bytes(), mime="image/png", name="chart.png")
+    blob = await store.put_bytes(os.urandom(700_000), mime="application/octet-stream", name="data.bin")
+    await store.close()
+    sessions = JsonlSessions(data)
     chat = ChatKey("telegram", "111")
-    sessions.append(chat, Message(role="user", content=[TextBlock(text="look"), ImageBlock(ref=image)]),
-                    Message(role="assistant", content=[TextBlock(text="a green box")]))
-    sessions.append(chat, Message(role="user", content=[TextBlock(text="summary of the above")],
-                                  meta={"checkpoint": "summary", "replaces": 2}))
+    await sessions.append(chat, Message(role="user", content=[TextBlock(text="look"), ImageBlock(ref=image)]),
+                          Message(role="assistant", content=[TextBlock(text="a green box")]))
+    await sessions.append(chat, Message(role="user", content=[TextBlock(text="summary of the above")],
+                                        meta={"checkpoint": "summary", "replaces": 2}))
     with open(sessions.thread_path(chat), "ab") as fh:
         fh.write(b'{"role": "user", "cont')  # a torn last line, as a crash leaves it
-    sessions.new_thread(chat)
-    sessions.append(chat, Message(role="user", content=[TextBlock(text="fresh start")]))
-    sessions.append(ChatKey("whatsapp", "+15550001111"), Message(role="user", content=[TextBlock(text="hola")]))
-    inbox = Inbox(data / "inbox.sqlite3")
+    await sessions.new_thread(chat)
+    await sessions.append(chat, Message(role="user", content=[TextBlock(text="fresh start")]))
+    await sessions.append(ChatKey("whatsapp", "+15550001111"), Message(role="user", content=[TextBlock(text="hola")]))
+    threads = {t: [m.to_json() for m in await sessions.load(chat, t)] for t in ("main", await sessions.current_thread(chat))}
+    await sessions.close()
+    inbox = SqliteInbox(data / "inbox.sqlite3")
     for n in range(3):
-        inbox.add(InboundMessage(channel="telegram", chat_id="111", message_id=str(n), sender_id="111",
-                                 text=f"m{n}"))
-    inbox.mark_done("telegram:111:0")
-    inbox.close()
-    gate = AccessGate(data / "access.sqlite3", {}, pairing=True)
-    approved = gate.request_pairing("telegram", "222", "Bob")
-    waiting = gate.request_pairing("whatsapp", "+15550003333", "Carol")
+        await inbox.add(InboundMessage(channel="telegram", chat_id="111", message_id=str(n), sender_id="111",
+                                       text=f"m{n}"))
+    await inbox.mark_done("telegram:111:0")
+    await inbox.close()
+    gate = AccessGate(SqlitePairing(data / "access.sqlite3"), {}, pairing=True)
+    approved = await gate.request_pairing("telegram", "222", "Bob")
+    waiting = await gate.request_pairing("whatsapp", "+15550003333", "Carol")
     assert approved is not None and waiting is not None
-    gate.approve(approved.code)
-    gate.close()
-    return {"sessions": sessions, "chat": chat, "image": image, "blob": blob, "code": waiting.code}
+    await gate.approve(approved.code)
+    await gate.close()
+    return {"threads": threads, "chat": chat, "image": image, "blob": blob, "code": waiting.code}
 
 
 def run_migrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data: Path,
@@ -71,7 +79,7 @@ def run_migrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 def test_migrate_copies_checks_and_is_idempotent(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
-    made = embedded_deployment(data)
+    made = asyncio.run(embedded_deployment(data))
     code, out = run_migrate(monkeypatch, capsys, data, pg_url)
     assert code == 0, out
     rows = {line.split("  ")[1].strip(): line.split() for line in out.splitlines() if line.startswith("  ")}
@@ -87,41 +95,47 @@ def test_migrate_copies_checks_and_is_idempotent(tmp_path: Path, pg_url: str, mo
     rows = {line.split("  ")[1].strip(): line.split() for line in again.splitlines() if line.startswith("  ")}
     assert [rows[k][-2] for k in rows if k != "store"] == ["0", "0", "0", "0"]  # nothing copied twice
 
-    db = Database(pg_url)
-    try:
-        sessions = made["sessions"]
-        assert isinstance(sessions, SessionStore)
-        chat = made["chat"]
-        assert isinstance(chat, ChatKey)
-        pg_sessions = PgSessionStore(db, tmp_path / "worker")
-        assert pg_sessions.current_thread(chat) == sessions.current_thread(chat) != "main"
-        for thread in ("main", sessions.current_thread(chat)):
-            assert [m.to_json() for m in pg_sessions.load(chat, thread)] == \
-                [m.to_json() for m in sessions.load(chat, thread)]
-        assert pg_sessions.load(chat, "main")[-1].meta["checkpoint"] == "summary"
-        inbox = PgInbox(db)
-        assert [i.message.text for i in inbox.pending()] == ["m1", "m2"]
-        assert inbox.add(InboundMessage(channel="telegram", chat_id="111", message_id="0", sender_id="111",
-                                        text="m0")) is None  # dedup carried over
-        gate = PgAccessGate(db, {}, pairing=True)
-        assert gate.allowed("telegram", ["222"]) and not gate.allowed("whatsapp", ["+15550003333"])
-        gate.approve(str(made["code"]))  # the live code still works after the move
-        assert gate.allowed("whatsapp", ["+15550003333"])
-        attachments = PgAttachmentStore(db, tmp_path / "worker" / "attachments")
-        source = AttachmentStore(data / "attachments")
-        for ref in (made["image"], made["blob"]):
-            assert attachments.read_bytes(ref) == source.read_bytes(ref)  # type: ignore[arg-type]
-    finally:
-        db.close()
+    asyncio.run(check_the_copy(pg_url, tmp_path, data, made))
     assert not (data / "migrate-check").exists()
+
+
+async def check_the_copy(url: str, tmp_path: Path, data: Path, made: dict[str, object]) -> None:
+    """The PostgreSQL stores serve what was copied."""
+    db = AsyncDatabase(url)
+    await db.open()
+    try:
+        chat = made["chat"]
+        threads = made["threads"]
+        assert isinstance(chat, ChatKey) and isinstance(threads, dict)
+        pg_sessions = PgSessions(db, tmp_path / "worker")
+        current = await pg_sessions.current_thread(chat)
+        assert current != "main" and set(threads) == {"main", current}
+        for thread, lines in threads.items():
+            assert [m.to_json() for m in await pg_sessions.load(chat, thread)] == lines
+        assert (await pg_sessions.load(chat, "main"))[-1].meta["checkpoint"] == "summary"
+        inbox = PgInbox(db)
+        assert [i.message.text for i in await inbox.pending()] == ["m1", "m2"]
+        assert await inbox.add(InboundMessage(channel="telegram", chat_id="111", message_id="0", sender_id="111",
+                                              text="m0")) is None  # dedup carried over
+        gate = AccessGate(PgPairing(db), {}, pairing=True)
+        assert await gate.allowed("telegram", ["222"]) and not await gate.allowed("whatsapp", ["+15550003333"])
+        await gate.approve(str(made["code"]))  # the live code still works after the move
+        assert await gate.allowed("whatsapp", ["+15550003333"])
+        attachments = PgAttachments(db, tmp_path / "worker" / "attachments")
+        source = FileBlobs(data / "attachments")
+        for ref in (made["image"], made["blob"]):
+            assert await attachments.read_bytes(ref) == source.read_bytes(ref)  # type: ignore[arg-type]
+        await attachments.close()
+    finally:
+        await db.close()
 
 
 def test_migrate_reports_a_corrupt_attachment(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
-    made = embedded_deployment(data)
+    made = asyncio.run(embedded_deployment(data))
     blob = made["blob"]
-    path = AttachmentStore(data / "attachments").path_for(blob.id)  # type: ignore[attr-defined]
+    path = FileBlobs(data / "attachments").path_for(blob.id)  # type: ignore[attr-defined]
     path.write_bytes(b"bit rot")
     code, out = run_migrate(monkeypatch, capsys, data, pg_url)
     assert code == 1

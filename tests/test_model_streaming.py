@@ -58,7 +58,7 @@ async def test_text_arrives_in_deltas_and_a_tool_step_is_marked(setup: Setup) ->
     assert live.steps == [True, False]
     assert "".join(live.texts) == "Let me look at the files first." + result.text
     assert len(live.texts) > 4  # in pieces, as they came
-    assert setup.sessions.load(CHAT)[-1].meta["usage"]["output"] > 0  # usage came through the stream
+    assert (await setup.sessions.load(CHAT))[-1].meta["usage"]["output"] > 0  # usage came through the stream
 
 
 async def test_a_slow_stream_longer_than_the_timeout_completes(setup: Setup) -> None:
@@ -124,7 +124,7 @@ async def test_tools_refused_run_the_agent_without_tools(setup: Setup) -> None:
     assert "tools" in fake.requests[0].json and "tools" not in fake.requests[1].json
     assert "tools" not in fake.requests[2].json
     assert NO_TOOLS_NOTE in fake.requests[2].json["messages"][0]["content"]
-    assert "tools no (refused by the server)" in agent.status_text(CHAT, "openai:gemma:2b")
+    assert "tools no (refused by the server)" in await agent.status_text(CHAT, "openai:gemma:2b")
 
 
 async def test_images_refused_with_a_500_become_notices_from_then_on(setup: Setup) -> None:
@@ -133,7 +133,7 @@ async def test_images_refused_with_a_500_become_notices_from_then_on(setup: Setu
                                          "you may need to provide the mmproj"), "A notice, then.", "Fine.")
         p = provider(fake, setup, model="gpt-4o", max_retries=2)
         agent = setup.agent(p)
-        ref = setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
+        ref = await setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
         user = Message(role="user", content=[*Message.user("see").content, ImageBlock(ref=ref)])
         result = await agent.run_turn(CHAT, user, "t1")
         again = Message(role="user", content=[*Message.user("and this").content, ImageBlock(ref=ref)])
@@ -187,7 +187,7 @@ async def test_a_refused_turn_is_left_out_so_the_next_message_works(setup: Setup
     assert result.text == "Second works."
     assert "poison" not in str(fake.requests[1].json["messages"])
     assert len(fake.requests) == 2
-    assert any(m.meta.get("failed_turn") for m in setup.sessions.load(CHAT))  # kept in the log
+    assert any(m.meta.get("failed_turn") for m in await setup.sessions.load(CHAT))  # kept in the log
 
 
 async def test_model_not_found_is_named_not_an_outage(setup: Setup) -> None:
@@ -213,7 +213,7 @@ async def test_a_reply_cut_at_the_limit_says_so(setup: Setup) -> None:
     note = f"cut off at the reply limit of {agent.profile.max_output:,} tokens"
     assert result.text.startswith("The first half of a long") and note in result.text
     assert replay.replayed and note in replay.text
-    stored = setup.sessions.load(CHAT)[-1]
+    stored = (await setup.sessions.load(CHAT))[-1]
     assert stored.text == "The first half of a long"  # the note is not put in the model's mouth
 
 

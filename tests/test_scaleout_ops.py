@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from talon.config import Settings
 from talon.errors import ConfigError
 from talon.runtime import Runtime, build_runtime, configured_channels, shared_http_server
 from talon.scaleout import SharedBridge
-from talon.stores import open_stores
-from talon.workspace_marker import MARKER
+from talon.storage.factory import open_stores
+from talon.storage.marker import MARKER
 from tests.conftest import ALICE
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -70,8 +69,12 @@ async def test_status_names_the_worker_and_healthz_follows_the_database(
         assert "ok   database: reachable" in body and "ok   worker: worker-7" in body
         block_connections(pg_server, pg_url, allow=False)
         try:
-            status, body = await healthz(runtime)
-            assert status == 503 and "FAIL database" in body, body
+            for _ in range(100):  # the database monitor notices within a probe or two
+                status, body = await healthz(runtime)
+                if status == 503:
+                    break
+                await asyncio.sleep(0.1)
+            assert status == 503 and "FAIL database: unavailable" in body, body
         finally:
             block_connections(pg_server, pg_url, allow=True)
         for _ in range(50):  # the pool reconnects by itself
@@ -88,6 +91,7 @@ def doctor_rows(out: str) -> dict[str, str]:
 
 def test_doctor_reports_the_database(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # Not a coroutine: `talon doctor` runs its own event loop, as on the command line.
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TALON_DATABASE_URL", pg_url)
     monkeypatch.setenv("TALON_TRANSCRIBER", "off")
@@ -96,14 +100,19 @@ def test_doctor_reports_the_database(tmp_path: Path, pg_url: str, monkeypatch: p
     out = captured.out
     assert "problems with model" in captured.err and "database" not in captured.err
     assert doctor_rows(out)["database schema"] == "version 0 of 5: the next `talon run` upgrades it"
-    stores = open_stores(Settings(_env_file=None, TALON_DATABASE_URL=pg_url,  # type: ignore[call-arg]
-                                  TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m")))
-    try:
-        assert stores.leases is not None and stores.leases.acquire("chat:telegram:1")
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute("INSERT INTO talon_leases VALUES ('chat:telegram:2', 'dead-worker', now() - interval '1 s')")
-    finally:
-        stores.close()
+    async def a_worker() -> None:
+        stores = open_stores(Settings(_env_file=None, TALON_DATABASE_URL=pg_url,  # type: ignore[call-arg]
+                                      TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m")))
+        await stores.start()
+        try:
+            assert stores.leases is not None and await stores.leases.acquire("chat:telegram:1")
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("INSERT INTO talon_leases VALUES ('chat:telegram:2', 'dead-worker', "
+                             "now() - interval '1 s')")
+        finally:
+            await stores.aclose()
+
+    asyncio.run(a_worker())
     assert main(["doctor"]) == 1  # still no model, and nothing wrong with the database
     rows = doctor_rows(capsys.readouterr().out)
     assert rows["database schema"] == "ok: version 5"
@@ -116,15 +125,23 @@ def test_doctor_reports_the_database(tmp_path: Path, pg_url: str, monkeypatch: p
     assert "database status" in captured.err  # named among the problems
 
 
-def test_worker_without_the_shared_media_root_refuses_to_start(tmp_path: Path, pg_url: str) -> None:
+async def test_worker_without_the_shared_media_root_refuses_to_start(tmp_path: Path, pg_url: str) -> None:
     first = Settings(_env_file=None, TALON_DATABASE_URL=pg_url, TALON_DATA_DIR=str(tmp_path / "nfs" / "data"),  # type: ignore[call-arg]
                      TALON_MEDIA_ROOT=str(tmp_path / "nfs" / "media_root"))
-    open_stores(first).close()
+
+    async def start(settings: Settings) -> None:
+        stores = open_stores(settings)
+        try:
+            await stores.start()
+        finally:
+            await stores.aclose()
+
+    await start(first)
     assert (tmp_path / "nfs" / "media_root" / MARKER).is_file()
-    open_stores(first).close()  # a second worker on the same share starts
+    await start(first)  # a second worker on the same share starts
     local = first.model_copy(update={"media_root": tmp_path / "local" / "media_root"})
     with pytest.raises(ConfigError) as err:
-        open_stores(local)
+        await start(local)
     assert err.value.missing == ["TALON_MEDIA_ROOT"]
     assert "has no marker file (.talon-deployment)" in str(err.value)
 
@@ -157,7 +174,7 @@ async def test_a_worker_that_lost_a_chat_lease_stops_serving_it(
             assert conn.execute("SELECT status FROM talon_inbox").fetchone() == ("pending",)
 
 
-def test_talon_pair_approves_in_the_shared_database(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
+async def test_talon_pair_approves_in_the_shared_database(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TALON_DATABASE_URL", pg_url)
@@ -165,17 +182,19 @@ def test_talon_pair_approves_in_the_shared_database(tmp_path: Path, pg_url: str,
     settings = Settings(_env_file=None, TALON_DATABASE_URL=pg_url, TALON_PAIRING=True,  # type: ignore[call-arg]
                         TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m"))
     stores = open_stores(settings)  # a worker
+    await stores.start()
     try:
-        pairing = stores.gate.request_pairing("telegram", "4242", "Dana")
+        pairing = await stores.gate.request_pairing("telegram", "4242", "Dana")
         assert pairing is not None
-        assert main(["pair"]) == 0  # the owner, on any host with the same settings
+        # The owner, on any host with the same settings (a process with its own event loop).
+        assert await asyncio.to_thread(main, ["pair"]) == 0
         assert pairing.code in capsys.readouterr().out
-        assert main(["pair", pairing.code]) == 0
+        assert await asyncio.to_thread(main, ["pair", pairing.code]) == 0
         assert "approved telegram:4242 (Dana)" in capsys.readouterr().out
-        assert stores.gate.allowed("telegram", ["4242"])  # at once, for the running worker
+        assert await stores.gate.allowed("telegram", ["4242"])  # at once, for the running worker
         assert not (tmp_path / "data" / "access.sqlite3").exists() and not (tmp_path / ".talon").exists()
     finally:
-        stores.close()
+        await stores.aclose()
 
 
 async def test_a_worker_cut_off_from_the_database_stops_serving_its_chats(
@@ -224,9 +243,9 @@ async def test_chats_taken_while_a_renewal_runs_are_not_given_up(
         leases = bridge._leases
         real = leases.renew
 
-        def slow_renew(names: list[str]) -> set[str]:
-            held = real(names)
-            time.sleep(0.25)  # the answer is late: chats are taken meanwhile
+        async def slow_renew(names: list[str]) -> set[str]:
+            held = await real(names)
+            await asyncio.sleep(0.25)  # the answer is late: chats are taken meanwhile
             return held
 
         leases.renew = slow_renew  # type: ignore[method-assign]

@@ -13,7 +13,7 @@ import aiohttp
 from channels.whatsapp import WhatsAppChannel
 from talon.config import Settings
 from talon.runtime import Runtime, build_runtime
-from talon.stores import open_stores
+from talon.storage.factory import open_stores
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
 from tests.test_whatsapp import ALICE, PUBLIC, png, post, twilio, wa_settings, wav  # noqa: F401
@@ -22,7 +22,7 @@ from tests.test_whatsapp import ALICE, PUBLIC, png, post, twilio, wa_settings, w
 @contextlib.asynccontextmanager
 async def worker(settings: Settings) -> AsyncIterator[tuple[Runtime, WhatsAppChannel]]:
     stores = open_stores(settings)
-    channel = WhatsAppChannel(settings, retry_base_s=0.01, media_drain_s=0.0, links=stores.media_links())
+    channel = WhatsAppChannel(settings, retry_base_s=0.01, media_drain_s=0.0, links=stores.links)
     runtime = build_runtime(settings, [channel], stores=stores)
     await runtime.start()
     try:

@@ -14,17 +14,18 @@ from zoneinfo import ZoneInfo
 import pytest
 import pytest_asyncio
 
-from talon.access import AccessGate
+from talon.storage.access import AccessGate
+from talon.storage.embedded.access import SqlitePairing
 from talon.envelope import InboundMessage, OutboundReply
 from talon.errors import ConfigError, DeliveryError, ScheduleError
-from talon.pg.db import Database, migrate_schema
 from talon.runtime import build_scheduler
 from talon.scheduler import Scheduler, SchedulerSettings
 from talon.scheduler import when as w
 from talon.storage.embedded.tasks import SqliteTaskStore
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.postgres.tasks import PgTaskStore
-from talon.stores import open_stores
+from talon.storage.factory import open_stores
+from talon.storage.postgres.schema import migrate_schema
 from talon.storage.tasks import (
     ACTIVE,
     CANCELLED,
@@ -143,11 +144,9 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await sqlite.aclose()
     else:
         url = request.getfixturevalue("pg_url")
-        sync = Database(url, max_size=1)
-        migrate_schema(sync)
-        sync.close()
         adb = AsyncDatabase(url, max_size=4)
         await adb.open()
+        await migrate_schema(adb)
         yield PgTaskStore(adb)
         await adb.close()
 
@@ -232,7 +231,7 @@ class Gate:
     def __init__(self) -> None:
         self.allowed_ids = {"111"}
 
-    def allowed(self, channel: str, identities: list[str]) -> bool:
+    async def allowed(self, channel: str, identities: list[str]) -> bool:
         return any(i in self.allowed_ids for i in identities)
 
 
@@ -257,7 +256,7 @@ class FakeBridge:
         self.inbox: dict[str, InboundMessage] = {}
         self.channels = {"telegram": Chan()}
 
-    def submit(self, message: InboundMessage) -> bool:
+    async def submit(self, message: InboundMessage) -> bool:
         if message.key in self.inbox:
             return False
         self.inbox[message.key] = message
@@ -320,10 +319,10 @@ async def test_a_run_missed_beyond_the_grace_is_reported_and_a_repeat_runs_no_ba
 
 async def test_a_revoked_owner_does_not_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock(NOW)
-    gate = AccessGate(tmp_path / "access.sqlite3", {"telegram": set()}, pairing=True)
-    pairing = gate.request_pairing("telegram", "444", "Dora")
+    gate = AccessGate(SqlitePairing(tmp_path / "access.sqlite3"), {"telegram": set()}, pairing=True)
+    pairing = await gate.request_pairing("telegram", "444", "Dora")
     assert pairing is not None
-    gate.approve(pairing.code)
+    await gate.approve(pairing.code)
     scheduler = Scheduler(MemoryTaskStore(), gate, SchedulerSettings(), clock=clock)
     bridge = FakeBridge()
     scheduler.attach(bridge)  # type: ignore[arg-type]
@@ -332,14 +331,14 @@ async def test_a_revoked_owner_does_not_run(tmp_path: Path, caplog: pytest.LogCa
     revoked = await scheduler.schedule(dora, "in 20 minutes", "secret")
     clock.now += 601
     assert await scheduler.tick() == 1  # still allowed: it runs
-    gate.revoke("telegram", "444")
+    await gate.revoke("telegram", "444")
     clock.now += 600
     assert await scheduler.tick() == 0
     assert [m.scheduled.task_id for m in bridge.inbox.values() if m.scheduled] == [allowed.id]
     [run] = await scheduler.store.runs(revoked.id)
     assert run.status == FAILED and run.reason == "access revoked: Dora is no longer allowed to use this bot"
     assert f"task {revoked.id} in telegram:444 does not run" in caplog.text
-    gate.close()
+    await gate.close()
 
 
 async def test_the_console_has_no_gate_to_check() -> None:

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from channels.telegram import TelegramChannel
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.config import Settings
 from talon.runtime import build_runtime
 from tests.conftest import ALICE, BOB, make_settings
@@ -179,9 +179,9 @@ async def test_two_topics_keep_separate_sessions(
         # the General topic has no thread id: it is the group's own conversation
         tg.push_update(in_group(tg, f"{BOT} in General", chat=FORUM, is_forum=True))
         replies = await tg.wait_for("sendMessage", to(FORUM), count=3)
-        one = runtime.sessions.load(ChatKey("telegram", f"{FORUM}:3"))
-        two = runtime.sessions.load(ChatKey("telegram", f"{FORUM}:4"))
-        general = runtime.sessions.load(ChatKey("telegram", str(FORUM)))
+        one = await runtime.sessions.load(ChatKey("telegram", f"{FORUM}:3"))
+        two = await runtime.sessions.load(ChatKey("telegram", f"{FORUM}:4"))
+        general = await runtime.sessions.load(ChatKey("telegram", str(FORUM)))
     assert "kiwi" not in json.dumps(llm.requests[1].json)
     assert [m.role for m in general] == ["user", "assistant"] and "kiwi" not in json.dumps(llm.requests[2].json)
     assert [m.role for m in one] == ["user", "assistant"] and [m.role for m in two] == ["user", "assistant"]
@@ -211,14 +211,14 @@ async def test_new_in_a_group_only_from_an_admin_or_an_allowed_user(
         chat = ChatKey("telegram", str(GROUP))
         tg.push_update(in_group(tg, f"{BOT} remember: we fly on Friday"))
         await tg.wait_for("sendMessage", to(GROUP))
-        before = runtime.sessions.current_thread(chat)
+        before = await runtime.sessions.current_thread(chat)
         refused = in_group(tg, "/new")
         tg.push_update(refused)
         [refusal] = await tg.wait_for("sendMessage", lambda c: to(GROUP)(c) and "administrator" in c.params["text"])
-        assert runtime.sessions.current_thread(chat) == before
+        assert await runtime.sessions.current_thread(chat) == before
         tg.push_update(in_group(tg, "/new", user=admin, first_name="Dana", username="dana"))
         await tg.wait_for("sendMessage", lambda c: to(GROUP)(c) and "Started a new conversation" in c.params["text"])
-        after_admin = runtime.sessions.current_thread(chat)
+        after_admin = await runtime.sessions.current_thread(chat)
         tg.push_update(in_group(tg, f"/new@{BOT[1:]}", user=ALICE, first_name="Alice"))  # in the allowlist
         await tg.wait_for("sendMessage", lambda c: to(GROUP)(c) and "Started a new conversation" in c.params["text"],
                           count=2)
@@ -281,11 +281,11 @@ async def test_trigger_all_makes_every_group_message_a_turn(
     settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_ALLOWED_CHATS=str(GROUP),
                              TALON_TELEGRAM_GROUP_TRIGGER="all")
     async with running(settings) as runtime:
-        before = runtime.sessions.current_thread(ChatKey("telegram", str(GROUP)))
+        before = await runtime.sessions.current_thread(ChatKey("telegram", str(GROUP)))
         tg.push_update(in_group(tg, "/new@some_other_bot", user=ALICE))  # not ours, even in "all"
         tg.push_update(in_group(tg, "no mention here"))
         [answer] = await tg.wait_for("sendMessage", to(GROUP))
-        after = runtime.sessions.current_thread(ChatKey("telegram", str(GROUP)))
+        after = await runtime.sessions.current_thread(ChatKey("telegram", str(GROUP)))
     assert len(llm.requests) == 1 and before == after
     assert last_user_text(llm.requests[0]).endswith("[Carol (@carol)]: no mention here")
     assert answer.params["text"].startswith("echo:")
@@ -356,17 +356,19 @@ async def test_a_group_turn_left_pending_by_a_crash_is_answered_in_its_topic(
     asked = in_group(tg, f"{BOT} still there?", chat=FORUM, is_forum=True, message_thread_id=5)["message"]
     runtime = build_runtime(settings, [TelegramChannel(settings)])
     # What the inbox held when the last run died: stored, never answered.
-    runtime.inbox.add(InboundMessage(
+    await runtime.inbox.add(InboundMessage(
         channel="telegram", chat_id=str(FORUM), sender_id=str(CAROL), message_id=str(asked["message_id"]),
         text=f"{BOT} still there?", sender_name="Carol", sender_username="carol", chat_type="supergroup",
         chat_title="Trip planning", thread_id="5", chatter=[Chatter(speaker="Bob", text="is it down?")]))
     await runtime.start()
     try:
         [answer] = await tg.wait_for("sendMessage", to(FORUM))
+        await runtime.bridge.idle()
+        session = await runtime.sessions.load(ChatKey("telegram", f"{FORUM}:5"))
     finally:
         await runtime.stop()
     assert answer.params["message_thread_id"] == 5
     assert answer.params["reply_parameters"]["message_id"] == asked["message_id"]
     text = last_user_text(llm.requests[0])
     assert "[Bob]: is it down?" in text and text.endswith(f"[Carol (@carol)]: {BOT} still there?")
-    assert runtime.sessions.load(ChatKey("telegram", f"{FORUM}:5"))
+    assert session

@@ -81,7 +81,7 @@ async def test_start_sets_the_webhook_with_the_secret_and_never_polls(
         status, _ = await post(channel, body)
         assert status == 200
         # 200 means the message is in the durable inbox
-        assert runtime.inbox.seen(f"telegram:{ALICE}:{body['message']['message_id']}")
+        assert await runtime.inbox.seen(f"telegram:{ALICE}:{body['message']['message_id']}")
         [sent] = await tg.wait_for("sendMessage", to_alice)
         await asyncio.sleep(0.3)
     assert sent.params["text"] == "Hello over the webhook."
@@ -103,7 +103,7 @@ async def test_wrong_or_missing_secret_is_refused_without_processing(
         assert (await post(channel, forged, secret=""))[0] == 403
         await asyncio.sleep(0.3)
         assert not llm.requests and not tg.sent("sendMessage")
-        assert not runtime.inbox.pending()
+        assert not await runtime.inbox.pending()
         # the same update with the right secret is then taken normally
         assert (await post(channel, forged))[0] == 200
         await tg.wait_for("sendMessage", to_alice)
@@ -160,7 +160,7 @@ async def test_no_200_until_the_inbox_has_the_message(tmp_path: Path, tg: FakeTe
         runtime.bridge.submit = flaky_submit  # type: ignore[method-assign]
         body = update(tg, 3, tg.text_message(ALICE, "store me", user_id=ALICE))
         assert (await post(channel, body))[0] == 500
-        assert not runtime.inbox.pending() and not llm.requests
+        assert not await runtime.inbox.pending() and not llm.requests
         assert (await post(channel, body))[0] == 200  # the retry
         await tg.wait_for("sendMessage", to_alice)
     assert len(llm.requests) == 1
@@ -176,7 +176,7 @@ async def test_album_items_are_answered_after_the_album_is_submitted(
         results = await asyncio.gather(*(post(channel, body) for body in bodies))
         assert [status for status, _ in results] == [200, 200]
         # both answers came after the album reached the inbox
-        assert runtime.inbox.seen(f"telegram:{ALICE}:{bodies[0]['message']['message_id']}")
+        assert await runtime.inbox.seen(f"telegram:{ALICE}:{bodies[0]['message']['message_id']}")
         await tg.wait_for("sendMessage", to_alice, timeout=20)
     assert len(llm.requests) == 1 and "two" in last_user_text(llm.requests[0])
 

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from talon.access import AccessGate
-from talon.attachments import AttachmentStore
+from talon.storage.access import AccessGate, MemoryPairing
+from talon.storage.embedded.attachments import FileAttachments
 from talon.bridge import Bridge
 from talon.config import Limits, Settings
 from talon.content import Message, ToolCall
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile, VoiceWish
 from talon.errors import SynthesisError
-from talon.inbox import Inbox
+from talon.storage.embedded.inbox import SqliteInbox
 from talon.speech import (
     Transcript,
     bundled_base_dir,
@@ -333,21 +333,24 @@ class RecordingChannel(Channel):
 async def test_the_voice_note_follows_the_text_and_resumes_after_it(
     synthesizer: Synthesizer, tmp_path: Path, delivered_before: int, expected: list[str]
 ) -> None:
-    inbox = Inbox(tmp_path / "inbox.sqlite3")
+    inbox = SqliteInbox(tmp_path / "inbox.sqlite3")
     voice = VoiceReplies(synthesizer, tmp_path / "media")
-    bridge = Bridge(agent=None, inbox=inbox, store=AttachmentStore(tmp_path / "att"),  # type: ignore[arg-type]
+    bridge = Bridge(agent=None, inbox=inbox, store=FileAttachments(tmp_path / "att"),  # type: ignore[arg-type]
                     limits=Limits(), media_root=tmp_path / "media",
-                    gate=AccessGate.from_settings(settings(data_dir=tmp_path)), voice=voice)
+                    gate=AccessGate(MemoryPairing(), {}), voice=voice)
     msg = message("voice")
-    inbox.add(msg)
-    inbox.set_delivered_parts(msg.key, delivered_before)
+    await inbox.add(msg)
+    await inbox.set_delivered_parts(msg.key, delivered_before)
+    item = await inbox.begin_attempt(msg.key)
+    assert item is not None
     channel = RecordingChannel()
-    await bridge._deliver(channel, msg, OutboundReply(text="Hello there.", voice=VoiceWish("en")))
+    await bridge._deliver(channel, msg, OutboundReply(text="Hello there.", voice=VoiceWish("en")), item=item)
     assert channel.shown == expected
     assert voice.notes_made == (0 if delivered_before == 2 else 1)
-    assert inbox.pending() == [] and inbox.delivered_parts(msg.key) == 2
-    inbox.close()
-    bridge.gate.close()
+    done = await inbox.begin_attempt(msg.key)
+    assert await inbox.pending() == [] and done is not None and done.delivered_parts == 2
+    await inbox.close()
+    await bridge.gate.close()
     if delivered_before < 2:
         assert (tmp_path / "media/outbox/voice/telegram/42/reply-7.ogg").stat().st_size > 1000
 
@@ -375,14 +378,15 @@ async def test_a_turn_replayed_after_a_restart_still_knows_the_agent_asked_to_sp
     synthesizer: Synthesizer, tmp_path: Path
 ) -> None:
     from talon.agent.loop import Agent
-    from talon.agent.session import ChatKey, SessionStore
+    from talon.storage.sessions import ChatKey
+    from talon.storage.embedded.sessions import JsonlSessions
 
-    sessions = SessionStore(tmp_path / "data")
+    sessions = JsonlSessions(tmp_path / "data")
     chat = ChatKey("telegram", "42")
     msg = message()  # a text message: only the speak call makes it a voice reply
     user = Message(role="user", content=[], meta={"turn_id": msg.key})
-    sessions.append(chat, user, *speak_turn("en", turn_id=msg.key))
-    sessions.append(chat, Message.assistant("Here you are.", turn_id=msg.key, final=True))
+    await sessions.append(chat, user, *speak_turn("en", turn_id=msg.key))
+    await sessions.append(chat, Message.assistant("Here you are.", turn_id=msg.key, final=True))
 
     class NeverCalled:
         name, model = "openai", "fake-model"
@@ -391,17 +395,17 @@ async def test_a_turn_replayed_after_a_restart_still_knows_the_agent_asked_to_sp
             raise AssertionError("a replayed turn must not ask the model again")
 
     bridge = Bridge(agent=Agent(NeverCalled(), sessions),  # type: ignore[arg-type]
-                    inbox=Inbox(tmp_path / "inbox.sqlite3"), store=AttachmentStore(tmp_path / "att"),
+                    inbox=SqliteInbox(tmp_path / "inbox.sqlite3"), store=FileAttachments(tmp_path / "att"),
                     limits=Limits(), media_root=tmp_path / "media",
-                    gate=AccessGate.from_settings(settings(data_dir=tmp_path)),
+                    gate=AccessGate(MemoryPairing(), {}),
                     voice=VoiceReplies(synthesizer, tmp_path / "media"))
     reply = await bridge._turn(RecordingChannel(), chat, msg)
     assert reply.text == "Here you are." and reply.voice == VoiceWish(language="en", asked=True)
     # The next turn, replayed too, did not call the tool: the earlier call does not count.
     later = msg.model_copy(update={"message_id": "8"})
-    sessions.append(chat, Message(role="user", content=[], meta={"turn_id": later.key}),
+    await sessions.append(chat, Message(role="user", content=[], meta={"turn_id": later.key}),
                     Message.assistant("Plain text.", turn_id=later.key, final=True))
     reply = await bridge._turn(RecordingChannel(), chat, later)
     assert reply.text == "Plain text." and reply.voice is None
-    bridge.inbox.close()
-    bridge.gate.close()
+    await bridge.inbox.close()
+    await bridge.gate.close()

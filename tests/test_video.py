@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileBlobs
 from talon.config import Limits
 from talon.media.video import VideoError, plan_timestamps, sample_video
 
@@ -39,13 +39,13 @@ def make_mp4(
     return path
 
 
-def frame_level(store: AttachmentStore, ref) -> float:  # type: ignore[no-untyped-def]
+def frame_level(store: FileBlobs, ref) -> float:  # type: ignore[no-untyped-def]
     return float(np.asarray(Image.open(io.BytesIO(store.read_bytes(ref))).convert("L")).mean())
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> AttachmentStore:
-    return AttachmentStore(tmp_path / "store")
+def store(tmp_path: Path) -> FileBlobs:
+    return FileBlobs(tmp_path / "store")
 
 
 def test_plan_timestamps() -> None:
@@ -56,7 +56,7 @@ def test_plan_timestamps() -> None:
     assert plan_timestamps(None, fps=0.5, max_frames=16) is None
 
 
-def test_three_second_clip_gives_timestamped_frames_within_limits(tmp_path: Path, store: AttachmentStore) -> None:
+def test_three_second_clip_gives_timestamped_frames_within_limits(tmp_path: Path, store: FileBlobs) -> None:
     path = make_mp4(tmp_path / "clip.mp4", seconds=3)
     sample = sample_video(path, store=store, limits=Limits(), name="clip.mp4")
     assert sample.has_video and not sample.has_audio
@@ -71,7 +71,7 @@ def test_three_second_clip_gives_timestamped_frames_within_limits(tmp_path: Path
     assert not sample.notes
 
 
-def test_long_clip_is_sampled_across_its_whole_length_by_seeking(tmp_path: Path, store: AttachmentStore) -> None:
+def test_long_clip_is_sampled_across_its_whole_length_by_seeking(tmp_path: Path, store: FileBlobs) -> None:
     path = make_mp4(tmp_path / "long.mp4", seconds=40, fps=5, size=(64, 48), gop=10)
     sample = sample_video(path, store=store, limits=Limits(), name="long.mp4")
     stamps = [f.timestamp_s for f in sample.frames]
@@ -81,7 +81,7 @@ def test_long_clip_is_sampled_across_its_whole_length_by_seeking(tmp_path: Path,
         assert frame_level(store, frame.ref) == pytest.approx(frame.timestamp_s * 5, abs=3)
 
 
-def test_big_frames_are_downscaled_and_share_the_byte_budget(tmp_path: Path, store: AttachmentStore) -> None:
+def test_big_frames_are_downscaled_and_share_the_byte_budget(tmp_path: Path, store: FileBlobs) -> None:
     path = make_mp4(tmp_path / "hd.mp4", seconds=8, fps=2, size=(1920, 1080), gop=2, noisy=True)
     limits = Limits(video_max_frame_bytes=300_000)
     sample = sample_video(path, store=store, limits=limits)
@@ -90,7 +90,7 @@ def test_big_frames_are_downscaled_and_share_the_byte_budget(tmp_path: Path, sto
     assert sum(f.ref.bytes for f in sample.frames) <= 300_000
 
 
-def test_decode_time_is_bounded(tmp_path: Path, store: AttachmentStore) -> None:
+def test_decode_time_is_bounded(tmp_path: Path, store: FileBlobs) -> None:
     path = make_mp4(tmp_path / "slow.mp4", seconds=10, fps=5, size=(64, 48))
     ticks = itertools.count(0.0, 7.0)  # every clock read is 7 "seconds" later
     sample = sample_video(path, store=store, limits=Limits(video_decode_seconds=20), clock=lambda: next(ticks))
@@ -98,7 +98,7 @@ def test_decode_time_is_bounded(tmp_path: Path, store: AttachmentStore) -> None:
     assert any("time limit" in note for note in sample.notes)
 
 
-def test_gif_animation_gives_frames(tmp_path: Path, store: AttachmentStore) -> None:
+def test_gif_animation_gives_frames(tmp_path: Path, store: FileBlobs) -> None:
     frames = [Image.new("RGB", (120, 90), (level, level, level)) for level in range(0, 250, 10)]
     path = tmp_path / "loop.gif"
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=200, loop=0)
@@ -108,7 +108,7 @@ def test_gif_animation_gives_frames(tmp_path: Path, store: AttachmentStore) -> N
     assert all(f.ref.mime == "image/jpeg" for f in sample.frames)
 
 
-def test_garbage_and_audio_only_files(tmp_path: Path, store: AttachmentStore) -> None:
+def test_garbage_and_audio_only_files(tmp_path: Path, store: FileBlobs) -> None:
     junk = tmp_path / "junk.mp4"
     junk.write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 20)
     with pytest.raises(VideoError, match="not a video|no video|corrupt"):

@@ -196,7 +196,7 @@ async def test_no_voice_note_gives_a_one_line_note_after_the_text(
         tg.push_update(tg.voice_message(ALICE, data=FOX.read_bytes(), duration=5))
         await tg.wait_for("sendMessage", to_alice, count=2, timeout=30)
         await runtime.bridge.idle()
-        assert runtime.inbox.pending() == []  # answered and closed, not retried
+        assert await runtime.inbox.pending() == []  # answered and closed, not retried
     answer, note = tg.texts(ALICE)
     assert answer == "I could not listen to that, but here is my answer anyway."
     assert note == "(No voice note for this answer: the voice cannot be used on this server (its log says why).)"

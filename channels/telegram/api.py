@@ -143,11 +143,12 @@ class TelegramCore(Channel):
     allowed_chats: set[int]
     _bridge: Any
     _albums: "dict[str, _Album]"
+    _album_tasks: "set[asyncio.Task[None]]"
 
     if TYPE_CHECKING:  # provided by the mixins, used across them
         async def _send_plain(self, chat_id: str, text: str) -> None: ...
         def live_showing(self, chat_id: str, thread_id: str | None = None) -> bool: ...
-        def _flush_album(self, key: str) -> None: ...
+        async def _flush_album(self, key: str) -> None: ...
 
     @property
     def bot(self) -> Any:

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-from telegram.error import BadRequest, InvalidToken, NetworkError
+from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter
 from telegram.ext import Application, ApplicationBuilder, MessageHandler, filters
 from telegram.request import HTTPXRequest
 
 from talon.config import Limits, Settings
 from talon.errors import ConfigError
 
+from channels.base import ChannelHealth
 from channels.http import HttpServer
-from channels.telegram.api import telegram_budget
+from channels.telegram.api import _retry_seconds, telegram_budget
 from channels.telegram.delivery import Delivery
 from channels.telegram.downloads import Downloads
 from channels.telegram.groups import ChatterLog
@@ -67,7 +69,11 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
                                             self._on_message))
         self.app.add_error_handler(self._on_handler_error)
         self._bridge: Any = None
+        # Why the channel is not up (None: it is): set while starting and retrying, when stopped,
+        # and when Telegram no longer posts to our webhook. ``health`` reports it.
+        self._down: str | None = "not started"
         self._albums: dict[str, _Album] = {}
+        self._album_tasks: set[asyncio.Task[None]] = set()  # albums being stored
         self._watchdog: asyncio.Task[None] | None = None
         self._watchdog_interval = watchdog_interval_s
         self._stall_after = stall_after_s or (settings.telegram_poll_timeout_s + 60.0)
@@ -79,7 +85,9 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
         self.webhook_path = settings.telegram_webhook_path.rstrip("/") or "/"
         self._webhook_secret = settings.telegram_webhook_secret.encode()
         self._webhook_check_s = webhook_check_s
-        self._webhook_lock = asyncio.Lock()  # one update at a time, in arrival order, as polling does
+        # One update of a chat at a time, in arrival order, as polling does; chats in parallel, so
+        # one chat's write to the inbox never waits behind another's.
+        self._webhook_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # chat -> (lock, users)
         self._webhook_error_seen: dt.datetime | None = None
         self._owns_http = False
         self.http: HttpServer | None = None
@@ -92,38 +100,58 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
 
     async def start(self, bridge: Any) -> None:
         self._bridge = bridge
-        await self._initialize()
+        self._down = "starting: getMe has not answered yet"
+        await self._retry_start("getMe", self.app.initialize)
         await self.app.start()
         if self.http is not None:
             await self._start_webhook()
-            return
-        if self.poll_leader is not None:  # many workers: only the lease holder polls
+        elif self.poll_leader is not None:  # many workers: only the lease holder polls
             self._watchdog = asyncio.create_task(self.poll_leader.run(self), name="telegram-leader")
-            return
-        await self._start_polling()
-        log.info("telegram: polling as @%s", self.bot.username)
-        self._watchdog = asyncio.create_task(self._watch_polling(), name="telegram-watchdog")
+        else:
+            await self._retry_start("deleteWebhook before polling", self._start_polling)
+            log.info("telegram: polling as @%s", self.bot.username)
+            self._watchdog = asyncio.create_task(self._watch_polling(), name="telegram-watchdog")
+        self._down = None
 
-    async def _initialize(self) -> None:
-        """getMe, waiting out a network that is not up yet (a server booting) instead of dying."""
+    async def _retry_start(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
+        """A start-up call, waiting out a Bot API that cannot be reached or answers 5xx/429 (a
+        server booting, a network not up yet) instead of dying; ``health`` says why meanwhile.
+        A refusal (a wrong token, a bad request) is not waited out: it would never change."""
         delay = 1.0
         while True:
             try:
-                await self.app.initialize()
+                await step()
                 return
-            except InvalidToken:
+            except InvalidToken as exc:
                 # PTB's message repeats the token; ours must not.
-                raise ConfigError("Telegram refused TELEGRAM_BOT_TOKEN (401 Unauthorized): check the "
-                                  "token from @BotFather", ["TELEGRAM_BOT_TOKEN"]) from None
+                raise ConfigError(f"Telegram refused TELEGRAM_BOT_TOKEN ({exc.message}) at "
+                                  f"{self.settings.telegram_api_base_url}: check the token from @BotFather",
+                                  ["TELEGRAM_BOT_TOKEN"]) from None
+            except RetryAfter as exc:
+                wait, cause = max(delay, _retry_seconds(exc)), f"RetryAfter: {exc.message}"
             except NetworkError as exc:
                 if isinstance(exc, BadRequest):
                     raise
-                log.warning("telegram: cannot reach the Bot API at %s (%s); retrying in %.0fs",
-                            self.settings.telegram_api_base_url, type(exc).__name__, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.startup_retry_max_s)
+                wait, cause = delay, f"{type(exc).__name__}: {exc.message}"
+            self._down = (f"{what} failed at the Bot API {self.settings.telegram_api_base_url} ({cause}); "
+                          f"retrying in {wait:.0f}s")
+            log.warning("telegram: %s", self._down)
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, self.startup_retry_max_s)
+
+    def health(self) -> ChannelHealth:
+        if self._down is not None:  # not started, retrying its start, stopped, webhook lost
+            return ChannelHealth(False, self._down)
+        if self.http is not None:
+            return ChannelHealth(True, f"webhook set: Telegram posts to {self.webhook_url}")
+        if self.poll_leader is not None and self._watchdog is not None and self._watchdog.done():
+            return ChannelHealth(False, "the polling-lease task ended; this worker neither polls nor stands by")
+        if self.poll_leader is not None and not self.poll_leader.leading:
+            return ChannelHealth(True, "standing by: another worker polls (or will, once it holds the lease)")
+        return self._polling_health()
 
     async def stop(self) -> None:
+        self._down = "stopped"
         if self._watchdog:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
@@ -138,11 +166,12 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
         # Polling confirmed every update it fetched, so Telegram will not send an album that is
         # still being gathered again: submit what arrived of it (the inbox keeps it for the next
         # start) rather than dropping it.
+        await asyncio.gather(*self._album_tasks, return_exceptions=True)
         for key, album in list(self._albums.items()):
             if album.timer:
                 album.timer.cancel()
             try:
-                self._flush_album(key)
+                await self._flush_album(key)
             except Exception:
                 log.exception("telegram: album %s could not be stored at stop", key)
         await self.app.shutdown()

@@ -8,7 +8,7 @@ import asyncio
 
 import httpx
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import AttachmentRef, InboundFile
 from talon.envelope import RemoteFile

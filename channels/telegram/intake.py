@@ -81,9 +81,9 @@ class Intake(TelegramCore):
         if user.is_bot:
             return  # bots do not talk to bots
         identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
-        if not self._bridge.gate.allowed(self.name, identities):
+        if not await self._bridge.gate.allowed(self.name, identities):
             handle = f" (@{user.username})" if user.username else ""
-            pairing = self._bridge.gate.request_pairing(
+            pairing = await self._bridge.gate.request_pairing(
                 self.name, str(user.id), f"@{user.username}" if user.username else user.full_name)
             if pairing is None:
                 log.warning(
@@ -111,7 +111,7 @@ class Intake(TelegramCore):
                          msg.chat.id, msg.message_id)
                 return
             text = described
-        self._submit(msg, text, files)
+        await self._submit(msg, text, files)
 
     async def _on_group_message(self, msg: TgMessage) -> None:
         """A group message: a turn when the group is listed and the message addresses the bot,
@@ -151,7 +151,7 @@ class Intake(TelegramCore):
             return
         if not files and not await self._group_command_allowed(msg, text):
             return
-        self._submit(msg, text, files)
+        await self._submit(msg, text, files)
 
     async def _group_command_allowed(self, msg: TgMessage, text: str) -> bool:
         """``/new`` in a group wipes the context of everyone in it: only an administrator, or
@@ -161,7 +161,7 @@ class Intake(TelegramCore):
         user = msg.from_user
         assert user is not None
         identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
-        if self._bridge.gate.allowed(self.name, identities):
+        if await self._bridge.gate.allowed(self.name, identities):
             return True
         try:
             member = await self._with_retries(
@@ -200,9 +200,14 @@ class Intake(TelegramCore):
         if msg.caption and not album.caption:
             album.caption = msg.caption
         loop = asyncio.get_running_loop()
-        album.timer = loop.call_later(ALBUM_WAIT_S, self._flush_album, key)
+        album.timer = loop.call_later(ALBUM_WAIT_S, self._flush_album_soon, key)
 
-    def _flush_album(self, key: str) -> None:
+    def _flush_album_soon(self, key: str) -> None:
+        task = asyncio.create_task(self._flush_album(key), name=f"album-{key}")
+        self._album_tasks.add(task)
+        task.add_done_callback(self._album_tasks.discard)
+
+    async def _flush_album(self, key: str) -> None:
         album = self._albums.pop(key, None)
         if album is not None:
             try:
@@ -210,14 +215,14 @@ class Intake(TelegramCore):
                     self.chatter.add(conversation_of(album.first), label(album.first),
                                      describe_unaddressed(album.caption, len(album.files)))
                     return
-                self._submit(album.first, album.caption, album.files)
+                await self._submit(album.first, album.caption, album.files)
             except Exception as exc:
                 album.error = exc  # a webhook request waiting for the album answers 500
                 raise
             finally:
                 album.submitted.set()
 
-    def _submit(self, msg: TgMessage, text: str, files: list[RemoteFile]) -> None:
+    async def _submit(self, msg: TgMessage, text: str, files: list[RemoteFile]) -> None:
         reply = msg.reply_to_message
         quoted = (reply.text or reply.caption) if reply is not None else None
         user = msg.from_user
@@ -226,7 +231,7 @@ class Intake(TelegramCore):
         group = msg.chat.type in GROUP_TYPES
         # A command (/status, /new) is answered without the model: the chatter waits for a turn.
         command = not files and bool(command_word(text, self.bot.username))
-        self._bridge.submit(
+        await self._bridge.submit(
             InboundMessage(
                 channel=self.name,
                 chat_id=str(msg.chat.id),

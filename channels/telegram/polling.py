@@ -12,21 +12,32 @@ from typing import Any
 from telegram.error import TelegramError
 from telegram.request import HTTPXRequest
 
+from channels.base import ChannelHealth
 from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
 
 log = logging.getLogger(__name__)
 
 
+# getUpdates failures in a row (python-telegram-bot retries after 1, 1.5, 2.25... s) after
+# which the channel reports itself down: one failure is a blip, three are an outage.
+POLL_FAILURES_DOWN = 3
+
+
 class _PollingRequest(HTTPXRequest):
-    """The getUpdates transport; remembers when the last poll came back, for the watchdog."""
+    """The getUpdates transport; remembers when the last poll came back (for the watchdog) and
+    how many polls in a row failed since the last that succeeded (for ``health``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.last_ok = time.monotonic()
+        self.failures = 0
+        self.last_error = ""
 
     async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
         result = await super().do_request(*args, **kwargs)
         self.last_ok = time.monotonic()
+        if 200 <= result[0] < 300:
+            self.failures = 0
         return result
 
 
@@ -51,7 +62,26 @@ class Polling(TelegramCore):
         )
 
     def _on_poll_error(self, exc: TelegramError) -> None:
+        self._poll_request.failures += 1
+        self._poll_request.last_error = f"{type(exc).__name__}: {exc.message}"
         log.warning("telegram: getUpdates failed (%s); python-telegram-bot retries", exc)
+
+    def _polling_health(self) -> ChannelHealth:
+        """Up while getUpdates gets answers: not after several failures in a row, nor when no
+        poll came back for longer than the watchdog allows (a hung connection)."""
+        updater = self.app.updater
+        if updater is None or not updater.running:
+            return ChannelHealth(False, "polling is not running (the watchdog restarts it)")
+        request = self._poll_request
+        if request.failures >= POLL_FAILURES_DOWN:
+            return ChannelHealth(False, f"getUpdates failed {request.failures} times in a row at "
+                                        f"{self.settings.telegram_api_base_url} (last: {request.last_error}); "
+                                        "python-telegram-bot retries")
+        silent = time.monotonic() - request.last_ok
+        if silent >= self._stall_after:
+            return ChannelHealth(False, f"no answer to getUpdates for {silent:.0f}s (limit {self._stall_after:.0f}s); "
+                                        "the watchdog restarts polling")
+        return ChannelHealth(True, f"polling: last getUpdates answered {silent:.0f}s ago")
 
     async def _watch_polling(self) -> None:
         """Polling must never stop quietly: restart it when it died or has gone silent."""

@@ -24,7 +24,7 @@ keeps the first chunk and waits for the final reply.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from telegram import ReplyParameters
@@ -49,7 +49,7 @@ class TelegramLiveView:
     """One turn's live view in one chat: a draft, or a message edited in place."""
 
     def __init__(self, channel: "Streaming", message: InboundMessage, *, mode: str,
-                 placed: Callable[[str], None] | None, resume_id: str | None) -> None:
+                 placed: Callable[[str], Awaitable[None]] | None, resume_id: str | None) -> None:
         self.channel = channel
         self.chat_id = message.chat_id
         self.conversation = message.conversation_id
@@ -117,7 +117,7 @@ class TelegramLiveView:
                                       disable_web_page_preview=True, reply_parameters=reply, **where)
         self.message_id = sent.message_id
         if self._placed is not None:
-            self._placed(str(sent.message_id))  # in the inbox before anything else can happen
+            await self._placed(str(sent.message_id))  # in the inbox before anything else can happen
 
     async def close(self) -> None:
         await self.text.close()
@@ -129,7 +129,7 @@ class Streaming(TelegramCore):
 
     _live: dict[str, TelegramLiveView]
 
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], None] | None = None,
+    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
                    resume_id: str | None = None) -> LiveReply | None:
         setting = self.settings.telegram_streaming
         if setting == "off":

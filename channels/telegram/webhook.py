@@ -17,12 +17,13 @@ import datetime as dt
 import hmac
 import json
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from telegram import Update
 from telegram.error import BadRequest, TelegramError
 
-from talon.errors import ConfigError
+from talon.errors import ConfigError, StoreUnavailable
 
 from channels.http import HttpServer
 from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
@@ -44,11 +45,13 @@ class Webhook(TelegramCore):
     webhook_path: str
     _webhook_secret: bytes
     _webhook_check_s: float
-    _webhook_lock: asyncio.Lock
+    _webhook_locks: dict[str, tuple[asyncio.Lock, list[int]]]
     _webhook_error_seen: dt.datetime | None
     _owns_http: bool
     http: HttpServer | None
     _watchdog: "asyncio.Task[None] | None"
+    _down: str | None
+    _retry_start: Callable[[str, Callable[[], Awaitable[object]]], Awaitable[None]]
 
     async def _start_webhook(self) -> None:
         """Listen (if the server is ours), then point Telegram at us; never poll in this mode."""
@@ -56,12 +59,12 @@ class Webhook(TelegramCore):
         if self._owns_http:
             await self.http.start()
         try:
-            await self.bot.set_webhook(
+            await self._retry_start("setWebhook", lambda: self.bot.set_webhook(
                 url=self.webhook_url,
                 secret_token=self._webhook_secret.decode(),
                 allowed_updates=list(ALLOWED_UPDATES),
                 drop_pending_updates=False,  # what arrived while we were away is still wanted
-            )
+            ))
         except BadRequest as exc:
             raise ConfigError(f"Telegram refused the webhook TALON_TELEGRAM_WEBHOOK_URL="
                               f"{self.webhook_url!r}: {exc.message}", ["TALON_TELEGRAM_WEBHOOK_URL"]) from None
@@ -80,10 +83,14 @@ class Webhook(TelegramCore):
                 log.warning("telegram: getWebhookInfo failed (%s)", exc)
                 continue
             if info.url != self.webhook_url:
+                self._down = (f"the webhook is {info.url or '<none>'!r}, not {self.webhook_url}: another process "
+                              "with this bot token changed it; restart Talon to set it again")
                 log.error("telegram: the webhook is %r, not %s: another process with this bot token changed "
                           "it, and no updates reach Talon until it is set again (restart Talon)",
                           info.url or "<none>", self.webhook_url)
-            elif info.last_error_date is not None and info.last_error_date != self._webhook_error_seen:
+                continue
+            self._down = None
+            if info.last_error_date is not None and info.last_error_date != self._webhook_error_seen:
                 self._webhook_error_seen = info.last_error_date
                 log.warning("telegram: Telegram could not deliver updates to %s (last error at %s: %s); "
                             "%d update(s) waiting", self.webhook_url, info.last_error_date,
@@ -115,8 +122,17 @@ class Webhook(TelegramCore):
         errors: list[BaseException] = []
         token = _webhook_errors.set(errors)  # _on_handler_error records failures here
         try:
-            async with self._webhook_lock:
-                await self.app.process_update(update)
+            chat = update.effective_chat
+            key = str(chat.id) if chat is not None else ""
+            lock, users = self._webhook_locks.setdefault(key, (asyncio.Lock(), [0]))
+            users[0] += 1
+            try:
+                async with lock:
+                    await self.app.process_update(update)
+            finally:
+                users[0] -= 1
+                if not users[0]:
+                    del self._webhook_locks[key]
         except RuntimeError as exc:  # the application stopped under us
             log.warning("telegram: update %s arrived while stopping (%s); answered 503",
                         update.update_id, exc)
@@ -134,6 +150,12 @@ class Webhook(TelegramCore):
                     errors.append(TimeoutError(f"album {msg.media_group_id} was not submitted"))
                 if album.error is not None:
                     errors.append(album.error)
+        unavailable = next((e for e in errors if isinstance(e, StoreUnavailable)), None)
+        if unavailable is not None:
+            log.warning("telegram: update %s not stored: %s; answered 503 so that Telegram sends it again",
+                        update.update_id, unavailable)
+            raise web.HTTPServiceUnavailable(text="the database is unavailable; send again",
+                                             headers={"Retry-After": "5"})
         if errors:
             log.error("telegram: update %s was not stored (%s); answered 500 so that Telegram sends it "
                       "again", update.update_id, errors[0])

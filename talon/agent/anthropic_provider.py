@@ -39,6 +39,7 @@ from talon.agent.provider import (
     Usage,
     block_text,
     image_placeholder,
+    prefetch_images,
     try_hydrate,
 )
 from talon.agent.refusals import classify
@@ -208,13 +209,13 @@ class AnthropicProvider(Provider):
             max_retries=0,
         )
 
-    def build(self, request: ModelRequest) -> dict[str, Any]:
+    def build(self, request: ModelRequest, hydrate: Hydrate | None = None) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for a request (pure; used by tests)."""
         kwargs: dict[str, Any] = {
             "model": self.model,
             "max_tokens": request.max_output_tokens or 4096,
             # A one-off request (a summary: no cache points) would pay for a cache write it never reads.
-            "messages": to_anthropic_messages(request.messages, self._hydrate, vision=self.vision,
+            "messages": to_anthropic_messages(request.messages, hydrate or self._hydrate, vision=self.vision,
                                               cache_last=bool(request.system_cache_points)),
         }
         system = to_anthropic_system(request.system, request.system_cache_points)
@@ -228,7 +229,7 @@ class AnthropicProvider(Provider):
         return await complete_with_retries(self, request, self._once)
 
     async def _once(self, request: ModelRequest) -> ModelResponse:
-        kwargs = self.build(request)
+        kwargs = self.build(request, await prefetch_images(request.messages, self._hydrate))
         relay = StreamRelay(request.on_text)
         try:
             if self.stream:
@@ -246,7 +247,7 @@ class AnthropicProvider(Provider):
         except _TIMEOUTS as exc:
             raise silent_for(self.idle_timeout_s) from exc
         except _UNREACHABLE as exc:
-            raise unreachable(exc, sent=bool(relay.sent)) from exc
+            raise unreachable(exc, sent=bool(relay.sent), url=str(self._client.base_url)) from exc
         except anthropic.APIError as exc:  # an error event inside the stream
             if relay.sent:
                 raise broke_off(exc) from exc

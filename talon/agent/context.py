@@ -145,7 +145,7 @@ class RequestContext:
     archive: Path | None = None
     archive_title: str = "conversation"
     summarize: Summarize | None = None
-    persist: Callable[[Message], None] | None = None
+    persist: Callable[[Message], Awaitable[None]] | None = None
     force_summary: bool = False
 
     def estimate(self, messages: Sequence[Message]) -> int:
@@ -478,7 +478,7 @@ async def summarize_step(messages: list[Message], ctx: RequestContext) -> list[M
     if ctx.archive is not None:
         append_archive(ctx.archive, fresh, first=first, last=covers - 1, title=ctx.archive_title)
     record = checkpoint_record(summary, covers=covers, archive=ctx.archive)
-    ctx.persist(record)
+    await ctx.persist(record)
     log.info("summarized log messages %d-%d (%d in this request) into a checkpoint", first, covers - 1, len(fresh))
     head = record.model_copy(update={"meta": {SUMMARY: True}})
     return [head] + list(messages[cut:])

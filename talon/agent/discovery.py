@@ -376,7 +376,7 @@ async def discover(kind: str, *, base_url: str | None, api_key: str, model: str,
         facts.reachable = False
         facts.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     facts.elapsed_s = time.monotonic() - started
-    log.info("model discovery (%.2f s): %s", facts.elapsed_s, facts.describe())
+    log.info("model discovery at %s (%.2f s): %s", base, facts.elapsed_s, facts.describe())
     return facts
 
 

@@ -19,6 +19,8 @@ used, scaled by how far the provider's count of the last text-only request was a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -56,7 +58,8 @@ from talon.agent.provider import (
     has_images,
 )
 from talon.agent.refusals import stated_window
-from talon.agent.session import FAILED_TURN, ChatKey, SessionStore, is_checkpoint
+from talon.agent.session import FAILED_TURN, is_checkpoint
+from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.summary import Summarizer, mechanical_summary
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
 from talon.agent.tools import ToolContext, ToolRegistry
@@ -207,6 +210,11 @@ class Agent:
         # What the system prompt says about one chat (a group's name and people), set by the
         # bridge; it goes after the cached prefix, so every chat shares that prefix.
         self.chat_notes: dict[ChatKey, str] = {}
+        # The thread each chat's turn runs in (read with its log at the start of the turn).
+        self._threads: dict[ChatKey, str] = {}
+        # A turn's user message, written to the log with the turn's first other record: one
+        # write per answered text message (a crash before then reruns the turn, which adds it).
+        self._unsaved: dict[ChatKey, list[Message]] = {}
 
     # --- what the server serves -----------------------------------------------------------------
     @property
@@ -349,11 +357,11 @@ class Agent:
         *,
         force_summary: bool = False,
     ) -> RequestContext:
-        thread = self.sessions.current_thread(chat)
+        thread = self._threads.get(chat, "main")
         archive = self.sessions.archive_path(chat, thread)
 
-        def persist(message: Message) -> None:
-            self.sessions.append(chat, message)
+        async def persist(message: Message) -> None:
+            await self._append(chat, message)
             history.append(message)
 
         async def summarize(previous: str | None, messages: list[Message]) -> str:
@@ -379,9 +387,8 @@ class Agent:
         )
 
     # --- /status ------------------------------------------------------------------------------
-    def status_text(self, chat: ChatKey, model_label: str) -> str:
-        history = self.sessions.load(chat)
-        thread = self.sessions.current_thread(chat)
+    async def status_text(self, chat: ChatKey, model_label: str) -> str:
+        thread, history = await self.sessions.load_current(chat)
         budget = self.budget
         conversation = [m for m in history if not is_checkpoint(m)]
         last = conversation[-1] if conversation else None
@@ -397,7 +404,7 @@ class Agent:
         archive = self.sessions.archive_path(chat, thread)
         extra = ""
         if summaries:
-            size = archive.stat().st_size if archive.exists() else 0
+            size = await asyncio.to_thread(lambda: archive.stat().st_size if archive.exists() else 0)
             extra = f"; {summaries} summar{'y' if summaries == 1 else 'ies'} so far, archive {_kb(size)}"
         profile = self.profile
         if profile.vision and not vision:
@@ -407,16 +414,16 @@ class Agent:
         server = ""
         if self.facts is not None and (not self.facts.reachable or self.facts.listed is False):
             server = f"\nServer: {self.facts.describe()}"
+        server += "".join(f"\n{line}" for line in self.tools.status_lines())
         return (
             f"Model: {model_label or self.provider.model} ({profile.describe(with_sources=True)})\n"
             f"Context: {context}; older turns are summarized from {budget.trigger:,}\n"
-            f"Session: {thread}, {len(conversation)} messages, {_kb(self.sessions.size_bytes(chat))}{extra}"
+            f"Session: {thread}, {len(conversation)} messages, {_kb(await self.sessions.size_bytes(chat))}{extra}"
             f"{server}"
         )
 
-    def estimate_context(self, chat: ChatKey, history: list[Message] | None = None) -> int:
+    def estimate_context(self, chat: ChatKey, history: list[Message]) -> int:
         """Estimated input tokens of the next request (no summary, no file writes)."""
-        history = self.sessions.load(chat) if history is None else history
         system = self.system(chat)
         tools = self.tool_specs()
         view = repair_tool_pairs(conversation_view(history))
@@ -541,14 +548,16 @@ class Agent:
         """Answer one user message. ``on_text`` gets the reply's text as it streams, step by
         step; ``on_step`` hears when a step ended (True: it asked for tools, more text follows);
         ``steer`` hands over messages that arrived meanwhile, before each later step."""
-        history = self.sessions.load(chat)
+        thread, history = await self.sessions.load_current(chat)
+        self._threads[chat] = thread
+        self._unsaved.pop(chat, None)
         start = next(
             (i for i, m in enumerate(history) if m.role == "user" and m.meta.get("turn_id") == turn_id),
             None,
         )
         if start is None:
             user = user.model_copy(update={"meta": {**user.meta, "turn_id": turn_id}})
-            self.sessions.append(chat, user)
+            self._unsaved[chat] = [user]
             history.append(user)
             start = len(history) - 1
         else:
@@ -561,15 +570,22 @@ class Agent:
                     log.info("turn %s in %s already answered before a restart; replaying", turn_id, chat)
                     text = done.text + (cut_off_note(int(done.meta["cut_off"])) if done.meta.get("cut_off") else "")
                     return TurnResult(text=text, steps=0, replayed=True, messages=[done])
+        if self.tools_available and self.tools.sources:
+            # Outside tool sources (MCP servers) get ready for this chat, bounded by their own limits.
+            await self.tools.prepare(self.tool_context(chat))
         try:
             return await self._steps(chat, history, start, turn_id, on_text, on_step, steer)
-        except ProviderUnavailable:
-            raise  # worth another try later: the message stays in the conversation
         except ProviderError as exc:
+            if isinstance(exc, ProviderUnavailable):
+                await self._keep_question(chat)  # worth another try later
+                raise
             # The server refused this turn for good (after every recovery). It is kept in the log
             # but left out of later requests, so the next message is not refused the same way.
-            self.sessions.append(chat, Message(role="assistant", content=[], meta={
+            await self._append(chat, Message(role="assistant", content=[], meta={
                 "turn_id": turn_id, FAILED_TURN: type(exc).__name__, "error": str(exc)}))
+            raise
+        except BaseException:
+            await self._keep_question(chat)  # stopped (/stop, a timeout, shutdown) or failed
             raise
 
     async def _steps(self, chat: ChatKey, history: list[Message], start: int, turn_id: str,
@@ -587,13 +603,13 @@ class Agent:
                     turn_id=turn_id,
                     final=True,
                 )
-                self.sessions.append(chat, final)
+                await self._append(chat, final)
                 produced.append(final)
                 return TurnResult(text=final.text, steps=steps, usage=usage, messages=produced)
             if steer is not None and steps > 0:
                 for joined in await steer():
                     joined = joined.model_copy(update={"meta": {**joined.meta, "turn_id": turn_id}})
-                    self.sessions.append(chat, joined)
+                    await self._append(chat, joined)
                     history.append(joined)
                     produced.append(joined)
             request, response = await self._complete(chat, history, on_text)
@@ -613,7 +629,7 @@ class Agent:
                 elif response.finish_reason in CUT_OFF_FINISH:
                     meta["cut_off"] = request.max_output_tokens or self.profile.max_output
             reply = reply.model_copy(update={"meta": meta})
-            self.sessions.append(chat, reply)
+            await self._append(chat, reply)
             history.append(reply)
             produced.append(reply)
             if on_step is not None:
@@ -625,13 +641,27 @@ class Agent:
                     text += cut_off_note(int(str(meta["cut_off"])))
                 return TurnResult(text=text, steps=steps, usage=usage, messages=produced)
 
-    def record_interrupted(self, chat: ChatKey, turn_id: str, partial: str) -> Message:
+    async def _keep_question(self, chat: ChatKey) -> None:
+        """Write the turn's user message if it is not yet, as the turn ends without an answer.
+        Best effort: if this fails too, the turn's next attempt adds it."""
+        if self._unsaved.get(chat):
+            with contextlib.suppress(Exception):
+                await self._append(chat)
+
+    async def _append(self, chat: ChatKey, *messages: Message) -> None:
+        """Add to the log of the thread this chat's turn runs in (after the turn's user message,
+        if that is not written yet)."""
+        records = [*self._unsaved.pop(chat, []), *messages]
+        if records:
+            await self.sessions.append(chat, *records, thread=self._threads.get(chat))
+
+    async def record_interrupted(self, chat: ChatKey, turn_id: str, partial: str) -> Message:
         """Close a turn the person stopped: what was written of the reply so far is kept, marked
         as interrupted, so the next turn knows what was said and that it was cut short."""
         note = "[stopped by the person before the answer was finished]"
         text = f"{partial.rstrip()}\n\n{note}" if partial.strip() else note
         message = Message.assistant(text, turn_id=turn_id, final=True, **{INTERRUPTED_TURN: True})
-        self.sessions.append(chat, message)
+        await self._append(chat, message)
         return message
 
     async def _answer_pending_tool_calls(
@@ -656,7 +686,7 @@ class Agent:
                 tool_name=call.name,
                 meta={"turn_id": turn_id, **({"error": True} if result.is_error else {})},
             )
-            self.sessions.append(chat, message)
+            await self._append(chat, message)
             history.append(message)
             produced.append(message)
 

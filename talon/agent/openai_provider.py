@@ -35,6 +35,7 @@ from talon.agent.provider import (
     Usage,
     block_text,
     image_placeholder,
+    prefetch_images,
     try_hydrate,
 )
 from talon.agent.refusals import classify
@@ -256,11 +257,11 @@ class OpenAIProvider(Provider):
             max_retries=0,
         )
 
-    def _kwargs(self, request: ModelRequest) -> dict[str, Any]:
+    def _kwargs(self, request: ModelRequest, hydrate: Hydrate | None = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": to_openai_messages(
-                request.system, request.messages, self._hydrate, vision=self.vision
+                request.system, request.messages, hydrate or self._hydrate, vision=self.vision
             ),
         }
         if request.tools and self.tools:
@@ -277,7 +278,7 @@ class OpenAIProvider(Provider):
         return await complete_with_retries(self, request, self._once)
 
     async def _once(self, request: ModelRequest) -> ModelResponse:
-        kwargs = self._kwargs(request)
+        kwargs = self._kwargs(request, await prefetch_images(request.messages, self._hydrate))
         relay = StreamRelay(request.on_text)
         try:
             if self.stream:
@@ -291,7 +292,7 @@ class OpenAIProvider(Provider):
         except _TIMEOUTS as exc:
             raise silent_for(self.idle_timeout_s) from exc
         except _UNREACHABLE as exc:
-            raise unreachable(exc, sent=bool(relay.sent)) from exc
+            raise unreachable(exc, sent=bool(relay.sent), url=str(self._client.base_url)) from exc
         if not result.choices:
             raise ProviderError("the model returned no choices")
         choice = result.choices[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import base64
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,8 +20,8 @@ from talon.errors import AttachmentError
 
 log = logging.getLogger(__name__)
 
-Hydrate = Callable[[ImageBlock], str]
-"""Turns an image block into a data: URL (reads the attachment store)."""
+Hydrate = Callable[[ImageBlock], "str | Awaitable[str]"]
+"""Turns an image block into a data: URL (reads the attachment store; async, or plain in tests)."""
 
 TextSink = Callable[[str], Awaitable[None]]
 """Receives the text of a reply as it streams in, delta by delta."""
@@ -37,10 +38,38 @@ def try_hydrate(hydrate: Hydrate, block: ImageBlock) -> str | None:
     """The block's data URL, or None when its bytes cannot be read (a store restored from an
     older backup, a blob deleted by hand). One lost file must not fail every request."""
     try:
-        return hydrate(block)
+        url = hydrate(block)
     except (AttachmentError, OSError) as exc:
         log.warning("image %s not sent: %s", block.ref.id[:12], exc)
         return None
+    # Mappers are plain functions: an async store is read first (``prefetch_images``).
+    assert isinstance(url, str), "an async hydrate is used through prefetch_images"
+    return url
+
+
+async def prefetch_images(messages: list[Message], hydrate: Hydrate) -> Callable[[ImageBlock], str]:
+    """Read every image of a request before it is mapped: the store is async, the mappers are
+    plain functions. The result hydrates from what was read (an image that could not be read
+    raises its error again, for ``try_hydrate``)."""
+    urls: dict[str, str | Exception] = {}
+    for message in messages:
+        for block in message.content:
+            if isinstance(block, ImageBlock) and block.ref.id not in urls:
+                try:
+                    url = hydrate(block)
+                    urls[block.ref.id] = await url if inspect.isawaitable(url) else url
+                except (AttachmentError, OSError) as exc:
+                    urls[block.ref.id] = exc
+
+    def read(block: ImageBlock) -> str:
+        found = urls.get(block.ref.id)
+        if found is None:
+            raise AttachmentError(f"image {block.ref.id[:12]} was not read before the request")
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    return read
 
 
 def image_placeholder(block: ImageBlock, reason: str) -> str:

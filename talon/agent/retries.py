@@ -84,11 +84,13 @@ def silent_for(idle_timeout_s: float) -> ModelTimedOut:
         "not asked again, so a long answer is not generated twice")
 
 
-def unreachable(exc: Exception, *, sent: bool) -> Exception:
-    """A connection that failed: retryable while nothing was shown, else a broken-off reply."""
+def unreachable(exc: Exception, *, sent: bool, url: str = "") -> Exception:
+    """A connection that failed: retryable while nothing was shown, else a broken-off reply.
+    ``url`` is the server's base URL: the SDKs' "Connection error." names no address."""
     if sent:
         return broke_off(exc)
-    return Retryable(ProviderUnavailable(f"could not reach the model server: {exc}"))
+    where = f" at {url.rstrip('/')}" if url else ""
+    return Retryable(ProviderUnavailable(f"could not reach the model server{where}: {exc}"))
 
 
 def response_body(exc: Any) -> Any:

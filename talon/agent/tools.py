@@ -64,9 +64,25 @@ class Tool(abc.ABC):
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
 
+    @property
+    def offered(self) -> bool:
+        """Whether the model is offered this tool now (an MCP server that is down: not, though a
+        call still gets an error saying why)."""
+        return True
+
     def time_limit(self, args: dict[str, Any], default: float) -> float:
         """Wall-clock seconds this call may take before the registry stops waiting for it."""
         return default
+
+
+class ToolSource(abc.ABC):
+    """Something that adds tools to a registry from outside Talon (the MCP servers)."""
+
+    @abc.abstractmethod
+    async def prepare(self, ctx: ToolContext) -> None: ...
+
+    @abc.abstractmethod
+    def status_lines(self) -> list[str]: ...
 
 
 class ToolError(Exception):
@@ -79,12 +95,23 @@ class ToolRegistry:
     # Every call is bounded from outside the tool: after this many seconds the agent gets an
     # error and the turn goes on (work in a thread is abandoned; the tools keep theirs bounded).
     timeout_s: float = 60.0
+    # Tool sources that live outside Talon (MCP servers): made ready before a turn, and what
+    # /status should say about them.
+    sources: list["ToolSource"] = field(default_factory=list)
 
     def add(self, tool: Tool) -> None:
         self.tools[tool.name] = tool
 
     def specs(self) -> list[ToolSpec]:
-        return [t.spec() for t in self.tools.values()]
+        return [t.spec() for t in self.tools.values() if t.offered]
+
+    async def prepare(self, ctx: ToolContext) -> None:
+        """Before a turn: let each source start what the chat's tools need (bounded by the source)."""
+        for source in self.sources:
+            await source.prepare(ctx)
+
+    def status_lines(self) -> list[str]:
+        return [line for source in self.sources for line in source.status_lines()]
 
     async def call(self, call: ToolCall, ctx: ToolContext | None = None) -> ToolResult:
         tool = self.tools.get(call.name)

@@ -40,7 +40,7 @@ from talon.agent.beneath import BeneathError, dir_beneath
 from talon.agent.sandbox import SANDBOX_PATH, sandbox_argv, sandbox_problem
 from talon.agent.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
 from talon.agent.workspace import Resolved, Workspace
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, ImageBlock, TextBlock
 from talon.errors import ConfigError
@@ -360,7 +360,7 @@ class ReadFileTool(WorkspaceTool):
 
         store = self._need_store()
         try:
-            prepared = await _off_loop(lambda: prepare_image(real, store=store, limits=self.limits, name=name))
+            prepared = await _off_loop(lambda: prepare_image(real, store=store.blocking, limits=self.limits, name=name))
         except MediaError as exc:
             raise ToolError(f"{shown}: {exc}") from exc
         ref = prepared.ref.model_copy(update={"path": shown if in_workspace else None})
@@ -390,7 +390,7 @@ class ReadFileTool(WorkspaceTool):
             lines.append(f"[more video after {window.end_s:.1f}s; continue with offset={window.end_s:g}]")
         content.append(TextBlock(text="\n".join(lines)))
         for frame in window.frames:
-            ref = store.put_bytes(frame.jpeg, mime="image/jpeg", name=f"{stem}@{frame.timestamp_s:.1f}s.jpg",
+            ref = await store.put_bytes(frame.jpeg, mime="image/jpeg", name=f"{stem}@{frame.timestamp_s:.1f}s.jpg",
                                   width=frame.width, height=frame.height)
             # The frame's path is the video's, as for inbound videos: an old frame's tombstone then
             # says how to look again (read_file the video) instead of "ask the user to resend".

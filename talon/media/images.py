@@ -31,7 +31,7 @@ from typing import BinaryIO
 
 from PIL import Image, UnidentifiedImageError
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import BlockingAttachments
 from talon.config import Limits
 from talon.content import AttachmentRef
 from talon.errors import MediaError
@@ -91,7 +91,7 @@ class PreparedImage:
 def prepare_image(
     source: Path,
     *,
-    store: AttachmentStore,
+    store: BlockingAttachments,
     limits: Limits,
     name: str | None = None,
     source_ref: AttachmentRef | None = None,

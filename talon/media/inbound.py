@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, InboundFile, InboundKind, TextBlock
 from talon.errors import AttachmentError, MediaError, TranscriptionError
@@ -75,6 +75,8 @@ class InboundContext:
     executor: Executor | None = None
     # Told of every voice note or audio file transcribed (voice replies use its language).
     on_transcript: Callable[[InboundKind, Transcript], None] | None = None
+    # Told what became of the files, with the vision used (the console shows the person).
+    on_prepared: Callable[[list["PreparedAttachment"], bool], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ async def normalize_inbound(
     # the order the person sent them; reading the files then runs concurrently.
     saved = [await _save_copy(f, ctx) for f in files]
     prepared = await asyncio.gather(*(_prepare(f, ctx, s) for f, s in zip(files, saved)))
+    if ctx.on_prepared is not None and prepared:
+        ctx.on_prepared(list(prepared), ctx.vision)
     return build_model_content(
         text, prepared, vision=ctx.vision, max_document_chars=ctx.limits.document_max_chars
     )
@@ -144,7 +148,7 @@ async def _save_copy(file: InboundFile, ctx: InboundContext) -> _Saved | None:
         return None
     name = safe_file_name(file.name, _fallback_name(file))
     try:
-        blob = ctx.store.file_path(file.ref)
+        blob = await ctx.store.file_path(file.ref)
         path = await _run(ctx, lambda: save_inbound_copy(blob, ctx.media_root, ctx.save_dir, name))
     except (AttachmentError, OSError) as exc:
         # The store still has the bytes, so the file is still read; the agent is told it has no
@@ -170,7 +174,7 @@ async def _prepare(file: InboundFile, ctx: InboundContext, saved: _Saved | None)
         notes=(f"it could not be saved to the workspace: {saved.error}",) if saved.error else (),
     )
     try:
-        blob = ctx.store.file_path(file.ref)
+        blob = await ctx.store.file_path(file.ref)
         head = await _run(ctx, lambda: _read_head(blob))
         route = choose_route(file, head)
         prepared = await _ROUTES[route](file, blob, base, ctx)
@@ -217,7 +221,7 @@ async def _image(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: I
     prepared = await _run(
         ctx,
         lambda: prepare_image(
-            blob, store=ctx.store, limits=ctx.limits, name=base.name, source_ref=file.ref
+            blob, store=ctx.store.blocking, limits=ctx.limits, name=base.name, source_ref=file.ref
         ),
     )
     ref = prepared.ref.model_copy(update={"path": base.path})
@@ -247,7 +251,7 @@ async def _audio(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: I
 
 async def _video(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: InboundContext) -> PreparedAttachment:
     sample = await _run(
-        ctx, lambda: sample_video(blob, store=ctx.store, limits=ctx.limits, name=base.name)
+        ctx, lambda: sample_video(blob, store=ctx.store.blocking, limits=ctx.limits, name=base.name)
     )
     if not sample.has_video:
         # An audio-only MP4/WebM sent as a video or document: it is a recording.

@@ -27,7 +27,7 @@ from typing import Any
 import av
 from PIL import Image
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import BlockingAttachments
 from talon.config import Limits
 from talon.content import AttachmentRef
 from talon.errors import MediaError
@@ -85,7 +85,7 @@ def plan_timestamps(duration_s: float | None, *, fps: float, max_frames: int) ->
 def sample_video(
     source: Path,
     *,
-    store: AttachmentStore,
+    store: BlockingAttachments,
     limits: Limits,
     name: str | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -137,7 +137,7 @@ class _FrameSampler:
     """Keeps the frames taken so far and the budgets (bytes, time) they draw on."""
 
     def __init__(
-        self, store: AttachmentStore, limits: Limits, name: str, clock: Callable[[], float]
+        self, store: BlockingAttachments, limits: Limits, name: str, clock: Callable[[], float]
     ) -> None:
         self.store = store
         self.limits = limits

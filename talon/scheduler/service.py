@@ -45,8 +45,8 @@ from talon.storage.tasks import (
 )
 
 if TYPE_CHECKING:
-    from talon.access import AccessGate
     from talon.bridge import Bridge
+    from talon.storage.access import AccessGate
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ class Scheduler:
             return 0
         if not await self.store.claim(task, after, TaskRun(task.id, due, CLAIMED, updated=now)):
             return 0  # another worker has it, or it was cancelled meanwhile
-        denied = self._denied(task)
+        denied = await self._denied(task)
         if denied:
             log.error("task %s in %s:%s does not run (due %s): %s", task.id, task.channel, task.chat_id,
                       w.iso_local(due, zone), denied)
@@ -307,7 +307,7 @@ class Scheduler:
             return 0
         return await self._submit(task, due)
 
-    def _denied(self, task: Task) -> str:
+    async def _denied(self, task: Task) -> str:
         """Why the task's owner may not have it run now; "" when they may."""
         origin = _origin_of(task)
         channel = self.bridge.channels.get(task.channel) if self.bridge is not None else None
@@ -319,7 +319,7 @@ class Scheduler:
                 return f"{ACCESS_REVOKED}: the group is no longer served (TALON_TELEGRAM_ALLOWED_CHATS)"
             return ""
         identities = [origin.sender_id] + ([f"@{origin.sender_username}"] if origin.sender_username else [])
-        if self.gate.allowed(task.channel, identities):
+        if await self.gate.allowed(task.channel, identities):
             return ""
         return f"{ACCESS_REVOKED}: {_who(origin)} is no longer allowed to use this bot"
 
@@ -339,7 +339,7 @@ class Scheduler:
             raise RuntimeError("the scheduler has no bridge to submit runs to")
         message = self.run_message(task, due)
         # The one door into the inbox; a run handed over twice is a duplicate there (same key).
-        fresh = self.bridge.submit(message)
+        fresh = await self.bridge.submit(message)
         await self._record(task.id, due, DUE)
         if fresh:
             log.info("task %s: run due %s is in the inbox as %s", task.id,

@@ -10,6 +10,7 @@ Point the client at it with ``TWILIO_API_BASE_URL=fake.base_url``. What it imita
   sender (63007), mixed channels in To/From (21910), and media URLs that are not absolute http(s)
   (21620). It also refuses more than one MediaUrl on a WhatsApp message, which WhatsApp itself
   does not deliver (the fake's own rule, reported as 21620).
+- ``GET /2010-04-01/Accounts/{AccountSid}.json``: the account, behind the same basic auth.
 - Twilio's error body: ``{"code", "message", "more_info", "status"}``.
 - Media of inbound messages: ``add_media`` registers bytes under a Twilio-style media URL
   (``/2010-04-01/Accounts/{sid}/Messages/{MM}/Media/{ME}``) that requires basic auth, like an
@@ -125,6 +126,7 @@ class FakeTwilio(LoopbackServer):
     def _make_app(self) -> web.Application:
         app = web.Application()
         prefix = f"/{API_VERSION}/Accounts/{{account}}"
+        app.router.add_get(f"{prefix}.json", self._handle_account)
         app.router.add_post(f"{prefix}/Messages.json", self._handle_create)
         app.router.add_get(f"{prefix}/Messages/{{message}}/Media/{{media}}", self._handle_media)
         app.router.add_get("/cdn/{key}", self._handle_cdn)
@@ -246,6 +248,19 @@ class FakeTwilio(LoopbackServer):
         return web.json_response({"code": code, "message": message,
                                   "more_info": f"https://www.twilio.com/docs/errors/{code}",
                                   "status": status}, status=status)
+
+    async def _handle_account(self, request: web.Request) -> web.Response:
+        """The account fetch (``talon doctor``'s credential check): 401 with error 20003 for a
+        wrong sid or token, like Twilio."""
+        account = request.match_info["account"]
+        if not self._authorized(request, account):
+            return self._error(401, 20003, "Authenticate")
+        return web.json_response({
+            "sid": account, "owner_account_sid": account, "friendly_name": "Talon test account",
+            "status": "active", "type": "Full", "auth_token": self.auth_token,
+            "date_created": _rfc2822(time.time()), "date_updated": _rfc2822(time.time()),
+            "uri": f"/{API_VERSION}/Accounts/{account}.json", "subresource_uris": {},
+        })
 
     async def _handle_create(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()

@@ -1,1 +1,2 @@
-"""Embedded stores: SQLite files in ``TALON_DATA_DIR``, served off the event loop."""
+"""The embedded stores (the default, no server): SQLite through ``SqliteRunner``, JSONL and files,
+their blocking work off the event loop."""

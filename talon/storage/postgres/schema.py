@@ -1,10 +1,20 @@
-"""The PostgreSQL schema: numbered scripts, applied in order by ``migrate_schema``.
+"""The PostgreSQL schema: numbered scripts, applied in order by ``migrate_schema`` (at start).
 
 A store that needs a table appends ONE script at the end; a script, once released, never changes
 (a deployed database has run it). Each runs in the migration's transaction.
 """
 
 from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from talon.errors import ConfigError
+
+if TYPE_CHECKING:
+    from talon.storage.postgres.db import AsyncDatabase
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the stores of one deployment.
@@ -102,3 +112,49 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# pg_advisory_xact_lock key for schema changes: any fixed 64-bit number ("talonsch" in ASCII).
+_SCHEMA_LOCK = 0x74616C6F6E736368 & 0x7FFFFFFFFFFFFFFF
+
+
+async def schema_version(db: "AsyncDatabase") -> int:
+    row = await db.fetchone("SELECT to_regclass('talon_meta') IS NOT NULL")
+    if not row or not row[0]:
+        return 0
+    found = await db.fetchone("SELECT value FROM talon_meta WHERE key = 'schema_version'")
+    return int(found[0]) if found else 0
+
+
+async def migrate_schema(db: "AsyncDatabase", target: int = SCHEMA_VERSION) -> tuple[int, int]:
+    """Bring the schema to ``target``; (version before, version after).
+
+    The missing scripts run in one transaction under a transaction-scoped advisory lock, so
+    workers that start together wait for each other instead of racing, and a failed upgrade
+    leaves the previous version intact."""
+    if not 0 < target <= SCHEMA_VERSION:
+        raise ValueError(f"no schema version {target} (known: 1..{SCHEMA_VERSION})")
+
+    async def go() -> tuple[int, int]:
+        async with db.transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            cur = await conn.execute("SELECT to_regclass('talon_meta') IS NOT NULL")
+            exists = await cur.fetchone()
+            before = 0
+            if exists and exists[0]:
+                cur = await conn.execute("SELECT value FROM talon_meta WHERE key = 'schema_version'")
+                row = await cur.fetchone()
+                before = int(row[0]) if row else 0
+            if before > SCHEMA_VERSION:
+                raise ConfigError(f"the database has schema version {before}, newer than this Talon knows "
+                                  f"({SCHEMA_VERSION}): upgrade Talon on this worker", ["TALON_DATABASE_URL"])
+            for version in range(before + 1, target + 1):
+                await conn.execute(MIGRATIONS[version - 1])
+                await conn.execute("INSERT INTO talon_meta (key, value) VALUES ('schema_version', %s) "
+                                   "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", (str(version),))
+                log.info("database schema upgraded to version %d", version)
+            db.count(3 + 2 * max(0, target - before))
+            return before, max(before, target)
+
+    # Not bounded by the statement limit: a first migration on a slow disk may take longer.
+    return await go()

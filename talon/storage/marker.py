@@ -10,11 +10,12 @@ with a local, empty media root would otherwise answer from a workspace the other
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from pathlib import Path
 
 from talon.errors import ConfigError
-from talon.pg.db import Database
+from talon.storage.postgres.db import AsyncDatabase
 
 MARKER = ".talon-deployment"
 _MARKER_LOCK = 0x74616C6F6E6D6B72 & 0x7FFFFFFFFFFFFFFF
@@ -27,28 +28,33 @@ def _read(directory: Path) -> str | None:
         return None
 
 
-def check_shared_dirs(db: Database, dirs: dict[str, Path]) -> str:
+def _write(dirs: dict[str, Path], deployment: str) -> None:
+    for directory in dirs.values():
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / (MARKER + ".tmp")
+        tmp.write_text(deployment + "\n", "utf-8")
+        tmp.replace(directory / MARKER)
+
+
+async def check_shared_dirs(db: AsyncDatabase, dirs: dict[str, Path]) -> str:
     """The deployment id; ConfigError naming the setting whose directory is not the shared one.
 
     ``dirs`` maps each setting (``TALON_MEDIA_ROOT``...) to its directory.
     """
-    with db.transaction() as conn:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MARKER_LOCK,))
-        row = conn.execute("SELECT value FROM talon_meta WHERE key = 'deployment'").fetchone()
+    async with db.transaction() as conn:
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MARKER_LOCK,))
+        cur = await conn.execute("SELECT value FROM talon_meta WHERE key = 'deployment'")
+        row = await cur.fetchone()
         db.count(2)
         if row is None:
             deployment = secrets.token_hex(16)
-            for directory in dirs.values():
-                directory.mkdir(parents=True, exist_ok=True)
-                tmp = directory / (MARKER + ".tmp")
-                tmp.write_text(deployment + "\n", "utf-8")
-                tmp.replace(directory / MARKER)
-            conn.execute("INSERT INTO talon_meta (key, value) VALUES ('deployment', %s)", (deployment,))
+            await asyncio.to_thread(_write, dirs, deployment)
+            await conn.execute("INSERT INTO talon_meta (key, value) VALUES ('deployment', %s)", (deployment,))
             db.count()
             return deployment
         deployment = str(row[0])
     for setting, directory in dirs.items():
-        found = _read(directory)
+        found = await asyncio.to_thread(_read, directory)
         if found != deployment:
             what = "has no marker file" if found is None else "has the marker of another deployment"
             raise ConfigError(

@@ -14,16 +14,19 @@ The context files (summary archives, evicted tool outputs) stay files in
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from talon.attachments import AttachmentStore
 from talon.content import Message
-from talon.pg.attachments import PgAttachmentStore
-from talon.pg.db import Database, migrate_schema
+from talon.storage.embedded.attachments import FileBlobs
+from talon.storage.postgres.attachments import PgAttachments
+from talon.storage.postgres.db import AsyncDatabase
+from talon.storage.postgres.schema import migrate_schema
 
 log = logging.getLogger(__name__)
 
@@ -52,40 +55,52 @@ class MigrationReport:
         return all(s.ok for s in self.stores)
 
 
-def _sqlite(path: Path) -> sqlite3.Connection | None:
+def _read_sqlite(path: Path, *queries: str) -> list[list[tuple[Any, ...]]] | None:
+    """Rows of each query from the SQLite file at ``path`` (read-only); None when it is absent."""
     if not path.is_file():
         return None
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [src.execute(q).fetchall() for q in queries]
+    finally:
+        src.close()
 
 
-def migrate_embedded(data_dir: Path, db: Database) -> MigrationReport:
-    migrate_schema(db)
+async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport:
+    await migrate_schema(db)
     return MigrationReport([
-        _inbox(data_dir / "inbox.sqlite3", db),
-        _sessions(data_dir / "sessions", db),
-        _access(data_dir / "access.sqlite3", db),
-        _attachments(data_dir / "attachments", db, data_dir),
+        await _inbox(data_dir / "inbox.sqlite3", db),
+        await _sessions(data_dir / "sessions", db),
+        await _access(data_dir / "access.sqlite3", db),
+        await _attachments(data_dir / "attachments", db, data_dir),
     ])
 
 
-def _inbox(path: Path, db: Database) -> StoreReport:
-    report = StoreReport("inbox")
-    src = _sqlite(path)
-    if src is None:
-        return report
-    with src:
-        rows = src.execute("SELECT key, channel, chat_id, payload, status, attempts, delivered_parts, created, "
-                           "finished FROM inbox ORDER BY seq").fetchall()
-    src.close()
-    report.found = len(rows)
-    with db.transaction() as conn, conn.cursor() as cur:
-        for row in rows:  # in arrival order, so the new sequence keeps it
-            cur.execute("INSERT INTO talon_inbox (key, channel, chat_id, payload, status, attempts, "
-                        "delivered_parts, created, finished) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                        "ON CONFLICT (key) DO NOTHING", row)
-            report.copied += max(cur.rowcount, 0)
+async def _insert_all(db: AsyncDatabase, sql: str, rows: list[tuple[Any, ...]]) -> int:
+    """Insert ``rows`` in one transaction; how many were new."""
+    copied = 0
+    async with db.transaction() as conn:
+        async with conn.cursor() as cur:
+            for row in rows:
+                await cur.execute(sql, row)
+                copied += max(cur.rowcount, 0)
     db.count(len(rows))
-    copied = {str(r[0]): (str(r[1]), str(r[2]), str(r[3])) for r in db.fetchall(
+    return copied
+
+
+async def _inbox(path: Path, db: AsyncDatabase) -> StoreReport:
+    report = StoreReport("inbox")
+    read = await asyncio.to_thread(_read_sqlite, path, "SELECT key, channel, chat_id, payload, status, attempts, "
+                                   "delivered_parts, created, finished FROM inbox ORDER BY seq")
+    if read is None:
+        return report
+    rows = read[0]
+    report.found = len(rows)
+    # In arrival order, so the new sequence keeps it.
+    report.copied = await _insert_all(
+        db, "INSERT INTO talon_inbox (key, channel, chat_id, payload, status, attempts, delivered_parts, created, "
+            "finished) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING", rows)
+    copied = {str(r[0]): (str(r[1]), str(r[2]), str(r[3])) for r in await db.fetchall(
         "SELECT key, channel, chat_id, payload FROM talon_inbox WHERE key = ANY(%s)", ([r[0] for r in rows],))}
     for key, channel, chat_id, payload, *_ in rows:
         if copied.get(key) == (channel, chat_id, payload):
@@ -117,7 +132,7 @@ def _digest(lines: list[str]) -> str:
     return digest.hexdigest()
 
 
-def _sessions(root: Path, db: Database) -> StoreReport:
+async def _sessions(root: Path, db: AsyncDatabase) -> StoreReport:
     report = StoreReport("sessions (threads)")
     if not root.is_dir():
         return report
@@ -126,21 +141,18 @@ def _sessions(root: Path, db: Database) -> StoreReport:
             channel, chat_id = channel_dir.name, chat_dir.name
             current = chat_dir / "CURRENT"
             if current.is_file() and current.read_text("utf-8").strip():
-                db.execute("INSERT INTO talon_threads (channel, chat_id, current) VALUES (%s, %s, %s) "
+                await db.execute("INSERT INTO talon_threads (channel, chat_id, current) VALUES (%s, %s, %s) "
                            "ON CONFLICT (channel, chat_id) DO UPDATE SET current = EXCLUDED.current",
                            (channel, chat_id, current.read_text("utf-8").strip()))
             for thread_file in sorted(chat_dir.glob("*.jsonl")):
                 thread = thread_file.stem
-                lines = _thread_lines(thread_file)
+                lines = await asyncio.to_thread(_thread_lines, thread_file)
                 report.found += 1
-                with db.transaction() as conn, conn.cursor() as cur:
-                    for n, line in enumerate(lines, 1):
-                        cur.execute("INSERT INTO talon_session_lines (channel, chat_id, thread, n, body) "
-                                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                                    (channel, chat_id, thread, n, line))
-                        report.copied += max(cur.rowcount, 0)
-                db.count(len(lines))
-                stored = [str(r[0]) for r in db.fetchall(
+                report.copied += await _insert_all(
+                    db, "INSERT INTO talon_session_lines (channel, chat_id, thread, n, body) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    [(channel, chat_id, thread, n, line) for n, line in enumerate(lines, 1)])
+                stored = [str(r[0]) for r in await db.fetchall(
                     "SELECT body FROM talon_session_lines WHERE channel = %s AND chat_id = %s AND thread = %s "
                     "AND n <= %s ORDER BY n", (channel, chat_id, thread, len(lines)))]
                 if _digest(stored) == _digest(lines):
@@ -151,75 +163,80 @@ def _sessions(root: Path, db: Database) -> StoreReport:
     return report
 
 
-def _access(path: Path, db: Database) -> StoreReport:
+async def _access(path: Path, db: AsyncDatabase) -> StoreReport:
     report = StoreReport("access (approvals, codes)")
-    src = _sqlite(path)
-    if src is None:
+    read = await asyncio.to_thread(
+        _read_sqlite, path, "SELECT channel, sender_id, name, approved_at FROM approved",
+        "SELECT channel, sender_id, name, code, created FROM pending ORDER BY rowid",
+        "SELECT channel, sender_id, at FROM replied")
+    if read is None:
         return report
-    with src:
-        approved = src.execute("SELECT channel, sender_id, name, approved_at FROM approved").fetchall()
-        pending = src.execute("SELECT channel, sender_id, name, code, created FROM pending ORDER BY rowid").fetchall()
-        replied = src.execute("SELECT channel, sender_id, at FROM replied").fetchall()
-    src.close()
+    approved, pending, replied = read
     report.found = len(approved) + len(pending) + len(replied)
-    with db.transaction() as conn, conn.cursor() as cur:
-        for row in approved:
-            cur.execute("INSERT INTO talon_approved (channel, sender_id, name, approved_at) VALUES (%s, %s, %s, %s) "
-                        "ON CONFLICT DO NOTHING", row)
-            report.copied += max(cur.rowcount, 0)
-        for row in pending:
-            cur.execute("INSERT INTO talon_pairing_pending (channel, sender_id, name, code, created) "
-                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", row)
-            report.copied += max(cur.rowcount, 0)
-        for row in replied:
-            cur.execute("INSERT INTO talon_pairing_replied (channel, sender_id, at) VALUES (%s, %s, %s) "
-                        "ON CONFLICT DO NOTHING", row)
-            report.copied += max(cur.rowcount, 0)
-    db.count(report.found)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_approved (channel, sender_id, name, approved_at) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING", approved)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_pairing_pending (channel, sender_id, name, code, created) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", pending)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_pairing_replied (channel, sender_id, at) VALUES (%s, %s, %s) "
+            "ON CONFLICT DO NOTHING", replied)
     checks: list[tuple[str, str, list[tuple[object, ...]]]] = [("talon_approved", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in approved]),
               ("talon_pairing_pending", "code = %s", [(r[3],) for r in pending]),
               ("talon_pairing_replied", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in replied])]
     for table, where, keys in checks:
         for key in keys:
-            if db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
+            if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
                 report.verified += 1
             else:
                 report.problems.append(f"{table} row {key} is missing in the database")
     return report
 
 
-def _attachments(root: Path, db: Database, data_dir: Path) -> StoreReport:
+async def _attachments(root: Path, db: AsyncDatabase, data_dir: Path) -> StoreReport:
     report = StoreReport("attachments")
     if not root.is_dir():
         return report
-    source = AttachmentStore(root)
+    source = FileBlobs(root)
     # Read back into a scratch cache, so the check reads the database, never the source files.
     check_dir = data_dir / "migrate-check"
-    target = PgAttachmentStore(db, check_dir)
+    target = PgAttachments(db, check_dir)
+    try:
+        await _copy_attachments(root, source, target, report)
+    finally:
+        await target.close()
+    await asyncio.to_thread(_remove_tree, check_dir)
+    return report
+
+
+def _sha_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+async def _copy_attachments(root: Path, source: FileBlobs, target: PgAttachments, report: StoreReport) -> None:
     for shard in sorted(p for p in root.iterdir() if p.is_dir() and len(p.name) == 2):
         for blob in sorted(shard.iterdir()):
             sha = blob.name
             if len(sha) != 64 or not set(sha) <= _HEX:
                 continue
             report.found += 1
-            digest = hashlib.sha256()
-            with open(blob, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
-            if digest.hexdigest() != sha:
+            if await asyncio.to_thread(_sha_file, blob) != sha:
                 report.problems.append(f"attachment {sha[:12]} on disk does not match its name: not copied")
                 continue
-            if target.upload(source.path_for(sha), sha):
+            if await target.upload(source.path_for(sha), sha):
                 report.copied += 1
             try:
-                target.file_path(sha)  # streamed back from the database and hashed again
+                copy = await target.file_path(sha)  # streamed back from the database and hashed again
             except Exception as exc:
                 report.problems.append(f"attachment {sha[:12]}: {exc}")
                 continue
-            target.path_for(sha).unlink()
+            copy.unlink()
             report.verified += 1
-    _remove_tree(check_dir)
-    return report
 
 
 def _remove_tree(path: Path) -> None:

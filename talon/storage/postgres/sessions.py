@@ -1,0 +1,108 @@
+"""Sessions in PostgreSQL: the same append-only log per chat thread, one row per message.
+
+The context files (archives of summarized turns, evicted tool outputs) stay files under
+``TALON_DATA_DIR/sessions/<channel>/<chat>/context/``, at the paths the agent is shown; with many
+workers that directory is on shared storage (checked at start, see ``talon.storage.marker``).
+
+Every call is one statement: the current thread is looked up inside the statement that needs it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+from talon.content import Message
+from talon.storage.postgres.db import AsyncDatabase
+from talon.storage.sessions import ChatKey, SessionFiles, new_thread_name
+
+_CACHED_CHATS = 64
+# The chat's current thread, inside a statement whose first two parameters are channel, chat id.
+_CURRENT = "coalesce((SELECT current FROM talon_threads WHERE channel = %s AND chat_id = %s), 'main')"
+
+
+class PgSessions(SessionFiles):
+    def __init__(self, db: AsyncDatabase, data_dir: Path) -> None:
+        super().__init__(data_dir)
+        self.db = db
+        # chat -> (thread, messages read so far); rows are append-only, so a later load reads only
+        # the rows after the last one seen (whichever worker wrote them).
+        self._rows: OrderedDict[ChatKey, tuple[str, list[Message]]] = OrderedDict()
+
+    async def current_thread(self, chat: ChatKey) -> str:
+        row = await self.db.fetchone(f"SELECT {_CURRENT}", (chat.channel, chat.chat_id))
+        return str(row[0]) if row else "main"
+
+    async def new_thread(self, chat: ChatKey) -> str:
+        rows = await self.db.fetchall("SELECT DISTINCT thread FROM talon_session_lines "
+                                      "WHERE channel = %s AND chat_id = %s", (chat.channel, chat.chat_id))
+        candidate = new_thread_name({str(r[0]) for r in rows})
+        await self.db.execute("INSERT INTO talon_threads (channel, chat_id, current) VALUES (%s, %s, %s) "
+                              "ON CONFLICT (channel, chat_id) DO UPDATE SET current = EXCLUDED.current",
+                              (chat.channel, chat.chat_id, candidate))
+        return candidate
+
+    async def load(self, chat: ChatKey, thread: str | None = None) -> list[Message]:
+        if thread is None:
+            return (await self.load_current(chat))[1]
+        return await self._load(chat, thread)
+
+    async def load_current(self, chat: ChatKey) -> tuple[str, list[Message]]:
+        cached_thread, cached = self._rows.get(chat, ("", []))
+        # One statement: which thread is current, and its rows after those already read (all of
+        # them when the current thread is not the cached one).
+        rows = await self.db.fetchall(
+            f"WITH t AS (SELECT {_CURRENT} AS name) "
+            "SELECT t.name, l.body FROM t LEFT JOIN talon_session_lines l ON l.channel = %s "
+            "AND l.chat_id = %s AND l.thread = t.name AND l.n > CASE WHEN t.name = %s THEN %s ELSE 0 END "
+            "ORDER BY l.n",
+            (chat.channel, chat.chat_id, chat.channel, chat.chat_id, cached_thread, len(cached)))
+        thread = str(rows[0][0]) if rows else "main"
+        base = cached if thread == cached_thread else []
+        messages = base + [Message.from_json(str(r[1])) for r in rows if r[1] is not None]
+        self._remember(chat, thread, messages)
+        return thread, list(messages)
+
+    async def _load(self, chat: ChatKey, thread: str) -> list[Message]:
+        cached_thread, cached = self._rows.get(chat, ("", []))
+        base = cached if cached_thread == thread else []
+        rows = await self.db.fetchall(
+            "SELECT body FROM talon_session_lines WHERE channel = %s AND chat_id = %s AND thread = %s "
+            "AND n > %s ORDER BY n", (chat.channel, chat.chat_id, thread, len(base)))
+        messages = base + [Message.from_json(str(r[0])) for r in rows]
+        if cached_thread in ("", thread):
+            self._remember(chat, thread, messages)
+        return list(messages)
+
+    def _remember(self, chat: ChatKey, thread: str, messages: list[Message]) -> None:
+        self._rows[chat] = (thread, messages)
+        self._rows.move_to_end(chat)
+        while len(self._rows) > _CACHED_CHATS:
+            self._rows.popitem(last=False)
+
+    async def append(self, chat: ChatKey, *messages: Message, thread: str | None = None) -> None:
+        if not messages:
+            return
+        bodies = [m.to_json() for m in messages]
+        # One statement: numbered after the thread's last row, atomically.
+        if thread is None:
+            name, params = _CURRENT, [chat.channel, chat.chat_id]
+        else:
+            name, params = "%s", [thread]
+        await self.db.execute(
+            "INSERT INTO talon_session_lines (channel, chat_id, thread, n, body) "
+            f"SELECT %s, %s, t.name, base.m + b.ord, b.body FROM (SELECT {name} AS name) t, "
+            "LATERAL (SELECT coalesce(max(n), 0) AS m FROM talon_session_lines "
+            " WHERE channel = %s AND chat_id = %s AND thread = t.name) base, "
+            "unnest(%s::text[]) WITH ORDINALITY AS b(body, ord)",
+            (chat.channel, chat.chat_id, *params, chat.channel, chat.chat_id, bodies))
+
+    async def size_bytes(self, chat: ChatKey) -> int:
+        row = await self.db.fetchone(
+            "SELECT coalesce(sum(octet_length(body) + 1), 0) FROM talon_session_lines "
+            f"WHERE channel = %s AND chat_id = %s AND thread = {_CURRENT}",
+            (chat.channel, chat.chat_id, chat.channel, chat.chat_id))
+        return int(row[0]) if row else 0
+
+    async def close(self) -> None:
+        """The database is closed by its owner."""

@@ -1,0 +1,92 @@
+"""`talon chat` as a real process on a pseudo-terminal, as a person runs it.
+
+The console sees a real terminal (``isatty``, termios echo), so what it does about echo can be
+checked. Output is collected by a thread; ``wait_for`` polls it with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+
+def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment without any TALON_/platform settings of the caller, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_", "ANTHROPIC_"))}
+    env.update({"TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
+                "TALON_MODEL_MAX_RETRIES": "0", "TALON_SPEECH_WARMUP": "false",
+                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    env.update(extra)
+    return env
+
+
+class ChatTerminal:
+    """``talon chat`` on a pty, in its own session (so a signal to its group is like Ctrl-C)."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        self.master, slave = os.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-m", "talon.cli", "chat"], stdin=slave, stdout=slave,
+                                     stderr=slave, cwd=tmp_path, env=env, start_new_session=True)
+        os.close(slave)
+        self._out = bytearray()
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 4096)
+            except OSError:  # the process closed its side
+                return
+            if not data:
+                return
+            with self._lock:
+                self._out += data
+
+    @property
+    def output(self) -> str:
+        with self._lock:
+            return self._out.decode("utf-8", "replace").replace("\r\n", "\n")
+
+    def wait_for(self, text: str, timeout: float, *, after: int = 0) -> int:
+        """Wait until ``text`` appears at or after offset ``after``; its offset."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.output.find(text, after)
+            if found >= 0:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} did not appear within {timeout} s; output:\n{self.output}")
+            if self.proc.poll() is not None and self.output.find(text, after) < 0:
+                raise AssertionError(f"talon chat exited ({self.proc.returncode}) before {text!r}:\n{self.output}")
+            time.sleep(0.05)
+
+    def type(self, line: str) -> None:
+        os.write(self.master, line.encode() + b"\n")
+
+    def echo_on(self) -> bool:
+        """Whether the terminal echoes typing right now (the console turns it off during answers)."""
+        return bool(termios.tcgetattr(self.master)[3] & termios.ECHO)
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+
+    def ctrl_d(self) -> None:
+        os.write(self.master, b"\x04")
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
