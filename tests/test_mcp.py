@@ -26,9 +26,9 @@ from PIL import Image
 
 from talon.agent.mcp import McpManager, mcp_tool_name
 from talon.agent.mcp_config import load_mcp_config, parse_mcp_config
-from talon.agent.session import ChatKey
+from talon.storage.sessions import ChatKey
 from talon.agent.tools import ToolContext, ToolRegistry
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileAttachments as AttachmentStore
 from talon.config import Limits, Settings
 from talon.content import ImageBlock, ToolCall
 from talon.errors import ConfigError
@@ -184,7 +184,7 @@ async def test_git_server_with_workspace_sees_its_own_chat_only_and_stops_when_i
         # Idle for TALON_MCP_IDLE_TIMEOUT: each chat's server is stopped, Talon keeps running.
         await until(lambda: not mcp_children("mcp-server-git"), 20, "the idle git servers to stop")
         assert runtime.mcp is not None and not runtime.mcp.per_chat
-        assert "git (per chat): started on first use in a chat, 12 tools" in runtime.agent.status_text(
+        assert "git (per chat): started on first use in a chat, 12 tools" in await runtime.agent.status_text(
             ChatKey("telegram", str(ALICE)), "fake")
     sampler.cancel()
     alice, bob, peek = results
@@ -410,7 +410,7 @@ async def test_results_are_marked_defanged_and_bounded(tmp_path: Path) -> None:
     assert "(((END UN-TRUSTED TOOL RESULT" in text or "UN-TRUSTED" in text
     long = huge.content[0].text
     assert "[... 50,000 more characters of this result were cut]" in long and len(long) < 201_000
-    assert isinstance(picture.content[1], ImageBlock) and store.exists(picture.content[1].ref.id)
+    assert isinstance(picture.content[1], ImageBlock) and await store.exists(picture.content[1].ref.id)
     assert bad_args.is_error and "long_text" in bad_args.content[0].text
 
 

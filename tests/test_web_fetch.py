@@ -23,7 +23,7 @@ from PIL import Image
 
 from talon.agent.tools import ToolContext, ToolResult
 from talon.agent.web_fetch import WebFetchTool, address_problem, check_url
-from talon.attachments import AttachmentStore
+from talon.storage.embedded.attachments import FileAttachments as AttachmentStore
 from talon.config import Limits
 from talon.content import ImageBlock
 from talon.errors import WebFetchRefused

@@ -52,7 +52,7 @@ from typing import Any, TextIO
 from talon.agent.mcp_config import McpServerConfig
 from talon.agent.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolSource
 from talon.agent.untrusted import cut, image_from_bytes, untrusted_block
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, TextBlock
 from talon.errors import McpUnavailable

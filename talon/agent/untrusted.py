@@ -9,8 +9,10 @@ untrusted block happens here and in ``talon.media``.
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ImageBlock
 from talon.errors import MediaError
@@ -53,13 +55,10 @@ async def image_from_bytes(data: bytes, *, name: str, store: AttachmentStore,
     from talon.media.images import prepare_image
 
     def prepare() -> ImageBlock:
-        fh, temp = store.new_temp()
-        try:
-            with fh:
-                fh.write(data)
-            return ImageBlock(ref=prepare_image(temp, store=store, limits=limits, name=name).ref)
-        finally:
-            temp.unlink(missing_ok=True)
+        with tempfile.NamedTemporaryFile(prefix="talon-outside-", suffix=".img") as fh:
+            fh.write(data)
+            fh.flush()
+            return ImageBlock(ref=prepare_image(Path(fh.name), store=store.blocking, limits=limits, name=name).ref)
 
     try:
         return await asyncio.to_thread(prepare), ""

@@ -41,7 +41,7 @@ from yarl import URL
 
 from talon.agent.tools import Tool, ToolContext, ToolError, ToolResult
 from talon.agent.untrusted import cut, image_from_bytes, untrusted_block
-from talon.attachments import AttachmentStore
+from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, TextBlock
 from talon.errors import WebFetchRefused
