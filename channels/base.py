@@ -74,6 +74,9 @@ class ChannelHealth:
 class Channel(abc.ABC):
     name: str
     typing_interval_s: float = 4.0
+    # Whether senders pass the access gate on this channel; a scheduled task's owner is checked
+    # against it again before each run. The console's one person is the machine's user: no gate.
+    gated: bool = True
 
     def health(self) -> ChannelHealth:
         """Whether messages can arrive and replies leave now, from the channel's own state (never a

@@ -105,6 +105,7 @@ class _Echo:
 
 class ConsoleChannel(Channel):
     name = "console"
+    gated = False
 
     def __init__(self, *, chat_id: str = "local", stdin: TextIO | None = None,
                  stdout: TextIO | None = None, media_root: Path | None = None) -> None:

@@ -23,7 +23,7 @@ from talon.agent.loop import Agent
 from talon.storage.sessions import ChatKey
 from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
-from talon.envelope import InboundMessage, OutboundReply
+from talon.envelope import TURN_MESSAGE, InboundMessage, OutboundReply
 from talon.errors import (
     AuthRejected,
     ContextOverflow,
@@ -44,6 +44,7 @@ from talon.storage.inbox import InboxItem, InboxStore
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
+    from talon.scheduler import Scheduler
     from talon.voice_replies import VoiceReplies
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 
 # Commands the bridge answers itself, without the model.
-COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop"})
+COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -129,6 +130,8 @@ class Bridge:
     store_retry_s: float = 1.0
     # TALON_APPROVERS: sender ids (or @usernames) that may stop any turn, in any chat.
     approvers: frozenset[str] = frozenset()
+    # Scheduled tasks: answers /tasks, and hears how each run's turn went (talon.scheduler).
+    scheduler: "Scheduler | None" = None
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, deque[InboxItem]] = {}
@@ -143,6 +146,7 @@ class Bridge:
         self._stopped = False
         self._delivering: set[ChatKey] = set()  # chats whose reply is being sent right now
         self._live_ids: dict[str, str] = {}  # message key -> the live message its answer edits
+        self._refused: dict[str, str] = {}  # scheduled run's key -> why the platform refused its reply
         self.turns_started = 0
 
     def add_channel(self, channel: "Channel", *, started: bool = True) -> None:
@@ -185,7 +189,7 @@ class Bridge:
                 self._enqueue(item, first=True)
             return True
         if (self.busy_mode == "interrupt" and running is not None and not command
-                and message.edited_at is None):
+                and message.edited_at is None and message.scheduled is None):
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
@@ -334,9 +338,11 @@ class Bridge:
             return
         if attempts > MAX_ATTEMPTS:
             log.error("%s: giving up after %d attempts", ids, attempts - 1)
+            await self._report(message, "failed", f"gave up after {attempts - 1} attempts")
             await self._deliver(channel, message, OutboundReply(
                 text="Sorry, I could not process your message (it failed several times). "
                      "Please send it again or rephrase it."), item=item)
+            self._refused.pop(message.key, None)
             return
 
         command = await self._command(chat, message)
@@ -346,6 +352,7 @@ class Bridge:
 
         started = time.monotonic()
         self.turns_started += 1
+        await self._report(message, "started")
         running = self._running[chat] = _Running(item)
         await self._acknowledge(channel, message)
         try:
@@ -358,6 +365,7 @@ class Bridge:
 
     async def _run_and_deliver(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
                                item: InboxItem, running: _Running, ids: str) -> None:
+        failure = ""  # why a scheduled run failed although its apology was delivered
         async with channel.typing(message.chat_id, message.thread_id):
             running.task = asyncio.create_task(self._turn(channel, chat, message, running, item),
                                                name=f"turn-{message.key}")
@@ -373,27 +381,36 @@ class Bridge:
                 log.info("%s: turn stopped (%s)", ids, running.stopped)
                 for done in [item, *running.absorbed]:
                     await self.inbox.mark_done(done.message.key)
+                await self._report(message, "failed", f"stopped ({running.stopped})")
                 return
             except TimeoutError:
                 log.error("%s: turn stopped after %.0fs (TALON_TURN_TIMEOUT)", ids, self.turn_timeout_s)
+                failure = f"the turn took over {self.turn_timeout_s:g}s (TALON_TURN_TIMEOUT)"
                 reply = OutboundReply(
                     text=f"Sorry, that took too long (over {self.turn_timeout_s / 60:.0f} min), so I stopped "
                          "working on it. Please try again, or ask for a smaller piece at a time.")
             except ProviderError as exc:
                 log.error("%s: model failed: %s", ids, exc)
+                failure = f"model error: {type(exc).__name__}: {exc}"
                 reply = OutboundReply(text=apology(exc))
             except StoreUnavailable:
                 raise  # not the message's fault: it stays pending and is answered when the database is back
             except Exception as exc:
                 log.exception("%s: turn failed", ids)
+                failure = f"error: {type(exc).__name__}: {exc}"
                 reply = OutboundReply(
                     text=f"Sorry, something went wrong while handling that message ({type(exc).__name__}). "
                          "Please try again.")
         if self.voice is not None:
             self.voice.forget(message)  # a turn that failed never read what was heard
-        await self._deliver(channel, message, reply, item=item)
+        outcome = await self._deliver(channel, message, reply, item=item)
         for joined in running.absorbed:  # answered by the same reply
             await self.inbox.mark_done(joined.message.key)
+        refused = self._refused.pop(message.key, "")
+        if outcome == "refused":
+            await self._report(message, "failed", f"delivery refused: {refused}")
+        elif outcome == "sent":
+            await self._report(message, "failed" if failure else "delivered", failure)
 
     async def _acknowledge(self, channel: "Channel", message: InboundMessage, *, clear: bool = False) -> None:
         try:
@@ -422,7 +439,9 @@ class Bridge:
             text = f"{edit_note(message, while_running=running)}\n{text}"
         if message.is_group:
             # Who speaks, and what the group said meanwhile; the prompt says where the agent is.
-            text = group_turn_text(message, text)
+            # A scheduled run says itself who set it: nobody speaks.
+            if message.scheduled is None:
+                text = group_turn_text(message, text)
             self.agent.chat_notes[chat] = group_prompt_note(message)
         content = await self.normalize(message, text, files)
         return Message(role="user", content=content,
@@ -438,8 +457,8 @@ class Bridge:
         taken: list[InboxItem] = []
         for queued in list(queue):
             m = queued.message
-            if command_of(m):
-                break  # a command keeps its place: it is answered after this turn
+            if command_of(m) or m.scheduled is not None:
+                break  # a command or a scheduled run keeps its place: it has its own turn
             if m.edited_at is not None and m.original_key in answering:
                 taken.append(queued)
             elif self.busy_mode == "steer" and queued.attempts == 0:
@@ -455,6 +474,7 @@ class Bridge:
         """Download, normalize, run the agent: everything between a message and its reply."""
         item = item or InboxItem(0, message, 0, 0)
         running = running or _Running(item)
+        TURN_MESSAGE.set(message)  # this task's own context: tools see whose turn it is
         user = await self._user_message(channel, chat, message)
         key = message.key
 
@@ -503,9 +523,9 @@ class Bridge:
         return reply
 
     async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply, *,
-                       item: InboxItem) -> None:
+                       item: InboxItem) -> str:
         """Deliver a reply, resuming after the last part that arrived (``item``: the message's
-        inbox state when its attempt began).
+        inbox state when its attempt began); "sent", "refused" or "pending".
 
         A transient failure (network, long rate limit) is retried here with backoff while the
         chat waits, so its order holds; if it persists, the message stays pending and is
@@ -515,7 +535,7 @@ class Bridge:
         chat = conversation_key(message)
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
-                                        reply_to_message_id=message.message_id)
+                                        reply_to_message_id=None if message.scheduled else message.message_id)
         live_id = self._live_ids.pop(message.key, None) or item.live_message
         if live_id is not None and reply.live_message_id is None:
             # The streamed message becomes the answer (also after a restart): edited, not doubled.
@@ -540,6 +560,7 @@ class Bridge:
                     outcome = await self._deliver_reply(channel, message, voice_reply, delivered, offset=offset)
             if outcome != "pending":
                 await self._record(lambda: self._finish(message, delivered[0]))
+            return outcome
         finally:
             if spoken is not None and not spoken.done():
                 spoken.cancel()
@@ -595,6 +616,8 @@ class Bridge:
             except DeliveryError as exc:
                 if exc.permanent:
                     log.error("%s: the platform refused the reply (%s); not retrying", ids, exc)
+                    if message.scheduled is not None:  # the run's record says why
+                        self._refused[key] = str(exc)
                     return "refused"
                 if attempt == len(self.delivery_backoff_s):
                     log.error("%s: reply still undeliverable (%s); it stays pending and is resumed "
@@ -609,14 +632,14 @@ class Bridge:
 
     # --- chat commands ----------------------------------------------------------------------
     async def _command(self, chat: ChatKey, message: InboundMessage) -> str | None:
-        if message.files:
+        if message.files or message.scheduled is not None:
             return None
         word = message.text.strip().split(maxsplit=1)[0].lower() if message.text.strip() else ""
         word = word.split("@", 1)[0]  # /status@talon_bot in groups
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
-                    "/stop stops what I am doing.")
+                    "/stop stops what I am doing; /tasks lists scheduled tasks.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
@@ -632,7 +655,21 @@ class Bridge:
                 return ("Only the person who asked, an administrator of this group or an approver "
                         "can stop what I am doing.")
             return "Nothing to stop: I was not working on anything."
+        if word == "/tasks":
+            if self.scheduler is None:
+                return "Scheduled tasks are not available here."
+            return await self.scheduler.command(message)
         return None
+
+    async def _report(self, message: InboundMessage, status: str, reason: str = "") -> None:
+        """Tell the scheduler how a scheduled run's turn went; its store failing costs the record,
+        never the answer."""
+        if message.scheduled is None or self.scheduler is None:
+            return
+        try:
+            await self.scheduler.observe(message, status, reason)
+        except Exception as exc:
+            log.error("task %s: could not record its run as %s (%s)", message.scheduled.task_id, status, exc)
 
 
 def conversation_key(message: InboundMessage) -> ChatKey:

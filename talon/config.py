@@ -263,6 +263,17 @@ class Settings(BaseSettings):
     # Unknown senders get a pairing code the owner approves with `talon pair CODE`.
     pairing: bool = Field(default=False, validation_alias=_env("TALON_PAIRING"))
 
+    # --- scheduled tasks (talon.scheduler) -----------------------------------------------------
+    # A chat's time zone unless its person set their own (IANA name); cron tasks follow its DST.
+    timezone: str = Field(default="UTC", validation_alias=_env("TALON_TIMEZONE"))
+    # A run missed while Talon was down still runs when it comes back if at most this late.
+    task_misfire_grace_s: float = Field(default=3600.0, ge=0, validation_alias=_env("TALON_TASK_MISFIRE_GRACE"))
+    tasks_per_chat: int = Field(default=50, ge=1, validation_alias=_env("TALON_TASKS_PER_CHAT"))
+    # The shortest repeat a task may have.
+    task_min_interval_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_TASK_MIN_INTERVAL"))
+    # How often each worker looks for due tasks: a run starts at most this late.
+    task_poll_s: float = Field(default=5.0, gt=0, le=300, validation_alias=_env("TALON_TASK_POLL_INTERVAL"))
+
     # --- logging -----------------------------------------------------------------------------
     log_level: str = Field(default="INFO", validation_alias=_env("TALON_LOG_LEVEL"))
 

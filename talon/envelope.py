@@ -8,6 +8,7 @@ the message is safe on disk, and again after a restart.
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +40,13 @@ class Chatter(BaseModel):
     text: str
 
 
+class ScheduledRun(BaseModel):
+    """What makes an inbox message a run of a scheduled task rather than words of a person."""
+
+    task_id: str
+    due: float  # when the run was due (epoch seconds)
+
+
 class InboundMessage(BaseModel):
     channel: str
     chat_id: str
@@ -63,6 +71,9 @@ class InboundMessage(BaseModel):
     # A person edited message ``message_id``; this is its new version (the platform's edit time,
     # so each edit is its own inbox row). None for a message as first sent.
     edited_at: str | None = None
+    # Set when this is a run of a scheduled task (talon.scheduler): the text is the task's, the
+    # sender its owner; it is answered like a message but replies to none.
+    scheduled: ScheduledRun | None = None
 
     @property
     def is_group(self) -> bool:
@@ -84,6 +95,11 @@ class InboundMessage(BaseModel):
     def original_key(self) -> str:
         """The key of the message as first sent (an edit's original)."""
         return f"{self.channel}:{self.chat_id}:{self.message_id}"
+
+
+# The message whose turn is running, for tools that act for the person where they spoke
+# (scheduling a task). The bridge sets it inside the turn's own asyncio task.
+TURN_MESSAGE: ContextVar[InboundMessage | None] = ContextVar("talon_turn_message", default=None)
 
 
 @dataclass(frozen=True)

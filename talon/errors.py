@@ -22,6 +22,7 @@
     │   ├── AuthRejected            the server refused our API key
     │   └── QuotaExceeded           out of credits or quota (not transient)
     ├── DeliveryError               a reply or file could not be delivered to the chat
+    ├── ScheduleError               a scheduled task cannot be made as asked (when, zone, limits)
     ├── StoreError                  a durable store could not do what was asked
     │   └── StoreUnavailable        the database did not answer in time, or refused to connect
     ├── PairingError                `talon pair`: no live request has that code
@@ -151,6 +152,10 @@ class DeliveryError(TalonError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class ScheduleError(TalonError):
+    """A task cannot be scheduled as asked; ``str(exc)`` says why and what would work."""
 
 
 class StoreError(TalonError):

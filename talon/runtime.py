@@ -24,10 +24,11 @@ from talon.agent.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
-from talon.errors import ConfigError
+from talon.errors import ConfigError, ScheduleError
 from talon.envelope import InboundMessage
 from talon.media import InboundContext, normalize_inbound
 from talon.media.received import ReceivedNote, received_notes
+from talon.scheduler import Scheduler, SchedulerSettings, scheduler_tools
 from talon.speech import Transcriber
 from talon.tts import Synthesizer
 from talon.voice_replies import SpeakTool, VoiceReplies
@@ -120,6 +121,7 @@ class Runtime:
     started: bool = False  # every channel started
     local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
     mcp: "McpManager | None" = None  # the MCP servers' connections; None without any configured
+    scheduler: Scheduler | None = None
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -155,6 +157,8 @@ class Runtime:
         for channel in self.channels:
             await channel.start(self.bridge)
             self.bridge.channel_started(channel.name)
+        if self.scheduler is not None:  # due runs go to channels that are running
+            await self.scheduler.start()
         self.started = True
 
     async def warm_speech(self) -> None:
@@ -175,6 +179,8 @@ class Runtime:
     async def stop(self) -> None:
         if self.warmup is not None and not self.warmup.done():
             self.warmup.cancel()
+        if self.scheduler is not None:
+            await self.scheduler.stop()
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
         # against channels that are shutting down. What still arrives is stored, not started.
         await self.bridge.stop()
@@ -228,6 +234,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     voice = voice_replies(settings)
     if voice is not None:
         tools.add(SpeakTool(voice.synthesizer))
+    scheduler = build_scheduler(settings, stores)
+    for tool in scheduler_tools(scheduler):
+        tools.add(tool)
     agent = Agent(
         provider,
         sessions,
@@ -265,6 +274,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         voice=voice,
         busy_mode=settings.busy_mode,
         approvers=settings.approver_ids(),
+        scheduler=scheduler,
     )
     if stores.shared:
         from talon.scaleout import SharedBridge
@@ -273,9 +283,10 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
                                       worker_id=stores.worker_id)
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
+    scheduler.attach(bridge)
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
                    stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
-                   mcp=mcp)
+                   mcp=mcp, scheduler=scheduler)
 
 
 def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":
@@ -293,6 +304,17 @@ def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStor
 
     return McpManager(servers, tools, store=store, limits=settings.limits(), call_timeout_s=settings.mcp_timeout_s,
                       start_timeout_s=settings.mcp_start_timeout_s, idle_timeout_s=settings.mcp_idle_timeout_s)
+
+
+def build_scheduler(settings: Settings, stores: Stores) -> Scheduler:
+    """Scheduled tasks on the stores' task store; ConfigError for a TALON_TIMEZONE that is no zone."""
+    config = SchedulerSettings(misfire_grace_s=settings.task_misfire_grace_s, tasks_per_chat=settings.tasks_per_chat,
+                               min_interval_s=settings.task_min_interval_s, timezone=settings.timezone,
+                               poll_s=settings.task_poll_s)
+    try:
+        return Scheduler(stores.tasks, stores.gate, config)
+    except ScheduleError as exc:
+        raise ConfigError(f"TALON_TIMEZONE: {exc}", ["TALON_TIMEZONE"]) from None
 
 
 def voice_replies(settings: Settings) -> VoiceReplies | None:

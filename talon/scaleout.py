@@ -84,7 +84,8 @@ class SharedBridge(Bridge):
         command = command_of(message)
         if command == "/stop":
             self._stop(message)
-        elif self.busy_mode == "interrupt" and not command and message.edited_at is None:
+        elif (self.busy_mode == "interrupt" and not command and message.edited_at is None
+              and message.scheduled is None):
             self._cancel(conversation_key(message), "interrupt")
         return True
 

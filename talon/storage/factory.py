@@ -22,6 +22,7 @@ from talon.storage.leases import Leases
 from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.sessions import SessionStore
+from talon.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Stores:
     gate: AccessGate
     links: MediaLinkStore
     worker_id: str
+    tasks: TaskStore  # scheduled tasks (talon.scheduler)
     adb: AsyncDatabase | None = None  # None: embedded
     leases: Leases | None = None
     deployment: str = ""
@@ -68,6 +70,10 @@ class Stores:
         self.started = True
 
     async def aclose(self) -> None:
+        try:
+            await self.tasks.aclose()
+        except Exception:
+            log.exception("closing the task store failed")
         for store in (self.inbox, self.gate, self.sessions, self.attachments):
             try:
                 await store.close()
@@ -112,6 +118,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.attachments import FileAttachments
         from talon.storage.embedded.inbox import SqliteInbox
         from talon.storage.embedded.sessions import JsonlSessions
+        from talon.storage.embedded.tasks import SqliteTaskStore
 
         return Stores(
             attachments=FileAttachments(settings.data_dir / "attachments"),
@@ -120,6 +127,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             gate=AccessGate(embedded_pairing(settings), _allowlists(settings), pairing=settings.pairing),
             links=MemoryMediaLinks(),
             worker_id=worker,
+            tasks=SqliteTaskStore(settings.data_dir / "tasks.sqlite3"),
         )
     from talon.storage.postgres.access import PgPairing
     from talon.storage.postgres.attachments import PgAttachments
@@ -127,6 +135,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.leases import PgLeases
     from talon.storage.postgres.media_links import PgMediaLinks
     from talon.storage.postgres.sessions import PgSessions
+    from talon.storage.postgres.tasks import PgTaskStore
 
     db = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
     attachments = PgAttachments(db, settings.data_dir / "attachments")
@@ -137,6 +146,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         gate=AccessGate(PgPairing(db), _allowlists(settings), pairing=settings.pairing),
         links=PgMediaLinks(db, attachments),
         worker_id=worker,
+        tasks=PgTaskStore(db),
         adb=db,
         leases=PgLeases(db, worker, settings.lease_s),
         shared_dirs={"TALON_MEDIA_ROOT": settings.media_root, "TALON_DATA_DIR": settings.data_dir / "sessions"}

@@ -87,6 +87,29 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE talon_inbox ADD COLUMN live_message_id TEXT;
     """,
+    # 5: scheduled tasks (talon.storage.tasks), their runs, and each chat's time zone.
+    """
+    CREATE TABLE talon_tasks (
+        id TEXT PRIMARY KEY, channel TEXT NOT NULL, chat_id TEXT NOT NULL, thread_id TEXT,
+        owner_id TEXT NOT NULL, text TEXT NOT NULL, kind TEXT NOT NULL, spec TEXT NOT NULL,
+        timezone TEXT NOT NULL, next_run DOUBLE PRECISION, status TEXT NOT NULL,
+        created DOUBLE PRECISION NOT NULL, origin TEXT NOT NULL, version INTEGER NOT NULL,
+        failures INTEGER NOT NULL, last_due DOUBLE PRECISION, last_status TEXT NOT NULL,
+        last_reason TEXT NOT NULL
+    );
+    CREATE INDEX talon_tasks_due ON talon_tasks (next_run) WHERE status = 'active';
+    CREATE INDEX talon_tasks_chat ON talon_tasks (channel, chat_id);
+    CREATE TABLE talon_task_runs (
+        task_id TEXT NOT NULL, due_ms BIGINT NOT NULL, due DOUBLE PRECISION NOT NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (task_id, due_ms)
+    );
+    CREATE INDEX talon_task_runs_claimed ON talon_task_runs (updated) WHERE status = 'claimed';
+    CREATE TABLE talon_chat_zones (
+        channel TEXT NOT NULL, chat_id TEXT NOT NULL, zone TEXT NOT NULL,
+        PRIMARY KEY (channel, chat_id)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
