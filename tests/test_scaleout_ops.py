@@ -234,8 +234,10 @@ async def test_chats_taken_while_a_renewal_runs_are_not_given_up(
 ) -> None:
     users = [7100 + i for i in range(12)]
     settings = wh_settings(tmp_path, tg, llm, TALON_DATABASE_URL=pg_url, TALON_WORKER_ID="busy",
-                           TALON_LEASE_SECONDS=0.9, TALON_TELEGRAM_ALLOWED_USERS=",".join(map(str, users)))
-    llm.delay = 1.0  # every turn spans several renewals
+                           TALON_LEASE_SECONDS=3, TALON_TELEGRAM_ALLOWED_USERS=",".join(map(str, users)))
+    # Every turn spans several renewals. The lease is long enough that a busy machine's loop lag
+    # cannot expire it; what is tested is the race between a renewal and chats taken meanwhile.
+    llm.delay = 3.0
     async with worker(settings) as runtime:
         [channel] = runtime.channels
         bridge = runtime.bridge
