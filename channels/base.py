@@ -19,6 +19,7 @@ from talon.errors import DownloadTooLarge
 
 if TYPE_CHECKING:
     from talon.bridge import Bridge
+    from talon.storage.approvals import Approval
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,18 @@ class Channel(abc.ABC):
 
     async def unacknowledge(self, message: InboundMessage) -> None:  # noqa: B027 - optional
         """Take that sign away again: the reply has been delivered."""
+
+    async def ask_approval(self, approval: "Approval", text: str) -> str | None:
+        """Show an approval prompt; channels without buttons ask for a yes/no reply. Returns the id
+        of a message that ``settle_approval`` can edit, or None (this default sends a new one)."""
+        await self.deliver(approval.platform_chat, OutboundReply(
+            text=f"{text}\nReply yes to allow it or no to refuse (or /approve, /deny).",
+            thread_id=approval.thread_id))
+        return None
+
+    async def settle_approval(self, approval: "Approval", text: str) -> None:
+        """Show how an approval ended (approved, denied, no answer, stopped) and who decided."""
+        await self.deliver(approval.platform_chat, OutboundReply(text=text, thread_id=approval.thread_id))
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""

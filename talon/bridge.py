@@ -27,6 +27,7 @@ from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import InboundMessage, OutboundReply
 from talon.errors import (
     AuthRejected,
+    CapReached,
     ContextOverflow,
     DeliveryError,
     ModelNotFound,
@@ -39,9 +40,11 @@ from talon.errors import (
 from talon.groups import group_prompt_note, group_turn_text
 from talon.inbox import InboxItem, InboxStore
 from talon.media import extract_markdown_media
+from talon.metrics import Metrics
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
+    from talon.control import Control
     from talon.voice_replies import VoiceReplies
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 
 # Commands the bridge answers itself, without the model.
-COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop"})
+COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/usage", "/approve", "/deny"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -120,6 +123,9 @@ class Bridge:
     # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
     # The runtime passes the setting (default steer); a bare Bridge keeps strict order.
     busy_mode: str = "queue"
+    # Approvals, usage and caps (talon.control); None: none of them.
+    control: "Control | None" = None
+    metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, deque[InboxItem]] = {}
@@ -133,6 +139,7 @@ class Bridge:
         self._stopped = False
         self._delivering: set[ChatKey] = set()  # chats whose reply is being sent right now
         self.turns_started = 0
+        self._answering: set[asyncio.Task[None]] = set()  # yes/no replies being matched to approvals
 
     def add_channel(self, channel: "Channel", *, started: bool = True) -> None:
         """Register a channel; with ``started=False`` its messages wait in their queues until
@@ -159,6 +166,9 @@ class Bridge:
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
+        self.metrics.received.labels(message.channel).inc()
+        if self._maybe_approval_reply(item):
+            return True
         chat = conversation_key(message)
         running = self._running.get(chat)
         command = command_of(message)
@@ -174,6 +184,51 @@ class Bridge:
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
+
+    def _maybe_approval_reply(self, item: InboxItem) -> bool:
+        """A yes/no (or /approve, /deny) while an approval may wait in its conversation: it is
+        matched against the store (another worker, or a run before a restart, may have asked), and
+        only if nothing waits is it queued as an ordinary message. It never starts a turn itself."""
+        from talon.control.approvals import reply_choice
+
+        message = item.message
+        if self.control is None or not self.control.approvals.enabled or message.files:
+            return False
+        choice = reply_choice(message.text)
+        if choice is None:
+            return False
+        task = asyncio.create_task(self._approval_reply(item, choice), name=f"approval-reply-{message.key}")
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+        return True
+
+    async def _approval_reply(self, item: InboxItem, choice: str) -> None:
+        message = item.message
+        assert self.control is not None
+        approvals = self.control.approvals
+        chat = conversation_key(message)
+        try:
+            answer = await approvals.answer_reply(message.channel, chat.chat_id, message.sender_id,
+                                                  message.sender_name or "", choice)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("message %s: could not match the reply to an approval; answering it as a message",
+                          message.key)
+            answer = None
+        if answer is None:
+            self._enqueue(item)  # nothing waits: an ordinary message (or /approve with nothing to approve)
+            return
+        channel = self.channels.get(message.channel)
+        if answer.outcome == "decided" and answer.approval is not None and channel is not None:
+            await approvals.settle(channel, answer.approval)
+        elif channel is not None:
+            await self._deliver(channel, message, OutboundReply(text=answer.note))
+        self.inbox.mark_done(message.key)
+
+    def backlog(self) -> tuple[int, float | None]:
+        """Messages queued or being answered on this worker, and when the oldest arrived."""
+        items = [i for q in self._queues.values() for i in q] + [r.item for r in self._running.values()]
+        oldest = min((i.message.received_at for i in items if i.message.received_at), default=None)
+        return len(items), oldest
 
     def _replace_queued(self, chat: ChatKey, edit: InboundMessage) -> bool:
         """Put an edit's text into its original while that still waits in the queue."""
@@ -249,8 +304,8 @@ class Bridge:
 
     async def idle(self) -> None:
         """Wait until every queued message has been handled (tests and shutdown)."""
-        while self._workers:
-            await asyncio.gather(*list(self._workers.values()), return_exceptions=True)
+        while self._workers or self._answering:
+            await asyncio.gather(*list(self._workers.values()), *list(self._answering), return_exceptions=True)
 
     async def stop(self) -> None:
         """Start no new turns; cancel those in flight (their messages stay pending and are
@@ -296,15 +351,19 @@ class Bridge:
         running = self._running[chat] = _Running(item)
         await self._acknowledge(channel, message)
         try:
-            await self._run_and_deliver(channel, chat, message, item, running, ids)
+            outcome = await self._run_and_deliver(channel, chat, message, item, running, ids)
         finally:
             self._running.pop(chat, None)
             for done in [item, *running.absorbed]:
                 await self._acknowledge(channel, done.message, clear=True)
+        self.metrics.turns.labels(message.channel, outcome).inc()
+        self.metrics.turn_seconds.labels(message.channel).observe(time.monotonic() - started)
         log.info("%s: answered in %.1fs", ids, time.monotonic() - started)
 
     async def _run_and_deliver(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
-                               item: InboxItem, running: _Running, ids: str) -> None:
+                               item: InboxItem, running: _Running, ids: str) -> str:
+        """Run the turn and deliver its reply; how it ended (for the metrics)."""
+        outcome = "answered"
         async with channel.typing(message.chat_id, message.thread_id):
             running.task = asyncio.create_task(self._turn(channel, chat, message, running),
                                                name=f"turn-{message.key}")
@@ -318,9 +377,11 @@ class Bridge:
                 if self.voice is not None:
                     self.voice.forget(message)
                 log.info("%s: turn stopped (%s)", ids, running.stopped)
+                if self.control is not None and self.control.approvals.enabled:
+                    await self.control.approvals.stop_turn(message.channel, chat.chat_id, message.key, channel)
                 for done in [item, *running.absorbed]:
                     self.inbox.mark_done(done.message.key)
-                return
+                return "stopped"
             except TimeoutError:
                 log.error("%s: turn stopped after %.0fs (TALON_TURN_TIMEOUT)", ids, self.turn_timeout_s)
                 reply = OutboundReply(
@@ -329,7 +390,13 @@ class Bridge:
             except ProviderError as exc:
                 log.error("%s: model failed: %s", ids, exc)
                 reply = OutboundReply(text=apology(exc))
+                outcome = "model_error"
+            except CapReached as exc:
+                # One line, and the message is closed: it is answered again only if asked again.
+                reply = OutboundReply(text=str(exc))
+                outcome = "cap_reached"
             except Exception as exc:
+                outcome = "failed"
                 log.exception("%s: turn failed", ids)
                 reply = OutboundReply(
                     text=f"Sorry, something went wrong while handling that message ({type(exc).__name__}). "
@@ -339,6 +406,7 @@ class Bridge:
         await self._deliver(channel, message, reply, skip_parts=item.delivered_parts)
         for joined in running.absorbed:  # answered by the same reply
             self.inbox.mark_done(joined.message.key)
+        return outcome
 
     async def _acknowledge(self, channel: "Channel", message: InboundMessage, *, clear: bool = False) -> None:
         try:
@@ -428,9 +496,10 @@ class Bridge:
                 log.info("chat %s: message %s joins the running turn %s", chat, m.message_id, key)
             return joined
 
+        hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else None
         try:
             result = await self.agent.run_turn(chat, user, turn_id=key, on_text=on_text,
-                                               on_step=on_step, steer=steer)
+                                               on_step=on_step, steer=steer, hooks=hooks)
         finally:
             if live is not None and live.close is not None:
                 await live.close()
@@ -472,6 +541,9 @@ class Bridge:
                     outcome = await self._deliver_reply(channel, message, voice_reply, 0, offset=offset)
             if outcome != "pending":
                 self.inbox.mark_done(message.key)
+            self.metrics.deliveries.labels(message.channel, outcome).inc()
+            if outcome == "sent":
+                self.metrics.answered.labels(message.channel).inc()
         finally:
             if spoken is not None and not spoken.done():
                 spoken.cancel()
@@ -514,6 +586,7 @@ class Bridge:
                               "at the next start", ids, exc)
                     return "pending"
                 delay = self.delivery_backoff_s[attempt]
+                self.metrics.delivery_retries.labels(message.channel).inc()
                 log.warning("%s: delivery failed (%s); retrying in %.0fs", ids, exc, delay)
                 await asyncio.sleep(delay)
             else:
@@ -529,7 +602,7 @@ class Bridge:
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
-                    "/stop stops what I am doing.")
+                    "/usage shows how much of the model you used; /stop stops what I am doing.")
         if word == "/new":
             thread = self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
@@ -541,6 +614,13 @@ class Bridge:
             if self._stops.pop(message.key, False):
                 return "Stopped."
             return "Nothing to stop: I was not working on anything."
+        if word == "/usage":
+            if self.control is None:
+                return "Usage is not recorded here."
+            return await self.control.usage_text(message, chat.chat_id)
+        if word in ("/approve", "/deny"):
+            # A waiting approval takes these at once (see submit); here nothing was waiting.
+            return "Nothing is waiting for approval in this chat."
         return None
 
 

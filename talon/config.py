@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -231,6 +232,24 @@ class Settings(BaseSettings):
     # Unknown senders get a pairing code the owner approves with `talon pair CODE`.
     pairing: bool = Field(default=False, validation_alias=_env("TALON_PAIRING"))
 
+    # --- control (talon.control, docs/control.md) ---------------------------------------------
+    # Tool calls that wait for a person's yes: shell, write, mcp (or mcp:<server>), send, web;
+    # comma-separated; empty or "off": none.
+    approval: str = Field(default="shell", validation_alias=_env("TALON_APPROVAL"))
+    # Ids that may approve in any chat (and /stop anyone's turn): "111", "telegram:111", "whatsapp:+1555...".
+    approvers: str = Field(default="", validation_alias=_env("TALON_APPROVERS"))
+    approval_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_APPROVAL_TIMEOUT"))
+    # Caps: "200000 tokens/day", "$2/day", "$20/month"; several comma-separated; empty: none.
+    limit_per_person: str = Field(default="", validation_alias=_env("TALON_LIMIT_PER_PERSON"))
+    limit_per_chat: str = Field(default="", validation_alias=_env("TALON_LIMIT_PER_CHAT"))
+    limit_total: str = Field(default="", validation_alias=_env("TALON_LIMIT_TOTAL"))
+    # Prices in US dollars per million tokens: "model=input/output[/cached]", comma-separated.
+    prices: str = Field(default="", validation_alias=_env("TALON_PRICES"))
+    # Where "day" and "month" begin for caps and /usage (an IANA name, e.g. Europe/Berlin).
+    timezone: str = Field(default="UTC", validation_alias=_env("TALON_TIMEZONE"))
+    # GET /metrics (Prometheus) on Talon's HTTP server.
+    metrics: bool = Field(default=True, validation_alias=_env("TALON_METRICS"))
+
     # --- logging -----------------------------------------------------------------------------
     log_level: str = Field(default="INFO", validation_alias=_env("TALON_LOG_LEVEL"))
 
@@ -355,6 +374,15 @@ class Settings(BaseSettings):
         check_dirs_apart(self.media_root, self.data_dir)
         self.media_root.mkdir(parents=True, exist_ok=True)
         private_dir(self.data_dir)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        """``TALON_TIMEZONE`` as a zone; ConfigError for a name the system does not know."""
+        try:
+            return ZoneInfo(self.timezone.strip() or "UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(f"TALON_TIMEZONE={self.timezone!r} is not a time zone name (use an IANA "
+                              "name such as UTC or Europe/Berlin)", ["TALON_TIMEZONE"]) from None
 
     def workspace_dir(self, channel: str, conversation_id: str) -> Path:
         """The directory this conversation's agent works in (``TALON_WORKSPACE``)."""

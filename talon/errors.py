@@ -23,7 +23,8 @@
     ├── DeliveryError               a reply or file could not be delivered to the chat
     ├── StoreError                  a durable store could not do what was asked
     │   └── StoreUnavailable        the database did not answer in time, or refused to connect
-    └── PairingError                `talon pair`: no live request has that code
+    ├── PairingError                `talon pair`: no live request has that code
+    └── CapReached                  a usage cap is reached: the model call is not made (``.scope``)
 """
 
 from __future__ import annotations
@@ -151,3 +152,12 @@ class StoreUnavailable(StoreError):
 
 class PairingError(TalonError):
     """A pairing code that names no live request (mistyped, expired or dropped)."""
+
+
+class CapReached(TalonError):
+    """A usage cap (TALON_LIMIT_*) is reached; ``str(exc)`` is the one line the person gets,
+    naming the limit and when it resets. ``scope`` is person, chat or total."""
+
+    def __init__(self, line: str, scope: str) -> None:
+        super().__init__(line)
+        self.scope = scope

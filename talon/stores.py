@@ -22,6 +22,9 @@ from talon.inbox import Inbox, InboxStore
 
 if TYPE_CHECKING:
     from channels.media_links import MediaLinks
+    from talon.storage.approvals import ApprovalStore
+    from talon.storage.sqlite import SqliteRunner
+    from talon.storage.usage import UsageStore
     from talon.pg.db import Database
     from talon.pg.leases import Leases
     from talon.storage.postgres.db import AsyncDatabase
@@ -47,6 +50,10 @@ class Stores:
     # The async pool the async stores use (opened by ``start``); the sync ``db`` goes as the
     # existing stores move onto it.
     adb: "AsyncDatabase | None" = None
+    # Control (talon.control): model usage and approvals; embedded ones share ``control_db``.
+    usage: "UsageStore | None" = None
+    approvals: "ApprovalStore | None" = None
+    control_db: "SqliteRunner | None" = None
 
     @property
     def shared(self) -> bool:
@@ -74,6 +81,8 @@ class Stores:
         self.close()
 
     def close(self) -> None:
+        if self.control_db is not None:
+            self.control_db.close()
         self.inbox.close()
         self.gate.close()
         if self.db is not None:
@@ -103,12 +112,18 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     settings.ensure_dirs()
     worker = settings.worker_id or default_worker_id()
     if not settings.database_url:
+        from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
+
+        control = open_control_db(settings.data_dir / "control.sqlite3")
         return Stores(
             attachments=AttachmentStore(settings.data_dir / "attachments"),
             sessions=SessionStore(settings.data_dir),
             inbox=Inbox(settings.data_dir / "inbox.sqlite3"),
             gate=AccessGate.from_settings(settings),
             worker_id=worker,
+            usage=SqliteUsageStore(control),
+            approvals=SqliteApprovalStore(control),
+            control_db=control,
         )
     from talon.pg.access import PgAccessGate
     from talon.pg.attachments import PgAttachmentStore
@@ -116,6 +131,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.pg.inbox import PgInbox
     from talon.pg.leases import Leases
     from talon.pg.sessions import PgSessionStore
+    from talon.storage.postgres.control import PgApprovalStore, PgUsageStore
     from talon.storage.postgres.db import AsyncDatabase
     from talon.workspace_marker import check_shared_dirs
 
@@ -126,6 +142,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         if check_dirs:
             deployment = check_shared_dirs(db, {"TALON_MEDIA_ROOT": settings.media_root,
                                                 "TALON_DATA_DIR": settings.data_dir / "sessions"})
+        adb = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
         return Stores(
             attachments=PgAttachmentStore(db, settings.data_dir / "attachments"),
             sessions=PgSessionStore(db, settings.data_dir),
@@ -135,7 +152,9 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             db=db,
             leases=Leases(db, worker, settings.lease_s),
             deployment=deployment,
-            adb=AsyncDatabase(settings.database_url, max_size=settings.database_pool_size),
+            adb=adb,
+            usage=PgUsageStore(adb),
+            approvals=PgApprovalStore(adb),
         )
     except BaseException:
         db.close()

@@ -48,7 +48,7 @@ def test_schema_from_empty_and_from_the_previous_version(pg_url: str) -> None:
         database.execute("INSERT INTO talon_inbox (key, channel, chat_id, payload, created) "
                          "VALUES ('k', 'telegram', '1', '{}', 0)")
         assert migrate_schema(database) == (1, SCHEMA_VERSION)
-        assert schema_version(database) == SCHEMA_VERSION == 4
+        assert schema_version(database) == SCHEMA_VERSION == 5
         assert database.fetchone("SELECT count(*) FROM talon_inbox") == (1,)
         assert database.fetchone("SELECT to_regclass('talon_leases') IS NOT NULL") == (True,)
         assert migrate_schema(database) == (SCHEMA_VERSION, SCHEMA_VERSION)  # nothing left to do

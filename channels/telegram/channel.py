@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 from telegram.error import BadRequest, InvalidToken, NetworkError
-from telegram.ext import Application, ApplicationBuilder, MessageHandler, filters
+from telegram.ext import Application, ApplicationBuilder, CallbackQueryHandler, MessageHandler, filters
 from telegram.request import HTTPXRequest
 
 from talon.config import Limits, Settings
@@ -17,6 +17,7 @@ from talon.errors import ConfigError
 
 from channels.http import HttpServer
 from channels.telegram.api import telegram_budget
+from channels.telegram.approvals import ApprovalPrompts
 from channels.telegram.delivery import Delivery
 from channels.telegram.downloads import Downloads
 from channels.telegram.groups import ChatterLog
@@ -30,7 +31,7 @@ from channels.telegram_leader import PollLeader
 log = logging.getLogger(__name__)
 
 
-class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions, Delivery):
+class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions, ApprovalPrompts, Delivery):
     name = "telegram"
 
     def __init__(self, settings: Settings, *, watchdog_interval_s: float = 15.0,
@@ -65,6 +66,7 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
         )
         self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE | filters.UpdateType.EDITED_MESSAGE,
                                             self._on_message))
+        self.app.add_handler(CallbackQueryHandler(self._on_callback))
         self.app.add_error_handler(self._on_handler_error)
         self._bridge: Any = None
         self._albums: dict[str, _Album] = {}
