@@ -310,7 +310,8 @@ class Approvals:
 
     def outcome_text(self, approval: Approval) -> str:
         head = f"The agent wanted to {approval.summary}"
-        return f"{head}\n\n{_status_words(approval).capitalize()}."
+        words = _status_words(approval)
+        return f"{head}\n\n{words[:1].upper()}{words[1:]}."
 
     def _record(self, approval: Approval, *, always: bool = False) -> None:
         """Every decision is in the store (who, what, when); the log says it too."""
