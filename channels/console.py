@@ -66,6 +66,7 @@ class ConsoleChannel(Channel):
         # step's text once the turn closed (the final reply does not print it a second time).
         self._live = ""
         self._streamed: str | None = None
+        self._asking = asyncio.Event()  # an approval prompt is shown: the next line may answer it
 
     async def start(self, bridge: Any) -> None:
         self._bridge = bridge
@@ -110,9 +111,19 @@ class ConsoleChannel(Channel):
             message = self._parse(line)
             if message is None:
                 continue
+            self._asking.clear()
             self._bridge.submit(message)
-            # One exchange at a time keeps the prompt readable.
-            await self._bridge.idle()
+            # One exchange at a time keeps the prompt readable; but a turn waiting for an approval
+            # waits for the next line (yes or no), so that line is read now.
+            answered = asyncio.ensure_future(self._bridge.idle())
+            asking = asyncio.ensure_future(self._asking.wait())
+            await asyncio.wait({answered, asking}, return_when=asyncio.FIRST_COMPLETED)
+            asking.cancel()  # never ``answered``: cancelling idle() would cancel the turns it waits for
+
+    async def ask_approval(self, approval: Any, text: str) -> str | None:
+        prompt_id = await super().ask_approval(approval, text)
+        self._asking.set()
+        return prompt_id
 
     def _readline(self) -> "asyncio.Future[str]":
         """The next line of input, read in a daemon thread: a thread blocked on the terminal

@@ -1,0 +1,107 @@
+"""Approvals across a restart and on the console: `talon run` / `talon chat` as real processes
+against the loopback fakes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ALICE, TOKEN, settings_env
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram import Call, FakeTelegram
+from tests.test_cli_process import start_talon, stop_talon
+
+
+@pytest.fixture
+def fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
+    with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
+        yield tg, llm
+
+
+def has_keyboard(call: Call) -> bool:
+    return bool(call.params.get("reply_markup"))
+
+
+def tool_results(body: dict) -> list[str]:
+    return [str(m.get("content")) for m in body["messages"] if m.get("role") == "tool"]
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_an_approval_survives_a_restart_and_the_press_afterwards_decides_it(
+        tmp_path: Path, fakes: tuple[FakeTelegram, FakeOpenAI], how: signal.Signals) -> None:
+    tg, llm = fakes
+    llm.queue(FakeOpenAI.tool_call("shell", {"command": "echo kept > kept.txt && echo ran-after-restart"}),
+              "Ran it after the restart.")
+    env = settings_env(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL="true", TALON_SHELL_UNSANDBOXED="true",
+                       TALON_TELEGRAM_STREAMING="off", TALON_MODEL_DISCOVERY="false")
+    proc, first_log = start_talon(tmp_path, env, "first.log")
+    try:
+        tg.push_update(tg.text_message(ALICE, "keep this", user_id=ALICE))
+        [prompt] = tg.wait_for_sync("sendMessage", has_keyboard, timeout=30)
+        # Killed between the send and the store's note of it, the next run would send the prompt
+        # again (same buttons): wait until the prompt is on record, then kill.
+        wait_for_line(first_log, "waits for a decision")
+    finally:
+        proc.send_signal(how)
+        proc.wait(timeout=30)
+    approve = next(b["callback_data"] for row in prompt.params["reply_markup"]["inline_keyboard"] for b in row
+                   if b["text"] == "Approve")
+    proc, second_log = start_talon(tmp_path, env, "second.log")
+    try:
+        tg.push_update(tg.press_button(ALICE, prompt.result["message_id"], approve, user_id=ALICE,
+                                       first_name="Alice"))
+        tg.wait_for_sync("sendMessage", lambda c: c.params.get("text") == "Ran it after the restart.", timeout=30)
+    finally:
+        stop_talon(proc)
+    logs = first_log.read_text() + second_log.read_text()
+    workspace = tmp_path / "media_root" / "telegram" / str(ALICE)
+    assert (workspace / "kept.txt").read_text() == "kept\n", logs
+    assert len([c for c in tg.sent("sendMessage") if has_keyboard(c)]) == 1, logs  # not asked twice
+    assert len(llm.requests) == 2  # the turn resumed at its tool call; the model was not asked again for it
+    assert "ran-after-restart" in tool_results(llm.requests[1].json)[0]
+    [edit] = tg.sent("editMessageText")
+    assert edit.params["message_id"] == prompt.result["message_id"] and "Approved by Alice" in edit.params["text"]
+
+
+def wait_for_line(log: Path, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} never appeared in the log:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
+def _console_env(tmp_path: Path, llm: FakeOpenAI, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
+    env.update({
+        "TALON_MODEL": "openai:fake-model", "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test",
+        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
+        "TALON_MODEL_MAX_RETRIES": "0", "TALON_MODEL_DISCOVERY": "false", "TALON_SPEECH_WARMUP": "false",
+        "TALON_SHELL_TOOL": "true", "TALON_SHELL_UNSANDBOXED": "true", **extra,
+    })
+    return env
+
+
+def test_console_yes_and_no_answer_the_approval_without_starting_a_turn(tmp_path: Path) -> None:
+    with FakeOpenAI() as llm:
+        llm.queue(FakeOpenAI.tool_call("shell", {"command": "echo yes-ran"}), "First done.",
+                  FakeOpenAI.tool_call("shell", {"command": "touch no.txt"}), "Second not run.")
+        result = subprocess.run([sys.executable, "-m", "talon.cli", "chat"], input="first\nyes\nsecond\nno\n",
+                                text=True, capture_output=True, cwd=tmp_path, env=_console_env(tmp_path, llm),
+                                timeout=120)
+        requests = [r.json for r in llm.requests]
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Reply yes to allow it or no to refuse") == 2, result.stdout
+    assert "First done." in result.stdout and "Second not run." in result.stdout
+    assert "Approved by console" in result.stdout and "Denied by console" in result.stdout
+    assert len(requests) == 4  # yes and no never became turns of their own
+    assert "yes-ran" in tool_results(requests[1])[0]
+    assert "denied by the user" in tool_results(requests[3])[-1]
+    assert not list((tmp_path / "media_root").rglob("no.txt"))
