@@ -377,13 +377,14 @@ class Bridge:
                 if self.voice is not None:
                     self.voice.forget(message)
                 log.info("%s: turn stopped (%s)", ids, running.stopped)
-                if self.control is not None and self.control.approvals.enabled:
-                    await self.control.approvals.stop_turn(message.channel, chat.chat_id, message.key, channel)
+                await self._close_approvals(channel, chat, message)
                 for done in [item, *running.absorbed]:
                     self.inbox.mark_done(done.message.key)
                 return "stopped"
             except TimeoutError:
                 log.error("%s: turn stopped after %.0fs (TALON_TURN_TIMEOUT)", ids, self.turn_timeout_s)
+                await self._close_approvals(channel, chat, message)
+                outcome = "timeout"
                 reply = OutboundReply(
                     text=f"Sorry, that took too long (over {self.turn_timeout_s / 60:.0f} min), so I stopped "
                          "working on it. Please try again, or ask for a smaller piece at a time.")
@@ -407,6 +408,16 @@ class Bridge:
         for joined in running.absorbed:  # answered by the same reply
             self.inbox.mark_done(joined.message.key)
         return outcome
+
+    async def _close_approvals(self, channel: "Channel", chat: ChatKey, message: InboundMessage) -> None:
+        """A turn that ends without finishing (/stop, its time limit) leaves no approval waiting
+        for it: a later press would decide nothing."""
+        if self.control is None or not self.control.approvals.enabled:
+            return
+        try:
+            await self.control.approvals.stop_turn(message.channel, chat.chat_id, message.key, channel)
+        except Exception:
+            log.exception("message %s: could not close the turn's waiting approvals", message.key)
 
     async def _acknowledge(self, channel: "Channel", message: InboundMessage, *, clear: bool = False) -> None:
         try:

@@ -1,4 +1,4 @@
-"""``talon run | chat | doctor | pair``."""
+"""``talon run | chat | doctor | pair | migrate | usage``."""
 
 from __future__ import annotations
 
@@ -340,6 +340,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    """The bot's model use; ``--grant CHANNEL:ID AMOUNT`` lifts a person's cap (talon.control.cli)."""
+    from talon.control.cli import cmd_usage as run
+
+    return run(args, _load_settings())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -356,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("code", nargs="?", help="the code the newcomer was sent, e.g. K7Q-4MX2")
     which.add_argument("--revoke", metavar="CHANNEL:ID", help="remove an approval, e.g. telegram:123456789")
     pair.set_defaults(func=cmd_pair)
+    usage = sub.add_parser("usage", help="show the model use, or lift a person's cap with --grant")
+    usage.add_argument("--grant", nargs=2, metavar=("CHANNEL:ID", "AMOUNT"),
+                       help="give a person more on top of TALON_LIMIT_PER_PERSON: 50000 (tokens) or $5")
+    usage.set_defaults(func=cmd_usage)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -3,6 +3,7 @@ against the loopback fakes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -105,3 +106,32 @@ def test_console_yes_and_no_answer_the_approval_without_starting_a_turn(tmp_path
     assert "yes-ran" in tool_results(requests[1])[0]
     assert "denied by the user" in tool_results(requests[3])[-1]
     assert not list((tmp_path / "media_root").rglob("no.txt"))
+
+
+def test_talon_usage_grant_is_stored_and_bad_input_is_refused(tmp_path: Path) -> None:
+    from talon.storage.embedded.control import SqliteUsageStore, open_control_db
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
+    env.update({"TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data")})
+
+    def usage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "talon.cli", "usage", *args], text=True, capture_output=True,
+                              cwd=tmp_path, env=env, timeout=60)
+
+    granted = usage("--grant", "telegram:111", "50k")
+    assert granted.returncode == 0, granted.stderr
+    assert "granted 50,000 tokens to telegram:111" in granted.stdout
+    assert usage("--grant", "whatsapp:+1 415 555", "$2").returncode == 0
+    bad_who = usage("--grant", "111", "5000")
+    assert bad_who.returncode == 2 and "CHANNEL:ID" in bad_who.stderr
+    bad_amount = usage("--grant", "telegram:111", "lots")
+    assert bad_amount.returncode == 2 and "is not an amount" in bad_amount.stderr
+    shown = usage()
+    assert shown.returncode == 0 and "today: 0 tokens" in shown.stdout
+    runner = open_control_db(tmp_path / "data" / "control.sqlite3")
+    try:
+        store = SqliteUsageStore(runner)
+        assert asyncio.run(store.granted("telegram", "111", "tokens", 0.0)) == 50000
+        assert asyncio.run(store.granted("whatsapp", "+1415555", "usd", 0.0)) == 2
+    finally:
+        runner.close()
