@@ -192,7 +192,8 @@ class Bridge:
         from talon.control.approvals import reply_choice
 
         message = item.message
-        if self.control is None or not self.control.approvals.enabled or message.files:
+        if (self.control is None or not self.control.approvals.enabled or message.files
+                or message.edited_at is not None):
             return False
         choice = reply_choice(message.text)
         if choice is None:
