@@ -237,3 +237,24 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for sample in family.samples:
             found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return found
+
+
+async def test_metrics_off_serves_no_route_and_polling_alone_listens_only_when_a_port_is_named(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    from channels.http import HttpServer
+    from channels.telegram import TelegramChannel
+    from talon.runtime import build_runtime, shared_http_server
+
+    assert shared_http_server(control_settings(tmp_path, tg, llm)) is None
+    assert shared_http_server(control_settings(tmp_path, tg, llm, TALON_HTTP_PORT=0)) is not None
+    assert shared_http_server(control_settings(tmp_path, tg, llm, TALON_HTTP_PORT=0, TALON_METRICS="false")) is None
+    settings = control_settings(tmp_path, tg, llm, TALON_METRICS="false")
+    http = HttpServer("127.0.0.1", 0)
+    runtime = build_runtime(settings, [TelegramChannel(settings)], http=http)
+    await runtime.start()
+    try:
+        async with httpx.AsyncClient(base_url=http.local_url) as client:
+            assert (await client.get("/metrics")).status_code == 404
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        await runtime.stop()
