@@ -216,7 +216,7 @@ class Bridge:
                           message.key)
             answer = None
         if answer is None:
-            self._enqueue(item)  # nothing waits: an ordinary message (or /approve with nothing to approve)
+            self._queue_ordinary(item)  # nothing waits: an ordinary message (or /approve with nothing to approve)
             return
         channel = self.channels.get(message.channel)
         if answer.outcome == "decided" and answer.approval is not None and channel is not None:
@@ -224,6 +224,9 @@ class Bridge:
         elif channel is not None:
             await self._deliver(channel, message, OutboundReply(text=answer.note))
         self.inbox.mark_done(message.key)
+
+    def _queue_ordinary(self, item: InboxItem) -> None:
+        self._enqueue(item)
 
     def backlog(self) -> tuple[int, float | None]:
         """Messages queued or being answered on this worker, and when the oldest arrived."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from talon.agent.session import ChatKey
 from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
+from talon.inbox import InboxItem
 from talon.pg.inbox import PgInbox
 from talon.pg.leases import Leases, chat_lease
 
@@ -60,6 +61,9 @@ class SharedBridge(Bridge):
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
+        self.metrics.received.labels(message.channel).inc()
+        if self._maybe_approval_reply(item):
+            return True
         # /stop (and a new message in interrupt mode) cancels the turn when this worker runs it;
         # a turn running on another worker finishes there, and the /stop is answered after it.
         command = command_of(message)
@@ -69,6 +73,9 @@ class SharedBridge(Bridge):
             self._cancel(conversation_key(message), "interrupt")
         self._claim(ChatKey(message.channel, message.chat_id))
         return True
+
+    def _queue_ordinary(self, item: InboxItem) -> None:
+        self._claim(ChatKey(item.message.channel, item.message.chat_id))
 
     def recover(self) -> int:
         """Nothing to queue here: pending messages are found by the scan once channels start."""
