@@ -258,3 +258,26 @@ async def test_metrics_off_serves_no_route_and_polling_alone_listens_only_when_a
             assert (await client.get("/healthz")).status_code == 200
     finally:
         await runtime.stop()
+
+
+async def test_send_approval_holds_the_files_of_a_reply(tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    from PIL import Image
+
+    llm.queue("Here is the chart: ![chart](chart.png)", "Again: ![chart](chart.png)")
+    settings = control_settings(tmp_path, tg, llm, TALON_APPROVAL="send")
+    workspace = settings.workspace_dir("telegram", str(ALICE))
+    workspace.mkdir(parents=True)
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(workspace / "chart.png")
+    async with running_telegram(settings):
+        tg.push_update(tg.text_message(ALICE, "the chart please", user_id=ALICE))
+        [prompt] = await tg.wait_for("sendMessage", has_keyboard)
+        assert "send these files into the chat: chart.png" in prompt.params["text"]
+        tg.push_update(tg.press_button(ALICE, prompt.result["message_id"], buttons(prompt)["Deny"], user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: "not sent (denied by the user): chart.png" in c.params.get("text", ""))
+        assert not tg.sent("sendPhoto")
+        tg.push_update(tg.text_message(ALICE, "please, really", user_id=ALICE))
+        [_, second] = await tg.wait_for("sendMessage", has_keyboard, count=2)
+        tg.push_update(tg.press_button(ALICE, second.result["message_id"], buttons(second)["Approve"], user_id=ALICE))
+        [photo] = await tg.wait_for("sendPhoto")
+    assert photo.media[0].file is not None
+    assert "Here is the chart:" in " ".join(tg.texts(ALICE))
