@@ -345,6 +345,7 @@ class Bridge:
             return
         if attempts > MAX_ATTEMPTS:
             log.error("%s: giving up after %d attempts", ids, attempts - 1)
+            await self._close_approvals(channel, chat, message)
             await self._deliver(channel, message, OutboundReply(
                 text="Sorry, I could not process your message (it failed several times). "
                      "Please send it again or rephrase it."))
@@ -419,8 +420,8 @@ class Bridge:
         return outcome
 
     async def _close_approvals(self, channel: "Channel", chat: ChatKey, message: InboundMessage) -> None:
-        """A turn that ends without finishing (/stop, its time limit) leaves no approval waiting
-        for it: a later press would decide nothing."""
+        """A turn that ends without finishing (/stop, its time limit, given up after crashes)
+        leaves no approval waiting for it: a later press would decide nothing."""
         if self.control is None or not self.control.approvals.enabled:
             return
         try:

@@ -211,6 +211,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             rows.append(("twilio auth token", "MISSING: webhooks cannot be verified; the channel will not start"))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
+    from talon.control.doctor import control_rows
+
+    rows += control_rows(settings)
     rows.append(("media root", str(settings.media_root.resolve())))
     rows.append(("data dir", str(settings.data_dir.resolve())))
     if settings.database_url:  # many workers: the shared stores

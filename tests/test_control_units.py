@@ -186,3 +186,24 @@ async def test_summaries_go_through_the_turns_guard() -> None:
         await summarizer.summarize(None, [Message.user("hello")], max_tokens=200)
     assert provider.calls == 1  # the capped summary was never asked for
     assert await model_call(provider, ModelRequest(system="", messages=[])) is not None  # no turn: no guard
+
+
+def test_doctor_shows_control_and_names_a_bad_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from talon.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name, value in (("TALON_TRANSCRIBER", "off"), ("TALON_APPROVAL", "shell,mcp:github"),
+                        ("TALON_APPROVAL_TIMEOUT", "120"), ("TALON_LIMIT_PER_CHAT", "$2/day"),
+                        ("TALON_TIMEZONE", "Europe/Berlin"), ("TALON_METRICS", "false")):
+        monkeypatch.setenv(name, value)
+    main(["doctor"])  # no model configured: no request leaves; the control rows are what counts
+    rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines()
+                if line.startswith(("approvals", "caps", "metrics")))
+    assert rows["approvals"].strip() == "mcp:github, shell; wait 2 minutes"
+    assert rows["caps"].strip() == "$2 per day per chat (days begin at 00:00 Europe/Berlin)"
+    assert rows["metrics"].strip() == "off (TALON_METRICS=false)"
+    monkeypatch.setenv("TALON_APPROVAL", "shel")
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr()
+    assert "INVALID: TALON_APPROVAL: 'shel' is not a kind of tool call" in out.out and "approvals" in out.err
