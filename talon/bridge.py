@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections import deque
@@ -24,7 +23,7 @@ from talon.agent.loop import Agent
 from talon.agent.session import ChatKey
 from talon.attachments import AttachmentStore
 from talon.config import Limits
-from talon.content import ContentBlock, InboundFile, Message, TextBlock, ToolCall
+from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import InboundMessage, OutboundReply
 from talon.errors import (
     AuthRejected,
@@ -39,22 +38,19 @@ from talon.errors import (
     RateLimited,
 )
 from talon.groups import group_prompt_note, group_turn_text
+from talon.control.files import hold_files
 from talon.inbox import InboxItem, InboxStore
 from talon.media import extract_markdown_media
 from talon.metrics import Metrics
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
-    from talon.agent.hooks import ApproveCall
     from talon.control import Control
     from talon.voice_replies import VoiceReplies
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
-
-# The approval name of the files a reply sends out (kind "send", see talon.control.approvals).
-SEND_FILES = "send_files"
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/usage", "/approve", "/deny"})
@@ -526,26 +522,13 @@ class Bridge:
                 await live.close()
         reply = prepare_reply(result.text)
         if reply.media and hooks is not None and hooks.approve is not None:
-            reply = await self._approve_files(reply, hooks.approve)
+            reply = await hold_files(reply, hooks.approve)  # TALON_APPROVAL=send
         if self.voice is not None:
             turn = result.messages
             if result.replayed:  # the speak tool may have been called before the restart
                 turn = [m for m in self.agent.sessions.load(chat) if m.meta.get("turn_id") == message.key]
             reply.voice = self.voice.wish(message, turn)
         return reply
-
-    async def _approve_files(self, reply: OutboundReply, approve: "ApproveCall") -> OutboundReply:
-        """``TALON_APPROVAL=send``: the files a reply would send out wait for a yes like a tool
-        call (one approval for the reply's files, keyed like a call of this turn, so a restart
-        finds it again); refused, the text goes without them and says so."""
-        paths = [ref.path for ref in reply.media]
-        refusal = await approve(ToolCall(id="reply-files", name=SEND_FILES,
-                                         arguments=json.dumps({"files": paths}, ensure_ascii=False)))
-        if refusal is None:
-            return reply
-        why = "denied by the user" if "denied" in refusal else "no approval in time"
-        note = f"{len(paths)} file(s) not sent ({why}): {', '.join(paths)}"
-        return dataclasses.replace(reply, media=[], notices=[*reply.notices, note])
 
     async def _deliver(self, channel: "Channel", message: InboundMessage, reply: OutboundReply,
                        skip_parts: int = 0) -> None:

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 KINDS = ("shell", "write", "mcp", "send", "web")
 WRITE_TOOLS = frozenset({"write_file", "edit_file"})
-SEND_TOOLS = frozenset({"speak"})  # plus every send_* tool, and send_files: the files of a reply
+SEND_TOOLS = frozenset({"speak"})  # plus every send_* tool
+SEND_FILES_TOOL = "send_files"  # the files a reply attaches (talon.control.files)
 SUMMARY_CHARS = 600
 
 Choice = Literal["approve", "deny", "always"]
@@ -127,7 +128,7 @@ def describe_call(call: ToolCall, kind: str) -> str:
         text = f"write the file {args.get('path', '?')}{size}"
     elif call.name == "edit_file":
         text = f"edit the file {args.get('path', '?')}"
-    elif call.name == "send_files" and isinstance(args.get("files"), list):
+    elif call.name == SEND_FILES_TOOL and isinstance(args.get("files"), list):
         text = f"send these files into the chat: {', '.join(str(f) for f in args['files'])}"
     elif kind == "web" and isinstance(args.get("url"), str):
         text = f"fetch {args['url']}"
