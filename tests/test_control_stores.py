@@ -129,3 +129,46 @@ async def test_always_allowed_per_chat_and_tool(stores: tuple[Any, Any]) -> None
     assert await approvals.always_allowed("telegram", "111", "shell")
     assert not await approvals.always_allowed("telegram", "111", "write_file")
     assert not await approvals.always_allowed("telegram", "222", "shell")
+
+
+async def test_talon_migrate_copies_usage_and_approvals_once(tmp_path: Path, pg_url: str) -> None:
+    from talon.migrate import migrate_embedded
+    from talon.pg.db import Database
+    from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
+    from talon.storage.postgres.control import PgApprovalStore, PgUsageStore
+    from talon.storage.postgres.db import AsyncDatabase
+
+    data = tmp_path / "data"
+    runner = open_control_db(data / "control.sqlite3")
+    usage, approvals = SqliteUsageStore(runner), SqliteApprovalStore(runner)
+    await usage.record(call(100.5, "g1", "alice", 1000, 100, cached=400, cost=0.001))
+    await usage.record(call(200.25, "g1", "bob", 500, 50, cost=None))
+    await usage.grant("telegram", "alice", 5000, "tokens", 150.0)
+    await approvals.add(approval("a1"))
+    await approvals.decide("a1", "denied", "telegram:111 (Alice)", 20.0)
+    await approvals.add(approval("a2", call_id="c2"))
+    await approvals.allow_always("telegram", "111", "shell", "telegram:111", 30.0)
+    runner.close()
+
+    db = Database(pg_url, max_size=2)
+    try:
+        first = await asyncio.to_thread(migrate_embedded, data, db)
+        again = await asyncio.to_thread(migrate_embedded, data, db)
+    finally:
+        db.close()
+    [control] = [r for r in first.stores if r.name.startswith("control")]
+    assert (control.found, control.copied, control.verified, control.problems) == (6, 6, 6, [])
+    [control] = [r for r in again.stores if r.name.startswith("control")]
+    assert (control.copied, control.verified) == (0, 6) and again.ok
+    adb = AsyncDatabase(pg_url, max_size=2)
+    await adb.open()
+    try:
+        totals = await PgUsageStore(adb).totals(0.0)
+        assert (totals.calls, totals.tokens, totals.cached_tokens, totals.unpriced_calls) == (2, 1650, 400, 1)
+        assert await PgUsageStore(adb).granted("telegram", "alice", "tokens", 0.0) == 5000
+        moved = PgApprovalStore(adb)
+        assert (await moved.get("a1")).decided_by == "telegram:111 (Alice)"  # type: ignore[union-attr]
+        assert [a.id for a in await moved.pending("telegram", "111")] == ["a2"]
+        assert await moved.always_allowed("telegram", "111", "shell")
+    finally:
+        await adb.close()
