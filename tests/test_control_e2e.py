@@ -281,3 +281,22 @@ async def test_send_approval_holds_the_files_of_a_reply(tg: FakeTelegram, llm: F
         [photo] = await tg.wait_for("sendPhoto")
     assert photo.media[0].file is not None
     assert "Here is the chart:" in " ".join(tg.texts(ALICE))
+
+
+async def test_usage_in_a_group_shows_the_asker_and_the_group(tg: FakeTelegram, llm: FakeOpenAI,
+                                                              tmp_path: Path) -> None:
+    llm.queue(FakeOpenAI.reply("Hi Alice.", usage={"prompt_tokens": 400, "completion_tokens": 30,
+                                                   "prompt_tokens_details": {"cached_tokens": 100}}))  # type: ignore[dict-item]
+    settings = control_settings(tmp_path, tg, llm, TALON_TELEGRAM_ALLOWED_CHATS=str(GROUP),
+                                TALON_LIMIT_PER_CHAT="100000 tokens/day")
+    async with running_telegram(settings):
+        tg.push_update(tg.text_message(GROUP, "@talon_test_bot hello", user_id=ALICE, chat_type="supergroup"))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "Hi Alice.")
+        tg.push_update(tg.text_message(GROUP, "/usage@talon_test_bot", user_id=BOB, username="bob",
+                                       chat_type="supergroup"))
+        [usage] = await tg.wait_for("sendMessage", lambda c: "Your use" in c.params.get("text", ""))
+    text = usage.params["text"]
+    mine, group = text.split("This group:")
+    assert mine.count("nothing yet") == 3  # Bob asked nothing of the model
+    assert group.count("430 tokens (400 in, 30 out, 100 of them cached) in 1 model call") == 3
+    assert "Limits: 100,000 tokens per day per chat (days begin at 00:00 UTC)." in text
