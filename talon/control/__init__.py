@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from talon.agent.hooks import TurnHooks
+from talon.agent.hooks import CallGuard, TurnHooks
 from talon.agent.provider import ModelResponse
 from talon.content import ToolCall
 from talon.control.approvals import ApprovalPolicy, Approvals, Prompter, TurnOrigin
@@ -72,9 +72,13 @@ class Control:
         async def approve(call: ToolCall) -> str | None:
             return await self.approvals.gate(call, origin, prompter)
 
-        return TurnHooks(guard=_Guard(self, message.channel, chat_id, message.sender_id),
+        return TurnHooks(guard=self.guard(message.channel, chat_id, message.sender_id),
                          approve=approve if self.approvals.enabled else None,
                          tool_done=self.metrics.tool)
+
+    def guard(self, channel: str, chat_id: str, person: str) -> CallGuard:
+        """The guard of the calls made for ``person`` in a conversation: caps before, usage after."""
+        return _Guard(self, channel, chat_id, person)
 
     async def record(self, channel: str, chat_id: str, person: str, model: str, purpose: str,
                      response: ModelResponse) -> None:
