@@ -229,7 +229,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     from talon.control import Control
 
     control = Control.from_settings(settings, stores.usage, stores.approvals)
-    control.metrics.tool_names = lambda: tools.tools
+    control.metrics.tool_names = control.approvals.tool_names = lambda: tools.tools
     bridge_kw = dict(
         agent=agent,
         inbox=inbox,

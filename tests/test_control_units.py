@@ -207,3 +207,18 @@ def test_doctor_shows_control_and_names_a_bad_setting(tmp_path: Path, monkeypatc
     assert main(["doctor"]) == 1
     out = capsys.readouterr()
     assert "INVALID: TALON_APPROVAL: 'shel' is not a kind of tool call" in out.out and "approvals" in out.err
+
+
+def test_approvals_are_on_only_when_a_gated_tool_exists() -> None:
+    from talon.control.approvals import Approvals
+    from talon.storage.approvals import MemoryApprovalStore
+
+    approvals = Approvals(MemoryApprovalStore(), ApprovalPolicy.parse("shell"))
+    approvals.tool_names = lambda: {"ls", "read_file"}
+    assert not approvals.enabled  # the default (shell) with the shell off: yes/no stay ordinary messages
+    approvals.tool_names = lambda: {"ls", "shell"}
+    assert approvals.enabled
+    files = Approvals(MemoryApprovalStore(), ApprovalPolicy.parse("send"))
+    files.tool_names = lambda: {"ls"}
+    assert files.enabled  # any reply may attach files
+    assert not Approvals(MemoryApprovalStore(), ApprovalPolicy.parse("off")).enabled

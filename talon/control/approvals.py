@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -181,10 +181,18 @@ class Approvals:
         self.clock = clock
         self.on_decision = on_decision  # metrics
         self._decided: dict[str, asyncio.Event] = {}  # approval id -> set when decided here
+        # The agent's tool names now (MCP servers may add some); None: assume every kind occurs.
+        self.tool_names: Callable[[], Collection[str]] | None = None
 
     @property
     def enabled(self) -> bool:
-        return bool(self.policy.kinds)
+        """Whether anything can wait for a yes here: a kind is named and a tool of it exists (or
+        files, which any reply may attach). Off, yes/no replies are ordinary messages."""
+        if not self.policy.kinds:
+            return False
+        if "send" in self.policy.kinds or self.tool_names is None:
+            return True
+        return any(self.policy.kind_of(name) for name in self.tool_names())
 
     # --- the turn's side -----------------------------------------------------------------------
     async def gate(self, call: ToolCall, origin: TurnOrigin, prompter: Prompter) -> str | None:
@@ -276,11 +284,11 @@ class Approvals:
                           note="Only the person who asked, or an approver, can answer this.")
         by = f"{channel}:{person} ({name})" if name else f"{channel}:{person}"
         status: Status = "denied" if choice == "deny" else "approved"
-        if choice == "always":
-            await self.store.allow_always(approval.channel, approval.chat_id, approval.tool, by, self.clock())
         if not await self.store.decide(approval.id, status, by, self.clock()):
             current = await self.store.get(approval_id) or approval
             return Answer("already", current, note=f"Already {_status_words(current)}.")
+        if choice == "always":
+            await self.store.allow_always(approval.channel, approval.chat_id, approval.tool, by, self.clock())
         decided = approval.decided(status, by, self.clock())
         self._record(decided, always=choice == "always")
         event = self._decided.get(approval.id)
