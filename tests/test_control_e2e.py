@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from talon.config import Settings
@@ -44,10 +45,11 @@ def to(chat: int) -> Any:
     return lambda call: str(call.params.get("chat_id")) == str(chat)
 
 
+@pytest.mark.parametrize("streaming", ["off", "draft"])
 async def test_a_shell_call_waits_for_approve_then_runs_and_the_model_gets_its_output(
-        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, streaming: str) -> None:
     llm.queue(FakeOpenAI.tool_call("shell", {"command": "echo made > made.txt && echo the-output"}), "It ran.")
-    settings = control_settings(tmp_path, tg, llm)
+    settings = control_settings(tmp_path, tg, llm, TALON_TELEGRAM_STREAMING=streaming)
     made = settings.workspace_dir("telegram", str(ALICE)) / "made.txt"
     async with running_telegram(settings):
         tg.push_update(tg.text_message(ALICE, "make a file", user_id=ALICE))
@@ -84,10 +86,12 @@ async def test_deny_gives_the_model_denied_and_nothing_runs(tg: FakeTelegram, ll
     assert "Denied by Alice" in edit.params["text"]
 
 
+@pytest.mark.parametrize("streaming", ["off", "draft"])  # draft: groups see an edited message
 async def test_in_a_group_a_press_by_someone_else_is_refused_and_the_asker_decides(
-        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, streaming: str) -> None:
     llm.queue(FakeOpenAI.tool_call("shell", {"command": "echo group-ran"}), "Done.")
-    settings = control_settings(tmp_path, tg, llm, TALON_TELEGRAM_ALLOWED_CHATS=str(GROUP))
+    settings = control_settings(tmp_path, tg, llm, TALON_TELEGRAM_ALLOWED_CHATS=str(GROUP),
+                                TALON_TELEGRAM_STREAMING=streaming)
     async with running_telegram(settings) as runtime:
         tg.push_update(tg.text_message(GROUP, "@talon_test_bot run it", user_id=ALICE, chat_type="supergroup"))
         [prompt] = await tg.wait_for("sendMessage", has_keyboard)
