@@ -135,3 +135,17 @@ def test_talon_usage_grant_is_stored_and_bad_input_is_refused(tmp_path: Path) ->
         assert asyncio.run(store.granted("whatsapp", "+1415555", "usd", 0.0)) == 2
     finally:
         runner.close()
+
+
+def test_talon_run_refuses_a_money_cap_without_a_price_and_a_bad_kind(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
+    env.update(settings_env(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9", TALON_LIMIT_TOTAL="$5/day"))
+    run = subprocess.run([sys.executable, "-m", "talon.cli", "run"], text=True, capture_output=True, cwd=tmp_path,
+                         env=env, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "TALON_LIMIT_TOTAL sets an amount of money, but the model 'fake-model' has no known price" in run.stderr
+    assert "missing settings: TALON_LIMIT_TOTAL, TALON_PRICES" in run.stderr
+    env.update(TALON_LIMIT_TOTAL="", TALON_APPROVAL="shell,writes")
+    run = subprocess.run([sys.executable, "-m", "talon.cli", "run"], text=True, capture_output=True, cwd=tmp_path,
+                         env=env, timeout=60)
+    assert run.returncode == 2 and "TALON_APPROVAL: 'writes' is not a kind of tool call" in run.stderr
