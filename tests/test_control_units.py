@@ -222,3 +222,48 @@ def test_approvals_are_on_only_when_a_gated_tool_exists() -> None:
     files.tool_names = lambda: {"ls"}
     assert files.enabled  # any reply may attach files
     assert not Approvals(MemoryApprovalStore(), ApprovalPolicy.parse("off")).enabled
+
+
+async def test_a_waiting_approval_outlasts_a_store_that_does_not_answer_for_a_moment() -> None:
+    import asyncio
+
+    from talon.control.approvals import Approvals, TurnOrigin
+    from talon.errors import StoreUnavailable
+    from talon.storage.approvals import Approval, MemoryApprovalStore
+
+    class Flaky(MemoryApprovalStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures = 3
+
+        async def get(self, approval_id: str) -> Approval | None:
+            if self.failures:
+                self.failures -= 1
+                raise StoreUnavailable("the database did not answer within 10s")
+            return await super().get(approval_id)
+
+    class Prompts:
+        def __init__(self) -> None:
+            self.asked: list[Approval] = []
+            self.settled: list[str] = []
+
+        async def ask_approval(self, approval: Approval, text: str) -> str | None:
+            self.asked.append(approval)
+            return "7"
+
+        async def settle_approval(self, approval: Approval, text: str) -> None:
+            self.settled.append(text)
+
+    store, prompts = Flaky(), Prompts()
+    approvals = Approvals(store, ApprovalPolicy.parse("shell"), poll_s=0.01)
+    origin = TurnOrigin("telegram", "111", "111", None, "111", "telegram:111:1")
+    waiting = asyncio.create_task(approvals.gate(ToolCall(id="c1", name="shell", arguments='{"command": "ls"}'),
+                                                 origin, prompts))
+    deadline = asyncio.get_running_loop().time() + 5
+    while store.failures or not prompts.asked:  # the waiting turn has met the silent store
+        assert asyncio.get_running_loop().time() < deadline and not waiting.done()
+        await asyncio.sleep(0.01)
+    answer = await approvals.answer(prompts.asked[0].id, "approve", "telegram", "111", "Alice")
+    assert answer.outcome == "decided"
+    assert await asyncio.wait_for(waiting, 5) is None  # approved: the call runs
+    assert (await store.get(prompts.asked[0].id)).prompt_id == "7"  # type: ignore[union-attr]

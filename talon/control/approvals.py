@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from talon.content import ToolCall
-from talon.errors import ConfigError
+from talon.errors import ConfigError, StoreUnavailable
 from talon.storage.approvals import Approval, ApprovalStore, Status
 
 log = logging.getLogger(__name__)
@@ -241,17 +241,23 @@ class Approvals:
         event = self._decided.setdefault(approval.id, asyncio.Event())
         try:
             while True:
-                current = await self.store.get(approval.id) or approval
-                if current.status != "pending":
-                    return current
-                left = current.expires - self.clock()
-                if left <= 0:
-                    if await self.store.decide(current.id, "timeout", "", self.clock()):
-                        timed_out = current.decided("timeout", "", self.clock())
-                        self._record(timed_out)
-                        await self._settle(prompter, timed_out)
-                        return timed_out
-                    continue  # decided at the same moment: read that decision
+                try:
+                    current = await self.store.get(approval.id) or approval
+                    if current.status != "pending":
+                        return current
+                    left = current.expires - self.clock()
+                    if left <= 0:
+                        if await self.store.decide(current.id, "timeout", "", self.clock()):
+                            timed_out = current.decided("timeout", "", self.clock())
+                            self._record(timed_out)
+                            await self._settle(prompter, timed_out)
+                            return timed_out
+                        continue  # decided at the same moment: read that decision
+                except StoreUnavailable as exc:
+                    # The decision is in the store: a database that does not answer for a moment
+                    # means asking again, not giving up on the person's answer.
+                    log.warning("approval %s: the store did not answer (%s); asking again", approval.id, exc)
+                    left = self.poll_s
                 try:
                     await asyncio.wait_for(event.wait(), min(self.poll_s, left))
                 except TimeoutError:
