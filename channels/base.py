@@ -21,6 +21,7 @@ from talon.errors import DownloadTooLarge
 if TYPE_CHECKING:
     from talon.bridge import Bridge
     from talon.media.received import ReceivedNote
+    from talon.storage.approvals import Approval
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,18 @@ class Channel(abc.ABC):
     def show_received(self, message: InboundMessage, notes: "list[ReceivedNote]") -> None:  # noqa: B027
         """Show the person what the model got of their files (an image it could not see, a voice
         note's transcript); chat apps keep quiet (the default), the console prints them."""
+
+    async def ask_approval(self, approval: "Approval", text: str) -> str | None:
+        """Show an approval prompt; channels without buttons ask for a yes/no reply. Returns the id
+        of a message that ``settle_approval`` can edit, or None (this default sends a new one)."""
+        await self.deliver(approval.platform_chat, OutboundReply(
+            text=f"{text}\nReply yes to allow it or no to refuse (or /approve, /deny).",
+            thread_id=approval.thread_id))
+        return None
+
+    async def settle_approval(self, approval: "Approval", text: str) -> None:
+        """Show how an approval ended (approved, denied, no answer, stopped) and who decided."""
+        await self.deliver(approval.platform_chat, OutboundReply(text=text, thread_id=approval.thread_id))
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""

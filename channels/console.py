@@ -253,6 +253,13 @@ class ConsoleChannel(Channel):
             await self._bridge.submit(message)
             self._watch()
 
+    async def ask_approval(self, approval: Any, text: str) -> str | None:
+        prompt_id = await super().ask_approval(approval, text)
+        # The turn waits for a yes or no typed now (input is read during answers): show the typing.
+        self._echo.restore()
+        self._prompt()
+        return prompt_id
+
     def _readline(self) -> "asyncio.Future[str]":
         """The next line of input, read in a daemon thread: a thread blocked on the terminal
         must not keep the process alive after Ctrl-C (the default executor would be joined)."""

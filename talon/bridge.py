@@ -26,6 +26,7 @@ from talon.content import ContentBlock, InboundFile, Message, TextBlock
 from talon.envelope import TURN_MESSAGE, InboundMessage, OutboundReply
 from talon.errors import (
     AuthRejected,
+    CapReached,
     ContextOverflow,
     DeliveryError,
     ModelNotFound,
@@ -37,13 +38,16 @@ from talon.errors import (
     StoreUnavailable,
 )
 from talon.groups import group_prompt_note, group_turn_text
+from talon.control.files import hold_files
 from talon.media import defang_untrusted, extract_markdown_media
+from talon.metrics import Metrics
 from talon.storage.access import AccessGate
 from talon.storage.attachments import AttachmentStore
 from talon.storage.inbox import InboxItem, InboxStore
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
+    from talon.control import Control
     from talon.scheduler import Scheduler
     from talon.voice_replies import VoiceReplies
 
@@ -52,7 +56,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 
 # Commands the bridge answers itself, without the model.
-COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks"})
+COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -132,6 +136,9 @@ class Bridge:
     approvers: frozenset[str] = frozenset()
     # Scheduled tasks: answers /tasks, and hears how each run's turn went (talon.scheduler).
     scheduler: "Scheduler | None" = None
+    # Approvals, usage and caps (talon.control); None: none of them.
+    control: "Control | None" = None
+    metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, deque[InboxItem]] = {}
@@ -148,6 +155,7 @@ class Bridge:
         self._live_ids: dict[str, str] = {}  # message key -> the live message its answer edits
         self._refused: dict[str, str] = {}  # scheduled run's key -> why the platform refused its reply
         self.turns_started = 0
+        self._answering: set[asyncio.Task[None]] = set()  # yes/no replies being matched to approvals
 
     def add_channel(self, channel: "Channel", *, started: bool = True) -> None:
         """Register a channel; with ``started=False`` its messages wait in their queues until
@@ -174,6 +182,9 @@ class Bridge:
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
+        self.metrics.received.labels(message.channel).inc()
+        if self._maybe_approval_reply(item):
+            return True
         chat = conversation_key(message)
         running = self._running.get(chat)
         command = command_of(message)
@@ -199,6 +210,61 @@ class Bridge:
         task = asyncio.create_task(work)
         self._asides.add(task)
         task.add_done_callback(self._asides.discard)
+
+    def _maybe_approval_reply(self, item: InboxItem) -> bool:
+        """A yes/no (or /approve, /deny) while an approval may wait in its conversation: it is
+        matched against the store (another worker, or a run before a restart, may have asked), and
+        only if nothing waits is it queued as an ordinary message. It never starts a turn itself."""
+        choice = self._reply_choice(item.message)
+        if choice is None:
+            return False
+        message = item.message
+        task = asyncio.create_task(self._approval_reply(item, choice), name=f"approval-reply-{message.key}")
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+        return True
+
+    def _reply_choice(self, message: InboundMessage) -> str | None:
+        """"yes"/"no" when ``message`` may answer a waiting approval (approvals on, plain text)."""
+        from talon.control.approvals import reply_choice
+
+        if (self.control is None or not self.control.approvals.enabled or message.files
+                or message.edited_at is not None):
+            return None
+        return reply_choice(message.text)
+
+    async def _approval_reply(self, item: InboxItem, choice: str) -> None:
+        message = item.message
+        assert self.control is not None
+        approvals = self.control.approvals
+        chat = conversation_key(message)
+        try:
+            answer = await approvals.answer_reply(message.channel, chat.chat_id, message.sender_id,
+                                                  message.sender_name or "", choice)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("message %s: could not match the reply to an approval; answering it as a message",
+                          message.key)
+            answer = None
+        if answer is None:
+            self._queue_ordinary(item)  # nothing waits: an ordinary message (or /approve with nothing to approve)
+            return
+        channel = self.channels.get(message.channel)
+        if answer.outcome == "decided" and answer.approval is not None and channel is not None:
+            await approvals.settle(channel, answer.approval)
+            await self.inbox.mark_done(message.key)
+        elif channel is not None:
+            await self._deliver(channel, message, OutboundReply(text=answer.note), item=item)
+        else:
+            await self.inbox.mark_done(message.key)
+
+    def _queue_ordinary(self, item: InboxItem) -> None:
+        self._enqueue(item)
+
+    def backlog(self) -> tuple[int, float | None]:
+        """Messages queued or being answered on this worker, and when the oldest arrived."""
+        items = [i for q in self._queues.values() for i in q] + [r.item for r in self._running.values()]
+        oldest = min((i.message.received_at for i in items if i.message.received_at), default=None)
+        return len(items), oldest
 
     async def _replace_queued(self, chat: ChatKey, edit: InboundMessage) -> bool:
         """Put an edit's text into its original while that still waits in the queue."""
@@ -295,8 +361,9 @@ class Bridge:
 
     async def idle(self) -> None:
         """Wait until every queued message has been handled (tests and shutdown)."""
-        while self._workers or self._asides:
-            await asyncio.gather(*self._workers.values(), *self._asides, return_exceptions=True)
+        while self._workers or self._asides or self._answering:
+            await asyncio.gather(*list(self._workers.values()), *list(self._asides), *list(self._answering),
+                                 return_exceptions=True)
 
     async def stop(self) -> None:
         """Start no new turns; cancel those in flight (their messages stay pending and are
@@ -339,6 +406,7 @@ class Bridge:
         if attempts > MAX_ATTEMPTS:
             log.error("%s: giving up after %d attempts", ids, attempts - 1)
             await self._report(message, "failed", f"gave up after {attempts - 1} attempts")
+            await self._close_approvals(channel, chat, message)
             await self._deliver(channel, message, OutboundReply(
                 text="Sorry, I could not process your message (it failed several times). "
                      "Please send it again or rephrase it."), item=item)
@@ -356,15 +424,19 @@ class Bridge:
         running = self._running[chat] = _Running(item)
         await self._acknowledge(channel, message)
         try:
-            await self._run_and_deliver(channel, chat, message, item, running, ids)
+            outcome = await self._run_and_deliver(channel, chat, message, item, running, ids)
         finally:
             self._running.pop(chat, None)
             for done in [item, *running.absorbed]:
                 await self._acknowledge(channel, done.message, clear=True)
+        self.metrics.turns.labels(message.channel, outcome).inc()
+        self.metrics.turn_seconds.labels(message.channel).observe(time.monotonic() - started)
         log.info("%s: answered in %.1fs", ids, time.monotonic() - started)
 
     async def _run_and_deliver(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
-                               item: InboxItem, running: _Running, ids: str) -> None:
+                               item: InboxItem, running: _Running, ids: str) -> str:
+        """Run the turn and deliver its reply; how it ended (for the metrics)."""
+        ended = "answered"
         failure = ""  # why a scheduled run failed although its apology was delivered
         async with channel.typing(message.chat_id, message.thread_id):
             running.task = asyncio.create_task(self._turn(channel, chat, message, running, item),
@@ -379,13 +451,16 @@ class Bridge:
                 if self.voice is not None:
                     self.voice.forget(message)
                 log.info("%s: turn stopped (%s)", ids, running.stopped)
+                await self._close_approvals(channel, chat, message)
                 for done in [item, *running.absorbed]:
                     await self.inbox.mark_done(done.message.key)
                 await self._report(message, "failed", f"stopped ({running.stopped})")
-                return
+                return "stopped"
             except TimeoutError:
                 log.error("%s: turn stopped after %.0fs (TALON_TURN_TIMEOUT)", ids, self.turn_timeout_s)
+                await self._close_approvals(channel, chat, message)
                 failure = f"the turn took over {self.turn_timeout_s:g}s (TALON_TURN_TIMEOUT)"
+                ended = "timeout"
                 reply = OutboundReply(
                     text=f"Sorry, that took too long (over {self.turn_timeout_s / 60:.0f} min), so I stopped "
                          "working on it. Please try again, or ask for a smaller piece at a time.")
@@ -393,9 +468,16 @@ class Bridge:
                 log.error("%s: model failed: %s", ids, exc)
                 failure = f"model error: {type(exc).__name__}: {exc}"
                 reply = OutboundReply(text=apology(exc))
+                ended = "model_error"
             except StoreUnavailable:
                 raise  # not the message's fault: it stays pending and is answered when the database is back
+            except CapReached as exc:
+                # One line, and the message is closed: it is answered again only if asked again.
+                reply = OutboundReply(text=str(exc))
+                failure = str(exc)
+                ended = "cap_reached"
             except Exception as exc:
+                ended = "failed"
                 log.exception("%s: turn failed", ids)
                 failure = f"error: {type(exc).__name__}: {exc}"
                 reply = OutboundReply(
@@ -411,6 +493,17 @@ class Bridge:
             await self._report(message, "failed", f"delivery refused: {refused}")
         elif outcome == "sent":
             await self._report(message, "failed" if failure else "delivered", failure)
+        return ended
+
+    async def _close_approvals(self, channel: "Channel", chat: ChatKey, message: InboundMessage) -> None:
+        """A turn that ends without finishing (/stop, its time limit, given up after crashes)
+        leaves no approval waiting for it: a later press would decide nothing."""
+        if self.control is None or not self.control.approvals.enabled:
+            return
+        try:
+            await self.control.approvals.stop_turn(message.channel, chat.chat_id, message.key, channel)
+        except Exception:
+            log.exception("message %s: could not close the turn's waiting approvals", message.key)
 
     async def _acknowledge(self, channel: "Channel", message: InboundMessage, *, clear: bool = False) -> None:
         try:
@@ -508,13 +601,16 @@ class Bridge:
                 log.info("chat %s: message %s joins the running turn %s", chat, m.message_id, key)
             return joined
 
+        hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else None
         try:
             result = await self.agent.run_turn(chat, user, turn_id=key, on_text=on_text,
-                                               on_step=on_step, steer=steer)
+                                               on_step=on_step, steer=steer, hooks=hooks)
         finally:
             if live is not None and live.close is not None:
                 await live.close()
         reply = prepare_reply(result.text)
+        if reply.media and hooks is not None and hooks.approve is not None:
+            reply = await hold_files(reply, hooks.approve)  # TALON_APPROVAL=send
         if self.voice is not None:
             turn = result.messages
             if result.replayed:  # the speak tool may have been called before the restart
@@ -560,6 +656,9 @@ class Bridge:
                     outcome = await self._deliver_reply(channel, message, voice_reply, delivered, offset=offset)
             if outcome != "pending":
                 await self._record(lambda: self._finish(message, delivered[0]))
+            self.metrics.deliveries.labels(message.channel, outcome).inc()
+            if outcome == "sent":
+                self.metrics.answered.labels(message.channel).inc()
             return outcome
         finally:
             if spoken is not None and not spoken.done():
@@ -624,6 +723,7 @@ class Bridge:
                               "at the next start", ids, exc)
                     return "pending"
                 delay = self.delivery_backoff_s[attempt]
+                self.metrics.delivery_retries.labels(message.channel).inc()
                 log.warning("%s: delivery failed (%s); retrying in %.0fs", ids, exc, delay)
                 await asyncio.sleep(delay)
             else:
@@ -639,7 +739,8 @@ class Bridge:
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
-                    "/stop stops what I am doing; /tasks lists scheduled tasks.")
+                    "/usage shows how much of the model you used; /stop stops what I am doing; "
+                    "/tasks lists scheduled tasks.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
@@ -659,6 +760,13 @@ class Bridge:
             if self.scheduler is None:
                 return "Scheduled tasks are not available here."
             return await self.scheduler.command(message)
+        if word == "/usage":
+            if self.control is None:
+                return "Usage is not recorded here."
+            return await self.control.usage_text(message, chat.chat_id)
+        if word in ("/approve", "/deny"):
+            # A waiting approval takes these at once (see submit); here nothing was waiting.
+            return "Nothing is waiting for approval in this chat."
         return None
 
     async def _report(self, message: InboundMessage, status: str, reason: str = "") -> None:

@@ -1,4 +1,4 @@
-"""``talon run | chat | doctor | pair``."""
+"""``talon run | chat | doctor | pair | migrate | usage``."""
 
 from __future__ import annotations
 
@@ -280,6 +280,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             rows.append(account)
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
+    from talon.control.doctor import control_rows
+
+    rows += control_rows(settings)
     rows.append(("media root", str(settings.media_root.resolve())))
     rows.append(("data dir", str(settings.data_dir.resolve())))
     if settings.database_url:  # many workers: the shared stores
@@ -443,6 +446,13 @@ async def _migrate(settings: Settings, url: str) -> "MigrationReport":
         await db.close()
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    """The bot's model use; ``--grant CHANNEL:ID AMOUNT`` lifts a person's cap (talon.control.cli)."""
+    from talon.control.cli import cmd_usage as run
+
+    return run(args, _load_settings())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -459,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("code", nargs="?", help="the code the newcomer was sent, e.g. K7Q-4MX2")
     which.add_argument("--revoke", metavar="CHANNEL:ID", help="remove an approval, e.g. telegram:123456789")
     pair.set_defaults(func=cmd_pair)
+    usage = sub.add_parser("usage", help="show the model use, or lift a person's cap with --grant")
+    usage.add_argument("--grant", nargs=2, metavar=("CHANNEL:ID", "AMOUNT"),
+                       help="give a person more on top of TALON_LIMIT_PER_PERSON: 50000 (tokens) or $5")
+    usage.set_defaults(func=cmd_usage)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -110,7 +111,8 @@ class Settings(BaseSettings):
     # A message that arrives while its chat's turn runs: steer (joins the turn at its next model
     # step), queue (waits its turn) or interrupt (stops the turn and is answered instead).
     busy_mode: Literal["steer", "queue", "interrupt"] = Field(default="steer", validation_alias=_env("TALON_BUSY_MODE"))
-    # People who may stop (and approve) anything in any chat: sender ids or @usernames, comma-separated.
+    # People who may stop (and approve) anything in any chat: sender ids ("111", or "telegram:111",
+    # "whatsapp:+1555...") or @usernames, comma-separated.
     approvers: str = Field(default="", validation_alias=_env("TALON_APPROVERS"))
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
     # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
@@ -265,6 +267,7 @@ class Settings(BaseSettings):
 
     # --- scheduled tasks (talon.scheduler) -----------------------------------------------------
     # A chat's time zone unless its person set their own (IANA name); cron tasks follow its DST.
+    # Also where "day" and "month" begin for usage caps and /usage.
     timezone: str = Field(default="UTC", validation_alias=_env("TALON_TIMEZONE"))
     # A run missed while Talon was down still runs when it comes back if at most this late.
     task_misfire_grace_s: float = Field(default=3600.0, ge=0, validation_alias=_env("TALON_TASK_MISFIRE_GRACE"))
@@ -273,6 +276,19 @@ class Settings(BaseSettings):
     task_min_interval_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_TASK_MIN_INTERVAL"))
     # How often each worker looks for due tasks: a run starts at most this late.
     task_poll_s: float = Field(default=5.0, gt=0, le=300, validation_alias=_env("TALON_TASK_POLL_INTERVAL"))
+    # --- control (talon.control, docs/control.md) ---------------------------------------------
+    # Tool calls that wait for a person's yes: shell, write, mcp (or mcp:<server>), send, web;
+    # comma-separated; empty or "off": none.
+    approval: str = Field(default="shell", validation_alias=_env("TALON_APPROVAL"))
+    approval_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_APPROVAL_TIMEOUT"))
+    # Caps: "200000 tokens/day", "$2/day", "$20/month"; several comma-separated; empty: none.
+    limit_per_person: str = Field(default="", validation_alias=_env("TALON_LIMIT_PER_PERSON"))
+    limit_per_chat: str = Field(default="", validation_alias=_env("TALON_LIMIT_PER_CHAT"))
+    limit_total: str = Field(default="", validation_alias=_env("TALON_LIMIT_TOTAL"))
+    # Prices in US dollars per million tokens: "model=input/output[/cached]", comma-separated.
+    prices: str = Field(default="", validation_alias=_env("TALON_PRICES"))
+    # GET /metrics (Prometheus) on Talon's HTTP server.
+    metrics: bool = Field(default=True, validation_alias=_env("TALON_METRICS"))
 
     # --- logging -----------------------------------------------------------------------------
     log_level: str = Field(default="INFO", validation_alias=_env("TALON_LOG_LEVEL"))
@@ -422,6 +438,14 @@ class Settings(BaseSettings):
     @property
     def web_allowlist(self) -> list[str]:
         return _csv(self.web_allow_hosts)
+    @property
+    def zone(self) -> ZoneInfo:
+        """``TALON_TIMEZONE`` as a zone; ConfigError for a name the system does not know."""
+        try:
+            return ZoneInfo(self.timezone.strip() or "UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(f"TALON_TIMEZONE={self.timezone!r} is not a time zone name (use an IANA "
+                              "name such as UTC or Europe/Berlin)", ["TALON_TIMEZONE"]) from None
 
     def workspace_dir(self, channel: str, conversation_id: str) -> Path:
         """The directory this conversation's agent works in (``TALON_WORKSPACE``)."""

@@ -29,8 +29,9 @@
     ├── McpUnavailable              an MCP server is not running (failed to start, exited, hung)
     ├── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
     ├── SandboxUnavailable          no trustworthy bwrap sandbox can start here (says why)
-    └── UnsafePath (OSError)        a file Talon opens or writes in a workspace went through a
-                                    symbolic link or changed under it: refused, never followed
+    ├── UnsafePath (OSError)        a file Talon opens or writes in a workspace went through a
+    │                               symbolic link or changed under it: refused, never followed
+    └── CapReached                  a usage cap is reached: the model call is not made (``.scope``)
 """
 
 from __future__ import annotations
@@ -186,3 +187,10 @@ class SandboxUnavailable(TalonError):
 class UnsafePath(TalonError, OSError):
     """A path under a workspace that would be followed through a symbolic link (or that changed
     while being opened): refused. Built like an ``OSError``: ``UnsafePath(errno, message)``."""
+class CapReached(TalonError):
+    """A usage cap (TALON_LIMIT_*) is reached; ``str(exc)`` is the one line the person gets,
+    naming the limit and when it resets. ``scope`` is person, chat or total."""
+
+    def __init__(self, line: str, scope: str) -> None:
+        super().__init__(line)
+        self.scope = scope

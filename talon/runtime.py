@@ -150,8 +150,11 @@ class Runtime:
                     channel.poll_leader = PollLeader(self.stores.leases)
         if self.http is not None:
             from talon.health import add_health_route
+            from talon.metrics import add_metrics_route
 
             add_health_route(self)
+            if self.settings.metrics:
+                add_metrics_route(self)
             # Listening before the channels start: a webhook that comes early gets 503 and is retried.
             await self.http.start()
         for channel in self.channels:
@@ -260,6 +263,10 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     )
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
+    from talon.control import Control
+
+    control = Control.from_settings(settings, stores.usage, stores.approvals)
+    control.metrics.tool_names = control.approvals.tool_names = lambda: tools.tools
     bridge_kw = dict(
         agent=agent,
         inbox=inbox,
@@ -275,6 +282,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         busy_mode=settings.busy_mode,
         approvers=settings.approver_ids(),
         scheduler=scheduler,
+        control=control,
+        metrics=control.metrics,
     )
     if stores.shared:
         from talon.scaleout import SharedBridge
@@ -405,7 +414,10 @@ def _show_received(bridge: Bridge, message: InboundMessage, notes: list[Received
 def shared_http_server(settings: Settings) -> "HttpServer | None":
     """Talon's one HTTP server, when a configured channel takes webhooks (WhatsApp, or Telegram
     in webhook mode); the runtime starts it. None when nothing needs to listen."""
-    if settings.whatsapp_configured() or (settings.telegram_configured() and settings.telegram_webhook_mode):
+    # With Telegram long polling alone nothing needs to listen; naming TALON_HTTP_PORT asks for
+    # the server anyway, for /metrics and /healthz.
+    wanted = settings.metrics and "http_port" in settings.model_fields_set
+    if wanted or settings.whatsapp_configured() or (settings.telegram_configured() and settings.telegram_webhook_mode):
         from channels.http import HttpServer
 
         return HttpServer(settings.http_host, settings.http_port)

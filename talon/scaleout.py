@@ -27,7 +27,7 @@ from talon.storage.sessions import ChatKey
 from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
 from talon.errors import StoreUnavailable
-from talon.storage.inbox import SharedInbox
+from talon.storage.inbox import InboxItem, SharedInbox
 from talon.storage.leases import Leases, chat_lease
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,9 @@ class SharedBridge(Bridge):
     # --- intake ---------------------------------------------------------------------------
     async def submit(self, message: InboundMessage) -> bool:
         chat = ChatKey(message.channel, message.chat_id)
-        claim = self._may_claim(chat)
+        # A yes/no that may answer a waiting approval is not taken as the chat's next turn until
+        # the approvals said nothing waits for it (``_queue_ordinary``).
+        claim = self._reply_choice(message) is None and self._may_claim(chat)
         leased = False
         if claim:
             # Stored and the chat's lease tried in one round trip.
@@ -79,6 +81,9 @@ class SharedBridge(Bridge):
         if item is None:
             log.info("duplicate message %s ignored", message.key)
             return False
+        self.metrics.received.labels(message.channel).inc()
+        if self._maybe_approval_reply(item):
+            return True
         # /stop (and a new message in interrupt mode) cancels the turn when this worker runs it;
         # a turn running on another worker finishes there, and the /stop is answered after it.
         command = command_of(message)
@@ -88,6 +93,10 @@ class SharedBridge(Bridge):
               and message.scheduled is None):
             self._cancel(conversation_key(message), "interrupt")
         return True
+
+    def _queue_ordinary(self, item: InboxItem) -> None:
+        # Pending in the shared inbox: this worker serves the chat if its lease is free.
+        self._aside(self._claim(ChatKey(item.message.channel, item.message.chat_id)))
 
     async def recover(self) -> int:
         """Nothing to queue here: pending messages are found by the scan once channels start."""

@@ -263,7 +263,7 @@ async def test_stop_during_a_tool_kills_the_command_and_the_next_message_works(
     marker = tmp_path / "media_root" / "finished.txt"
     llm.queue(FakeOpenAI.tool_call("shell", {"command": "sleep 2 && touch finished.txt", "timeout": 30}),
               "Next answer.")
-    async with running(live_settings(tmp_path, tg, llm, TALON_SHELL_TOOL=True)):
+    async with running(live_settings(tmp_path, tg, llm, TALON_SHELL_TOOL=True, TALON_APPROVAL="off")):
         tg.push_update(tg.text_message(ALICE, "run the long job", user_id=ALICE))
         await llm.wait_for_requests(1)
         await asyncio.sleep(0.8)  # the command is running now

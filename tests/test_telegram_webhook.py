@@ -73,7 +73,7 @@ async def test_start_sets_the_webhook_with_the_secret_and_never_polls(
     llm.queue("Hello over the webhook.")
     async with running(wh_settings(tmp_path, tg, llm)) as (runtime, channel):
         assert tg.webhook_url == URL and tg.webhook_secret == SECRET
-        assert tg.webhook_allowed_updates == ["message", "edited_message"]
+        assert tg.webhook_allowed_updates == ["message", "edited_message", "callback_query"]
         [call] = tg.sent("setWebhook")
         assert call.params.get("drop_pending_updates") is False
         assert channel.app.updater is not None and not channel.app.updater.running

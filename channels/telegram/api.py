@@ -47,8 +47,9 @@ SEND_TRIES = 3
 # succeeded, so an upload that timed out is tried once more, never more (see _with_retries).
 UPLOAD_BASE_TIMEOUT_S = 30.0
 UPLOAD_BYTES_PER_S = 100_000
-# The updates Talon asks for: messages, and their edits (see intake.py).
-ALLOWED_UPDATES = ("message", "edited_message")
+# The updates Talon asks for: messages, their edits (see intake.py), and presses of the approval
+# buttons (approvals.py).
+ALLOWED_UPDATES = ("message", "edited_message", "callback_query")
 MAX_RETRY_AFTER_S = 120.0
 # Telegram asks bots to stay near one message a second in a private chat (short bursts are
 # tolerated): that, and nothing else, is what answers wait for there.

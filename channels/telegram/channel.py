@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter
-from telegram.ext import Application, ApplicationBuilder, MessageHandler, filters
+from telegram.ext import Application, ApplicationBuilder, CallbackQueryHandler, MessageHandler, filters
 from telegram.request import HTTPXRequest
 
 from talon.config import Limits, Settings
@@ -19,6 +19,7 @@ from talon.errors import ConfigError
 from channels.base import ChannelHealth
 from channels.http import HttpServer
 from channels.telegram.api import _retry_seconds, telegram_budget
+from channels.telegram.approvals import ApprovalPrompts
 from channels.telegram.delivery import Delivery
 from channels.telegram.downloads import Downloads
 from channels.telegram.groups import ChatterLog
@@ -32,7 +33,7 @@ from channels.telegram_leader import PollLeader
 log = logging.getLogger(__name__)
 
 
-class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions, Delivery):
+class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions, ApprovalPrompts, Delivery):
     name = "telegram"
 
     def __init__(self, settings: Settings, *, watchdog_interval_s: float = 15.0,
@@ -67,6 +68,7 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
         )
         self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE | filters.UpdateType.EDITED_MESSAGE,
                                             self._on_message))
+        self.app.add_handler(CallbackQueryHandler(self._on_callback))
         self.app.add_error_handler(self._on_handler_error)
         self._bridge: Any = None
         # Why the channel is not up (None: it is): set while starting and retrying, when stopped,

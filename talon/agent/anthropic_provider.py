@@ -258,6 +258,7 @@ class AnthropicProvider(Provider):
             usage = Usage(
                 input_tokens=(u.input_tokens or 0) + (u.cache_creation_input_tokens or 0) + (u.cache_read_input_tokens or 0),
                 output_tokens=u.output_tokens or 0,
+                cached_tokens=u.cache_read_input_tokens or 0,
             )
         return ModelResponse(message=from_anthropic_message(resp), usage=usage, finish_reason=resp.stop_reason)
 

@@ -45,6 +45,7 @@ from talon.agent.context import (
     withhold_images,
 )
 from talon.agent.discovery import Discoverer, ServerFacts
+from talon.agent.hooks import TurnHooks, guarding, model_call
 from talon.agent.learned import LearnedFacts
 from talon.agent.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
 from talon.agent.profiles import ModelProfile, lookup_profile
@@ -62,11 +63,11 @@ from talon.agent.session import FAILED_TURN, is_checkpoint
 from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.summary import Summarizer, mechanical_summary
 from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
-from talon.agent.tools import ToolContext, ToolRegistry
+from talon.agent.tools import ToolContext, ToolRegistry, ToolResult
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import WorkspaceTool
 from talon.content import ImageBlock, Message
-from talon.errors import ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
+from talon.errors import CapReached, ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
 StepDone = Callable[[bool], Awaitable[None]]
 """Called after each model step of a streamed turn; True when the step asked for tools (so the
@@ -455,7 +456,7 @@ class Agent:
                 on_text=on_text,
             )
             try:
-                response = await self.provider.complete(request)
+                response = await model_call(self.provider, request)
             except ImageRejected as exc:
                 # One bad picture must not break the conversation: withhold the newest images,
                 # then all of them, and remember which were refused for this chat's next requests.
@@ -544,10 +545,11 @@ class Agent:
     # --- turns --------------------------------------------------------------------------------
     async def run_turn(self, chat: ChatKey, user: Message, turn_id: str, *,
                        on_text: TextSink | None = None, on_step: StepDone | None = None,
-                       steer: Steer | None = None) -> TurnResult:
+                       steer: Steer | None = None, hooks: TurnHooks | None = None) -> TurnResult:
         """Answer one user message. ``on_text`` gets the reply's text as it streams, step by
         step; ``on_step`` hears when a step ended (True: it asked for tools, more text follows);
-        ``steer`` hands over messages that arrived meanwhile, before each later step."""
+        ``steer`` hands over messages that arrived meanwhile, before each later step; ``hooks``
+        guard its model calls and gate its tool calls (``talon.agent.hooks``)."""
         thread, history = await self.sessions.load_current(chat)
         self._threads[chat] = thread
         self._unsaved.pop(chat, None)
@@ -564,6 +566,8 @@ class Agent:
             for done in history[start + 1:]:
                 if done.meta.get("turn_id") != turn_id:
                     continue
+                if done.meta.get(FAILED_TURN) == CapReached.__name__:
+                    raise CapReached(str(done.meta.get("error") or "a usage limit was reached"), "")
                 if done.meta.get(FAILED_TURN):
                     raise ProviderError(str(done.meta.get("error") or "the model could not answer"))
                 if done.role == "assistant" and done.meta.get("final"):
@@ -573,12 +577,15 @@ class Agent:
         if self.tools_available and self.tools.sources:
             # Outside tool sources (MCP servers) get ready for this chat, bounded by their own limits.
             await self.tools.prepare(self.tool_context(chat))
+        hooks = hooks or TurnHooks()
         try:
-            return await self._steps(chat, history, start, turn_id, on_text, on_step, steer)
-        except ProviderError as exc:
+            with guarding(hooks.guard):
+                return await self._steps(chat, history, start, turn_id, on_text, on_step, steer, hooks)
+        except (ProviderError, CapReached) as exc:
             if isinstance(exc, ProviderUnavailable):
                 await self._keep_question(chat)  # worth another try later
                 raise
+            # A message past a cap is kept the same way: answered again only if asked again.
             # The server refused this turn for good (after every recovery). It is kept in the log
             # but left out of later requests, so the next message is not refused the same way.
             await self._append(chat, Message(role="assistant", content=[], meta={
@@ -590,12 +597,12 @@ class Agent:
 
     async def _steps(self, chat: ChatKey, history: list[Message], start: int, turn_id: str,
                      on_text: TextSink | None, on_step: StepDone | None,
-                     steer: Steer | None = None) -> TurnResult:
+                     steer: Steer | None = None, hooks: TurnHooks | None = None) -> TurnResult:
         produced: list[Message] = []
         steps = 0
         usage: Usage | None = None
         while True:
-            await self._answer_pending_tool_calls(chat, history, start, turn_id, produced)
+            await self._answer_pending_tool_calls(chat, history, start, turn_id, produced, hooks)
             if steps >= self.max_steps:
                 final = Message.assistant(
                     f"I stopped after {steps} steps without finishing (the step limit is "
@@ -665,7 +672,8 @@ class Agent:
         return message
 
     async def _answer_pending_tool_calls(
-        self, chat: ChatKey, history: list[Message], start: int, turn_id: str, produced: list[Message]
+        self, chat: ChatKey, history: list[Message], start: int, turn_id: str, produced: list[Message],
+        hooks: TurnHooks | None = None,
     ) -> None:
         """Run this turn's tool calls that have no result yet (none after a crash-free step)."""
         last_assistant = next(
@@ -678,7 +686,13 @@ class Agent:
         for call in history[last_assistant].tool_calls:
             if call.id in answered:
                 continue
-            result = await self.tools.call(call, ctx)
+            refusal = await hooks.approve(call) if hooks is not None and hooks.approve is not None else None
+            if refusal is not None:
+                result = ToolResult.text(refusal, is_error=True)
+            else:
+                result = await self.tools.call(call, ctx)
+            if hooks is not None and hooks.tool_done is not None:
+                hooks.tool_done(call.name, "denied" if refusal is not None else "error" if result.is_error else "ok")
             message = Message(
                 role="tool",
                 content=result.content,

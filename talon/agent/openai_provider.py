@@ -297,7 +297,8 @@ class OpenAIProvider(Provider):
             raise ProviderError("the model returned no choices")
         choice = result.choices[0]
         usage = (
-            Usage(input_tokens=result.usage.prompt_tokens or 0, output_tokens=result.usage.completion_tokens or 0)
+            Usage(input_tokens=result.usage.prompt_tokens or 0, output_tokens=result.usage.completion_tokens or 0,
+                  cached_tokens=_cached(result.usage.model_dump()))
             if result.usage
             else None
         )
@@ -332,7 +333,7 @@ class OpenAIProvider(Provider):
             if isinstance(chunk.get("usage"), dict):
                 u = chunk["usage"]
                 usage = Usage(input_tokens=int(u.get("prompt_tokens") or 0),
-                              output_tokens=int(u.get("completion_tokens") or 0))
+                              output_tokens=int(u.get("completion_tokens") or 0), cached_tokens=_cached(u))
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 content = delta.get("content")
@@ -375,3 +376,13 @@ class OpenAIProvider(Provider):
     async def aclose(self) -> None:
         await self._client.close()
 
+
+def _cached(usage: dict[str, Any]) -> int:
+    """Input tokens the server read from its prompt cache (OpenAI's ``prompt_tokens_details``)."""
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        return 0
+    try:
+        return int(details.get("cached_tokens") or 0)
+    except (TypeError, ValueError):
+        return 0

@@ -114,8 +114,9 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class Usage:
-    input_tokens: int
+    input_tokens: int  # every input token, cached ones included
     output_tokens: int
+    cached_tokens: int = 0  # of the input, read from the provider's prompt cache (cheaper)
 
 
 @dataclass

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from talon.agent.hooks import model_call
 from talon.agent.provider import ModelRequest, Provider
 from talon.agent.tokens import estimate_text
 from talon.content import AttachmentRef, AudioBlock, FileBlock, ImageBlock, Message, TextBlock
@@ -181,7 +182,7 @@ class Summarizer:
         request = ModelRequest(system=SUMMARY_SYSTEM, messages=[Message.user(prompt)],
                                max_output_tokens=max_tokens)
         try:
-            response = await provider.complete(request)
+            response = await model_call(provider, request, purpose="summary")
         except ContextOverflow:
             if depth >= 3 or len(transcript) < 2000:
                 raise

@@ -22,7 +22,10 @@ from talon.storage.leases import Leases
 from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.sessions import SessionStore
+from talon.storage.approvals import ApprovalStore
+from talon.storage.sqlite import SqliteRunner
 from talon.storage.tasks import TaskStore
+from talon.storage.usage import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,10 @@ class Stores:
     links: MediaLinkStore
     worker_id: str
     tasks: TaskStore  # scheduled tasks (talon.scheduler)
+    # Control (talon.control): model usage and approvals; the embedded ones share ``control_db``.
+    usage: UsageStore
+    approvals: ApprovalStore
+    control_db: SqliteRunner | None = None
     adb: AsyncDatabase | None = None  # None: embedded
     leases: Leases | None = None
     deployment: str = ""
@@ -79,6 +86,8 @@ class Stores:
                 await store.close()
             except Exception:
                 log.exception("closing a store failed")
+        if self.control_db is not None:
+            await self.control_db.aclose()
         if self.adb is not None:
             log.info("worker %s: %d database round trips", self.worker_id, self.adb.round_trips)
             await self.adb.close()
@@ -118,8 +127,10 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.attachments import FileAttachments
         from talon.storage.embedded.inbox import SqliteInbox
         from talon.storage.embedded.sessions import JsonlSessions
+        from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
         from talon.storage.embedded.tasks import SqliteTaskStore
 
+        control = open_control_db(settings.data_dir / "control.sqlite3")
         return Stores(
             attachments=FileAttachments(settings.data_dir / "attachments"),
             sessions=JsonlSessions(settings.data_dir),
@@ -128,9 +139,13 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             links=MemoryMediaLinks(),
             worker_id=worker,
             tasks=SqliteTaskStore(settings.data_dir / "tasks.sqlite3"),
+            usage=SqliteUsageStore(control),
+            approvals=SqliteApprovalStore(control),
+            control_db=control,
         )
     from talon.storage.postgres.access import PgPairing
     from talon.storage.postgres.attachments import PgAttachments
+    from talon.storage.postgres.control import PgApprovalStore, PgUsageStore
     from talon.storage.postgres.inbox import PgInbox
     from talon.storage.postgres.leases import PgLeases
     from talon.storage.postgres.media_links import PgMediaLinks
@@ -147,6 +162,8 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         links=PgMediaLinks(db, attachments),
         worker_id=worker,
         tasks=PgTaskStore(db),
+        usage=PgUsageStore(db),
+        approvals=PgApprovalStore(db),
         adb=db,
         leases=PgLeases(db, worker, settings.lease_s),
         shared_dirs={"TALON_MEDIA_ROOT": settings.media_root, "TALON_DATA_DIR": settings.data_dir / "sessions"}

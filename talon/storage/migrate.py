@@ -2,8 +2,8 @@
 
 What is copied from ``TALON_DATA_DIR``: the inbox (every row, done or pending, so dedup and
 pending work carry over), the sessions (every thread of every chat, checkpoints included, and
-which thread is current), access (approvals, live pairing codes, the code-reply log) and the
-attachments (streamed in chunks). Everything is keyed, so running it again copies only what is
+which thread is current), access (approvals, live pairing codes, the code-reply log), the
+attachments (streamed in chunks) and control (model usage, grants, tool-call approvals). Everything is keyed, so running it again copies only what is
 missing: the inbox by message key, session lines by (chat, thread, line number), attachments by
 sha256. Afterwards every item is checked on the database side: the inbox keys, a sha256 over each
 thread's lines, the access rows, and each attachment's bytes hashed again as read back.
@@ -73,6 +73,7 @@ async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport
         await _sessions(data_dir / "sessions", db),
         await _access(data_dir / "access.sqlite3", db),
         await _attachments(data_dir / "attachments", db, data_dir),
+        await _control(data_dir / "control.sqlite3", db),
     ])
 
 
@@ -185,6 +186,60 @@ async def _access(path: Path, db: AsyncDatabase) -> StoreReport:
     checks: list[tuple[str, str, list[tuple[object, ...]]]] = [("talon_approved", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in approved]),
               ("talon_pairing_pending", "code = %s", [(r[3],) for r in pending]),
               ("talon_pairing_replied", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in replied])]
+    for table, where, keys in checks:
+        for key in keys:
+            if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
+                report.verified += 1
+            else:
+                report.problems.append(f"{table} row {key} is missing in the database")
+    return report
+
+
+# Usage rows and grants have no key of their own: a row is the same row when every column but
+# the local id is the same (two calls of one chat at the same microsecond with the same counts
+# would be one; the clock makes that unlikely, and the check below would say so).
+_USAGE = ("at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, cached_tokens, cost",
+          "%s::float8, %s::text, %s::text, %s::text, %s::text, %s::text, %s::bigint, %s::bigint, %s::bigint, "
+          "%s::float8",
+          "at = %s AND channel = %s AND chat_id = %s AND person = %s AND model = %s AND purpose = %s AND "
+          "input_tokens = %s AND output_tokens = %s AND cached_tokens = %s AND cost IS NOT DISTINCT FROM %s::float8")
+_GRANTS = ("channel, person, unit, amount, at", "%s::text, %s::text, %s::text, %s::float8, %s::float8",
+           "channel = %s AND person = %s AND unit = %s AND amount = %s AND at = %s")
+
+
+async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
+    """Usage records, grants, approvals (with their decisions) and "always" approvals."""
+    from talon.storage.embedded.control import APPROVAL_COLUMNS
+
+    report = StoreReport("control (usage, approvals)")
+    read = await asyncio.to_thread(
+        _read_sqlite, path, f"SELECT {_USAGE[0]} FROM usage ORDER BY id",
+        f"SELECT {_GRANTS[0]} FROM usage_grants ORDER BY id", f"SELECT {APPROVAL_COLUMNS} FROM approvals",
+        "SELECT channel, chat_id, tool, decided_by, at FROM approval_always")
+    if read is None:
+        return report
+    usage, grants, approvals, always = read
+    report.found = len(usage) + len(grants) + len(approvals) + len(always)
+    async with db.transaction() as conn, conn.cursor() as cur:
+        for table, (columns, marks, same), rows in (("talon_usage", _USAGE, usage),
+                                                    ("talon_usage_grants", _GRANTS, grants)):
+            for row in rows:
+                await cur.execute(f"INSERT INTO {table} ({columns}) SELECT {marks} WHERE NOT EXISTS "
+                                  f"(SELECT 1 FROM {table} WHERE {same})", (*row, *row))
+                report.copied += max(cur.rowcount, 0)
+        for row in approvals:
+            await cur.execute(f"INSERT INTO talon_approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 17)}) "
+                              "ON CONFLICT DO NOTHING", row)
+            report.copied += max(cur.rowcount, 0)
+        for row in always:
+            await cur.execute("INSERT INTO talon_approval_always (channel, chat_id, tool, decided_by, at) "
+                              "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", row)
+            report.copied += max(cur.rowcount, 0)
+    db.count(report.found)
+    checks: list[tuple[str, str, list[tuple[object, ...]]]] = [
+        ("talon_usage", _USAGE[2], list(usage)), ("talon_usage_grants", _GRANTS[2], list(grants)),
+        ("talon_approvals", "id = %s AND status = %s", [(r[0], r[13]) for r in approvals]),
+        ("talon_approval_always", "channel = %s AND chat_id = %s AND tool = %s", [r[:3] for r in always])]
     for table, where, keys in checks:
         for key in keys:
             if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:

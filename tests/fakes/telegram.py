@@ -25,7 +25,12 @@ What it imitates, because Talon's behaviour depends on it:
   every version kept in ``edit_history``), ``deleteMessage``, and ``setMessageReaction`` (only
   on a message the chat has, only Telegram's standard reaction emoji; the current reactions are
   in ``reactions`` and every change in ``reaction_log``). 429s on any method are scripted with
-  ``fail_next``/``fail_when`` like everywhere else.
+  ``fail_next``/``fail_when`` like everywhere else;
+- inline keyboards: a ``reply_markup`` sent with a message is kept on it (``editMessageText``
+  without one takes it away, as Telegram does; ``editMessageReplyMarkup`` replaces it);
+  ``press_button`` makes the ``callback_query`` update of a person pressing one of its buttons
+  (only a button the message has), and ``answerCallbackQuery`` accepts one answer per query, as
+  Telegram does (``callback_answers``).
 
 Everything received is recorded as a :class:`Call`; failures are scripted with ``fail_next``,
 ``fail_when`` and ``drop_connection_next``.
@@ -81,15 +86,15 @@ _SEND_MEDIA = {
 
 _ALWAYS_OK = (
     "deleteWebhook", "setMyCommands", "deleteMyCommands", "sendChatAction",
-    "deleteMessages", "answerCallbackQuery", "setMyDescription",
+    "deleteMessages", "setMyDescription",
     "setMyShortDescription", "setMyName", "setChatMenuButton", "close", "logOut",
 )
 
 _ALL_METHODS = (
     "getMe", "getUpdates", "setWebhook", "getWebhookInfo", "getMyCommands", "sendMessage",
     "editMessageText", "editMessageCaption", "getFile", "sendMediaGroup", "getChatMember",
-    "sendMessageDraft", "setMessageReaction", "deleteMessage",
-    *_SEND_MEDIA, *_ALWAYS_OK,
+    "sendMessageDraft", "setMessageReaction", "deleteMessage", "answerCallbackQuery",
+    "editMessageReplyMarkup", *_SEND_MEDIA, *_ALWAYS_OK,
 )
 # Telegram method names are case-insensitive; calls are recorded under the canonical spelling.
 _CANONICAL = {name.lower(): name for name in _ALL_METHODS}
@@ -348,6 +353,8 @@ class FakeTelegram(LoopbackServer):
         self.edit_history: dict[tuple[int | str, int], list[str]] = {}  # every text a message had
         self.reactions: dict[tuple[int | str, int], list[str]] = {}  # the bot's current reactions
         self.reaction_log: list[tuple[int | str, int, list[str]]] = []
+        self.callback_answers: dict[str, dict[str, Any]] = {}  # callback query id -> its answer
+        self._callback_queries: set[str] = set()  # ids of the queries pressed (press_button)
 
     @property
     def base_url(self) -> str:
@@ -813,6 +820,27 @@ class FakeTelegram(LoopbackServer):
             self.messages[(chat_id, message["message_id"])] = message
         return {update_type: message}
 
+    def press_button(self, chat_id: int, message_id: int, data: str, *, user_id: int,
+                     username: str | None = None, first_name: str | None = None) -> dict[str, Any]:
+        """A ``callback_query`` Update: ``user_id`` pressed the inline button with callback data
+        ``data`` on the bot's message ``message_id``. ValueError when the message has no such button
+        (Telegram shows only the buttons a message has)."""
+        with self._cond:
+            message = self.messages.get((chat_id, message_id))
+        if message is None:
+            raise ValueError(f"no message {message_id} in chat {chat_id}")
+        rows = (message.get("reply_markup") or {}).get("inline_keyboard") or []
+        if data not in [b.get("callback_data") for row in rows for b in row]:
+            raise ValueError(f"message {message_id} has no button with data {data!r} (it has {rows!r})")
+        user: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": first_name or username or "User"}
+        if username is not None:
+            user["username"] = username
+        query_id = str(uuid.uuid4().int % 10**18)
+        with self._cond:
+            self._callback_queries.add(query_id)
+        return {"callback_query": {"id": query_id, "from": user, "message": message,
+                                   "chat_instance": str(abs(hash(chat_id)) % 10**12), "data": data}}
+
     def edited_text_message(self, chat_id: int, message_id: int, text: str) -> dict[str, Any]:
         """An ``edited_message`` Update: a message the fake knows (sent by a person through
         ``text_message``), with its new text, fresh entities and an ``edit_date``."""
@@ -1078,7 +1106,8 @@ class FakeTelegram(LoopbackServer):
                                files: dict[str, UploadedFile]) -> Any:
         text = self._checked_text(params.get("text"), params.get("parse_mode"), TEXT_LIMIT,
                                   "message is too long", "message text is empty")
-        return self._bot_message(params.get("chat_id"), params=params, text=text)
+        markup = {"reply_markup": params["reply_markup"]} if params.get("reply_markup") else {}
+        return self._bot_message(params.get("chat_id"), params=params, text=text, **markup)
 
     async def _api_editMessageText(self, params: dict[str, Any],
                                    files: dict[str, UploadedFile]) -> Any:
@@ -1087,8 +1116,28 @@ class FakeTelegram(LoopbackServer):
         edited = self._edit(params, "text", text)
         if isinstance(edited, dict):
             with self._cond:
-                self.edit_history.setdefault((edited["chat"]["id"], edited["message_id"]), []).append(text)
+                key = (edited["chat"]["id"], edited["message_id"])
+                self.edit_history.setdefault(key, []).append(text)
+                # An edit without reply_markup takes the inline keyboard away.
+                edited = {k: v for k, v in edited.items() if k != "reply_markup"}
+                if params.get("reply_markup"):
+                    edited["reply_markup"] = params["reply_markup"]
+                self.messages[key] = edited
         return edited
+
+    async def _api_editMessageReplyMarkup(self, params: dict[str, Any],
+                                          files: dict[str, UploadedFile]) -> Any:
+        return self._edit(params, "reply_markup", params.get("reply_markup") or None)
+
+    async def _api_answerCallbackQuery(self, params: dict[str, Any],
+                                       files: dict[str, UploadedFile]) -> Any:
+        query_id = str(params.get("callback_query_id", ""))
+        with self._cond:
+            if query_id not in self._callback_queries or query_id in self.callback_answers:
+                raise _Reject(400, "Bad Request: query is too old and response timeout expired or query "
+                                   "ID is invalid")
+            self.callback_answers[query_id] = dict(params)
+        return True
 
     async def _api_sendMessageDraft(self, params: dict[str, Any],
                                     files: dict[str, UploadedFile]) -> Any:

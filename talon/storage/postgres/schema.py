@@ -110,6 +110,34 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (channel, chat_id)
     );
     """,
+    # 6: control: model usage per call, allowances granted over caps, approvals and their decisions.
+    """
+    CREATE TABLE talon_usage (
+        id BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, channel TEXT NOT NULL,
+        chat_id TEXT NOT NULL, person TEXT NOT NULL, model TEXT NOT NULL, purpose TEXT NOT NULL,
+        input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL, cached_tokens BIGINT NOT NULL,
+        cost DOUBLE PRECISION
+    );
+    CREATE INDEX talon_usage_at ON talon_usage (at);
+    CREATE INDEX talon_usage_person ON talon_usage (channel, person, at);
+    CREATE INDEX talon_usage_chat ON talon_usage (channel, chat_id, at);
+    CREATE TABLE talon_usage_grants (
+        id BIGSERIAL PRIMARY KEY, channel TEXT NOT NULL, person TEXT NOT NULL, unit TEXT NOT NULL,
+        amount DOUBLE PRECISION NOT NULL, at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE talon_approvals (
+        id TEXT PRIMARY KEY, channel TEXT NOT NULL, chat_id TEXT NOT NULL, platform_chat TEXT NOT NULL,
+        thread_id TEXT, requester TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
+        tool TEXT NOT NULL, kind TEXT NOT NULL, summary TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
+        expires DOUBLE PRECISION NOT NULL, status TEXT NOT NULL, decided_by TEXT NOT NULL,
+        decided_at DOUBLE PRECISION, prompt_id TEXT, UNIQUE (turn_id, call_id)
+    );
+    CREATE INDEX talon_approvals_pending ON talon_approvals (channel, chat_id) WHERE status = 'pending';
+    CREATE TABLE talon_approval_always (
+        channel TEXT NOT NULL, chat_id TEXT NOT NULL, tool TEXT NOT NULL, decided_by TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL, PRIMARY KEY (channel, chat_id, tool)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,36 @@
+"""``talon doctor``'s lines about control: approvals, caps and prices, metrics."""
+
+from __future__ import annotations
+
+from talon.config import Settings
+from talon.control.approvals import ApprovalPolicy
+from talon.control.caps import parse_limits
+from talon.control.prices import PriceTable
+from talon.errors import ConfigError
+
+
+def control_rows(settings: Settings) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    try:
+        policy = ApprovalPolicy.parse(settings.approval, settings.approvers, settings.approval_timeout_s)
+        kinds = ", ".join(sorted(policy.kinds)) or "off (no tool call waits)"
+        rows.append(("approvals", f"{kinds}; wait {policy.timeout_words}"
+                     + (f"; approvers {', '.join(sorted(policy.approvers))}" if policy.approvers else "")))
+    except ConfigError as exc:
+        rows.append(("approvals", f"INVALID: {exc}"))
+    try:
+        zone = settings.zone.key
+        limits = []
+        for name, value in (("per person", settings.limit_per_person), ("per chat", settings.limit_per_chat),
+                            ("total", settings.limit_total)):
+            setting = {"per person": "TALON_LIMIT_PER_PERSON", "per chat": "TALON_LIMIT_PER_CHAT",
+                       "total": "TALON_LIMIT_TOTAL"}[name]
+            limits += [f"{limit.describe()} {name}" for limit in parse_limits(value, setting)]
+        rows.append(("caps", "; ".join(limits) + f" (days begin at 00:00 {zone})" if limits else "none"))
+        price = PriceTable.from_settings(settings).price(settings.model_name)
+        rows.append(("model price", f"${price.input:g} in / ${price.output:g} out / ${price.cached:g} cached per "
+                                    "million tokens" if price else "unknown (usage is shown in tokens only)"))
+    except ConfigError as exc:
+        rows.append(("caps", f"INVALID: {exc}"))
+    rows.append(("metrics", "GET /metrics on the HTTP server" if settings.metrics else "off (TALON_METRICS=false)"))
+    return rows

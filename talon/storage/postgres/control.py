@@ -1,0 +1,89 @@
+"""Usage and approvals in PostgreSQL (schema script 5), through the async pool."""
+
+from __future__ import annotations
+
+from talon.storage.approvals import Approval, Status
+from talon.storage.embedded.control import (
+    APPROVAL_COLUMNS,
+    USAGE_SUMS,
+    approval_of,
+    approval_row,
+    totals_of,
+    usage_where,
+)
+from talon.storage.postgres.db import AsyncDatabase
+from talon.storage.usage import GrantUnit, UsageRecord, UsageTotals
+
+
+class PgUsageStore:
+    def __init__(self, db: AsyncDatabase) -> None:
+        self.db = db
+
+    async def record(self, record: UsageRecord) -> None:
+        r = record
+        await self.db.execute(
+            "INSERT INTO talon_usage (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
+            "cached_tokens, cost) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (r.at, r.channel, r.chat_id, r.person, r.model, r.purpose, r.input_tokens, r.output_tokens,
+             r.cached_tokens, r.cost))
+
+    async def totals(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                     person: str | None = None) -> UsageTotals:
+        where, params = usage_where(since, channel, chat_id, person, mark="%s")
+        return totals_of(await self.db.fetchone(f"{USAGE_SUMS} talon_usage WHERE {where}", params))
+
+    async def grant(self, channel: str, person: str, amount: float, unit: GrantUnit, at: float) -> None:
+        await self.db.execute(
+            "INSERT INTO talon_usage_grants (channel, person, unit, amount, at) VALUES (%s, %s, %s, %s, %s)",
+            (channel, person, unit, amount, at))
+
+    async def granted(self, channel: str, person: str, unit: GrantUnit, since: float) -> float:
+        row = await self.db.fetchone(
+            "SELECT coalesce(sum(amount), 0) FROM talon_usage_grants WHERE channel = %s AND person = %s "
+            "AND unit = %s AND at >= %s", (channel, person, unit, since))
+        return float(row[0]) if row else 0.0
+
+
+class PgApprovalStore:
+    def __init__(self, db: AsyncDatabase) -> None:
+        self.db = db
+
+    async def add(self, approval: Approval) -> Approval:
+        await self.db.execute(
+            f"INSERT INTO talon_approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 17)}) "
+            "ON CONFLICT DO NOTHING", approval_row(approval))
+        row = await self.db.fetchone(
+            f"SELECT {APPROVAL_COLUMNS} FROM talon_approvals WHERE turn_id = %s AND call_id = %s",
+            (approval.turn_id, approval.call_id))
+        assert row is not None  # inserted, or there already
+        return approval_of(row)
+
+    async def get(self, approval_id: str) -> Approval | None:
+        row = await self.db.fetchone(f"SELECT {APPROVAL_COLUMNS} FROM talon_approvals WHERE id = %s", (approval_id,))
+        return approval_of(row) if row else None
+
+    async def set_prompt(self, approval_id: str, prompt_id: str) -> None:
+        await self.db.execute("UPDATE talon_approvals SET prompt_id = %s WHERE id = %s", (prompt_id, approval_id))
+
+    async def decide(self, approval_id: str, status: Status, by: str, at: float) -> bool:
+        return bool(await self.db.execute(
+            "UPDATE talon_approvals SET status = %s, decided_by = %s, decided_at = %s "
+            "WHERE id = %s AND status = 'pending'", (status, by, at, approval_id)))
+
+    async def pending(self, channel: str, chat_id: str) -> list[Approval]:
+        rows = await self.db.fetchall(
+            f"SELECT {APPROVAL_COLUMNS} FROM talon_approvals WHERE channel = %s AND chat_id = %s "
+            "AND status = 'pending' ORDER BY created", (channel, chat_id))
+        return [approval_of(row) for row in rows]
+
+    async def allow_always(self, channel: str, chat_id: str, tool: str, by: str, at: float) -> None:
+        await self.db.execute(
+            "INSERT INTO talon_approval_always (channel, chat_id, tool, decided_by, at) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (channel, chat_id, tool) DO UPDATE SET decided_by = EXCLUDED.decided_by, at = EXCLUDED.at",
+            (channel, chat_id, tool, by, at))
+
+    async def always_allowed(self, channel: str, chat_id: str, tool: str) -> bool:
+        row = await self.db.fetchone(
+            "SELECT 1 FROM talon_approval_always WHERE channel = %s AND chat_id = %s AND tool = %s",
+            (channel, chat_id, tool))
+        return row is not None
