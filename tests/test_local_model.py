@@ -57,8 +57,7 @@ def _gone(process: psutil.Process, timeout: float) -> bool:
 @pytest.mark.e2e
 @needs_llama
 def test_talon_chat_with_no_model_answers_through_the_bundled_model(tmp_path: Path) -> None:
-    # No model setting at all; only the reply length is bounded, so a rambling answer is short.
-    term = ChatTerminal(tmp_path, chat_env(tmp_path, TALON_MODEL_MAX_OUTPUT="64"))
+    term = ChatTerminal(tmp_path, chat_env(tmp_path))
     try:
         term.wait_for("you> ", 120)  # the model is loaded before the prompt shows
         server = _server_child(term)
