@@ -24,6 +24,9 @@ from talon.storage.postgres.attachments import PgAttachments
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.postgres.inbox import PgInbox
 from talon.storage.postgres.sessions import PgSessions
+from talon.storage.postgres.tasks import PgTaskStore
+from talon.storage.embedded.tasks import SqliteTaskStore
+from talon.storage.tasks import DUE, Task, TaskRun
 from talon.storage.sessions import ChatKey
 
 # Not coroutines: `talon migrate` runs its own event loop, as on the command line.
@@ -65,6 +68,14 @@ async def embedded_deployment(data: Path) -> dict[str, object]:
     assert approved is not None and waiting is not None
     await gate.approve(approved.code)
     await gate.close()
+    tasks = SqliteTaskStore(data / "tasks.sqlite3")
+    task = Task(id="feedc0de", channel="telegram", chat_id="111", thread_id=None, owner_id="111", text="report",
+                kind="cron", spec="0 8 * * 1", timezone="Europe/Berlin", next_run=2e9, created=1.7e9,
+                origin="{}")
+    assert await tasks.add(task, max_active=50)
+    assert await tasks.claim(task, 2e9 + 604800, TaskRun(task.id, 2e9, DUE, updated=1.7e9))
+    await tasks.set_timezone("telegram", "111", "Europe/Berlin")
+    await tasks.aclose()
     return {"threads": threads, "chat": chat, "image": image, "blob": blob, "code": waiting.code}
 
 
@@ -89,6 +100,7 @@ def test_migrate_copies_checks_and_is_idempotent(tmp_path: Path, pg_url: str, mo
     assert rows["sessions (threads)"][-3:] == ["3", "5", "3"]  # 3 threads, 5 readable lines (torn one left)
     assert rows["access (approvals, codes)"][-3:] == ["3", "3", "3"]  # 1 approval, 1 code, 1 code reply
     assert rows["attachments"][-3:] == ["2", "2", "2"]
+    assert rows["scheduled tasks (runs, zones)"][-3:] == ["3", "3", "3"]  # 1 task, 1 run, 1 zone
 
     code, again = run_migrate(monkeypatch, capsys, data, pg_url)
     assert code == 0, again
@@ -121,6 +133,11 @@ async def check_the_copy(url: str, tmp_path: Path, data: Path, made: dict[str, o
         assert await gate.allowed("telegram", ["222"]) and not await gate.allowed("whatsapp", ["+15550003333"])
         await gate.approve(str(made["code"]))  # the live code still works after the move
         assert await gate.allowed("whatsapp", ["+15550003333"])
+        tasks = PgTaskStore(db)
+        [task] = await tasks.for_chat("telegram", "111", None)
+        assert (task.id, task.next_run, task.spec, task.version) == ("feedc0de", 2e9 + 604800, "0 8 * * 1", 1)
+        assert [(r.due, r.status) for r in await tasks.runs(task.id)] == [(2e9, DUE)]
+        assert await tasks.timezone("telegram", "111") == "Europe/Berlin"
         attachments = PgAttachments(db, tmp_path / "worker" / "attachments")
         source = FileBlobs(data / "attachments")
         for ref in (made["image"], made["blob"]):

@@ -2,8 +2,9 @@
 
 What is copied from ``TALON_DATA_DIR``: the inbox (every row, done or pending, so dedup and
 pending work carry over), the sessions (every thread of every chat, checkpoints included, and
-which thread is current), access (approvals, live pairing codes, the code-reply log), the
-attachments (streamed in chunks) and control (model usage, grants, tool-call approvals). Everything is keyed, so running it again copies only what is
+which thread is current), access (approvals, live pairing codes, the code-reply log), scheduled
+tasks (with their runs and each chat's time zone), control (model usage, grants, tool-call
+approvals) and the attachments (streamed in chunks). Everything is keyed, so running it again copies only what is
 missing: the inbox by message key, session lines by (chat, thread, line number), attachments by
 sha256. Afterwards every item is checked on the database side: the inbox keys, a sha256 over each
 thread's lines, the access rows, and each attachment's bytes hashed again as read back.
@@ -27,6 +28,7 @@ from talon.storage.embedded.attachments import FileBlobs
 from talon.storage.postgres.attachments import PgAttachments
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.postgres.schema import migrate_schema
+from talon.storage.tasks import TASK_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport
         await _inbox(data_dir / "inbox.sqlite3", db),
         await _sessions(data_dir / "sessions", db),
         await _access(data_dir / "access.sqlite3", db),
+        await _tasks(data_dir / "tasks.sqlite3", db),
         await _attachments(data_dir / "attachments", db, data_dir),
         await _control(data_dir / "control.sqlite3", db),
     ])
@@ -240,6 +243,38 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
         ("talon_usage", _USAGE[2], list(usage)), ("talon_usage_grants", _GRANTS[2], list(grants)),
         ("talon_approvals", "id = %s AND status = %s", [(r[0], r[13]) for r in approvals]),
         ("talon_approval_always", "channel = %s AND chat_id = %s AND tool = %s", [r[:3] for r in always])]
+    for table, where, keys in checks:
+        for key in keys:
+            if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
+                report.verified += 1
+            else:
+                report.problems.append(f"{table} row {key} is missing in the database")
+    return report
+
+
+async def _tasks(path: Path, db: AsyncDatabase) -> StoreReport:
+    report = StoreReport("scheduled tasks (runs, zones)")
+    read = await asyncio.to_thread(
+        _read_sqlite, path, f"SELECT {TASK_COLUMNS} FROM tasks ORDER BY created, id",
+        "SELECT task_id, due_ms, due, status, reason, updated FROM task_runs",
+        "SELECT channel, chat_id, zone FROM chat_zones")
+    if read is None:
+        return report
+    tasks, runs, zones = read
+    report.found = len(tasks) + len(runs) + len(zones)
+    marks = ", ".join(["%s"] * len(TASK_COLUMNS.split(",")))
+    report.copied += await _insert_all(
+        db, f"INSERT INTO talon_tasks ({TASK_COLUMNS}) VALUES ({marks}) ON CONFLICT DO NOTHING", tasks)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_task_runs (task_id, due_ms, due, status, reason, updated) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", runs)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_chat_zones (channel, chat_id, zone) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+        zones)
+    checks: list[tuple[str, str, list[tuple[object, ...]]]] = [
+        ("talon_tasks", "id = %s", [(r[0],) for r in tasks]),
+        ("talon_task_runs", "task_id = %s AND due_ms = %s", [(r[0], r[1]) for r in runs]),
+        ("talon_chat_zones", "channel = %s AND chat_id = %s", [(r[0], r[1]) for r in zones])]
     for table, where, keys in checks:
         for key in keys:
             if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
