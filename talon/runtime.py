@@ -161,6 +161,8 @@ class Runtime:
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
         # against channels that are shutting down. What still arrives is stored, not started.
         await self.bridge.stop()
+        if self.bridge.control is not None:
+            await self.bridge.control.settled()  # usage of the calls made is in the store
         for channel in self.channels:
             try:
                 await channel.drain()
