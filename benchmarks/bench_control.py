@@ -2,9 +2,9 @@
 
 Run: ``python benchmarks/bench_control.py [POSTGRES_URL]``. Against the loopback OpenAI fake (the
 cheapest model call there is; a real one takes hundreds of times longer), it times the same
-calls three ways in one run: no guard, the guard with no caps (only the usage record), and the
-guard with a cap in each scope (three sums before every call, over a store already holding
-10,000 calls). Embedded SQLite always; PostgreSQL too when a URL is given. It reports each as a
+calls three ways in one run: no guard, the guard with no caps (the usage record, written beside
+the turn), and the guard with a cap in each scope (the previous call's record awaited, then three
+sums before every call, over a store already holding 10,000 calls). Embedded SQLite always; PostgreSQL too when a URL is given. It reports each as a
 ratio of the unguarded call.
 """
 
@@ -67,8 +67,11 @@ async def prefill(usage: UsageStore) -> None:
 async def measure(name: str, usage: UsageStore, provider: OpenAIProvider) -> None:
     await prefill(usage)
     bare = await timed(provider, None)
-    recorded = await timed(provider, control(usage, capped=False))
-    capped = await timed(provider, control(usage, capped=True))
+    uncapped, limited = control(usage, capped=False), control(usage, capped=True)
+    recorded = await timed(provider, uncapped)
+    await uncapped.settled()
+    capped = await timed(provider, limited)
+    await limited.settled()
     print(f"{name}: median call {bare * 1000:.2f} ms unguarded; with the usage record x{recorded / bare:.2f}; "
           f"with caps in three scopes x{capped / bare:.2f} (store of {PREFILL:,} calls)")
 

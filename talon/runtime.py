@@ -189,6 +189,8 @@ class Runtime:
         await self.bridge.stop()
         if self.mcp is not None:
             await self.mcp.close()  # every server process ends with Talon
+        if self.bridge.control is not None:
+            await self.bridge.control.settled()  # usage of the calls made is in the store
         for channel in self.channels:
             try:
                 await channel.drain()

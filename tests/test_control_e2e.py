@@ -231,7 +231,9 @@ async def test_metrics_count_and_parse(tg: FakeTelegram, llm: FakeOpenAI, tmp_pa
     assert after[("talon_approvals_total", (("kind", "shell"), ("outcome", "approved")))] == 1
     assert after[("talon_turn_duration_seconds_count", (("channel", "telegram"),))] == 1
     assert ("talon_inbox_depth", ()) in after
-    assert "count me" not in response.text and str(ALICE) not in response.text  # no chat content
+    assert "count me" not in response.text  # no chat content
+    labels = {value for (_, pairs) in after for _, value in pairs}
+    assert str(ALICE) not in labels and not any("count" in value for value in labels)  # nor who or where
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

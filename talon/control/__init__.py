@@ -5,6 +5,7 @@ before every model call. ``Control`` is what the bridge holds; per turn it lends
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -39,6 +40,9 @@ class Control:
     approvals: Approvals
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], float] = time.time
+    # Usage records being written: a reply does not wait for its bookkeeping, but the next caps
+    # check, /usage and shutdown do (``settled``).
+    _recording: set["asyncio.Task[None]"] = field(default_factory=set, init=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: "Settings", usage: UsageStore | None = None,
@@ -80,6 +84,20 @@ class Control:
         """The guard of the calls made for ``person`` in a conversation: caps before, usage after."""
         return _Guard(self, channel, chat_id, person)
 
+    def record_soon(self, channel: str, chat_id: str, person: str, model: str, purpose: str,
+                    response: ModelResponse) -> None:
+        """Record a call's usage without holding up the turn (see ``settled``)."""
+        if response.usage is None:
+            return
+        task = asyncio.create_task(self.record(channel, chat_id, person, model, purpose, response))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
+
+    async def settled(self) -> None:
+        """Wait until every usage record started so far is in the store."""
+        while self._recording:
+            await asyncio.gather(*list(self._recording), return_exceptions=True)
+
     async def record(self, channel: str, chat_id: str, person: str, model: str, purpose: str,
                      response: ModelResponse) -> None:
         usage = response.usage
@@ -99,6 +117,7 @@ class Control:
 
     # --- /usage -----------------------------------------------------------------------------
     async def usage_text(self, message: "InboundMessage", chat_id: str) -> str:
+        await self.settled()
         now = self.clock()
         zone = self.caps.zone
         day, _ = period_bounds("day", now, zone)
@@ -151,6 +170,7 @@ class _Guard:
     async def before_call(self, model: str, purpose: str) -> None:
         if not self.control.caps.any:
             return
+        await self.control.settled()  # the calls just made count
         try:
             await self.control.caps.check(self.channel, self.chat_id, self.person)
         except CapReached as exc:
@@ -164,5 +184,5 @@ class _Guard:
         if error is not None or response is None:
             self.control.metrics.model_errors.labels(model, type(error).__name__).inc()
             return
-        await self.control.record(self.channel, self.chat_id, self.person, model, purpose, response)
+        self.control.record_soon(self.channel, self.chat_id, self.person, model, purpose, response)
 
