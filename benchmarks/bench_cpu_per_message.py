@@ -31,6 +31,7 @@ speedscope files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -56,7 +57,7 @@ from tests.fakes.telegram import FakeTelegram  # noqa: E402
 
 MODEL_DELAY_S = 0.2
 FIRST_USER = 5001
-ROUND_TIMEOUT_S = 900.0
+ROUND_TIMEOUT_S = 300.0
 QUESTION = "what makes the tide come in twice a day, and why is it later every day?"
 
 
@@ -167,67 +168,101 @@ class Measured:
         return 1000 * sum(c for c, _ in rounds) / sum(n for _, n in rounds)
 
 
-def run(bot: Bot, chats: int, rounds: int, per_round: int, profile: Path | None) -> Measured:
-    users = list(range(FIRST_USER, FIRST_USER + chats))
-    with tempfile.TemporaryDirectory() as tmp, People() as tg, FakeOpenAI(delay=MODEL_DELAY_S) as llm:
-        work = Path(tmp)
+class Running:
+    """One bot process with its own fakes and directory, measured round by round."""
+
+    def __init__(self, bot: Bot, chats: int, stack: contextlib.ExitStack) -> None:
+        self.bot = bot
+        self.users = list(range(FIRST_USER, FIRST_USER + chats))
+        self.work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        self.tg = stack.enter_context(People())
+        self.llm = stack.enter_context(FakeOpenAI(delay=MODEL_DELAY_S))
         argv = [sys.executable, str(ROOT / "benchmarks" / "naive_bot.py")] if bot.kind == "naive" \
             else [sys.executable, "-m", "talon.cli", "run"]
-        log = (work / "bot.log").open("wb")
-        popen = subprocess.Popen(argv, cwd=work, env=bot_env(bot, work, tg, llm, users),
-                                 stdout=log, stderr=subprocess.STDOUT)
-        proc = psutil.Process(popen.pid)
-        spy: subprocess.Popen[bytes] | None = None
-        try:
-            tg.wait_for_sync("getUpdates", timeout=120)
-            settle(proc)
-            if profile is not None and bot.kind == "talon":
-                out = profile / f"{bot.label.replace(' ', '-')}-{chats}x{rounds * per_round}.speedscope.json"
-                spy = subprocess.Popen([py_spy(), "record", "--pid", str(popen.pid), "--format", "speedscope",
-                                        "--output", str(out), "--rate", "100", "--nonblocking"], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
-                time.sleep(1.0)  # py-spy attaching
-            measured: list[tuple[float, int]] = []
-            sizes: list[float] = []
-            for index in range(rounds):
-                seen = len(llm.requests)
-                before = cpu_seconds(proc)
-                tg.start_round(users, per_round, f"round {index + 1}")
-                tg.wait_round(ROUND_TIMEOUT_S)
-                settle(proc)
-                measured.append((cpu_seconds(proc) - before, chats * per_round))
-                bodies = [len(json.dumps(r.json)) for r in llm.requests[seen:]]
-                sizes.append(sum(bodies) / max(1, len(bodies)))
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                spy.wait(timeout=120)
-            return Measured(bot.label, measured, sizes)
-        except Exception:
-            log.flush()
-            sys.stderr.write((work / "bot.log").read_text(errors="replace")[-4000:])
-            raise
-        finally:
-            if spy is not None and spy.poll() is None:
-                spy.kill()
-                spy.wait()
-            popen.send_signal(signal.SIGTERM)
+        self.log = stack.enter_context((self.work / "bot.log").open("wb"))
+        self.popen = subprocess.Popen(argv, cwd=self.work, env=bot_env(bot, self.work, self.tg, self.llm, self.users),
+                                      stdout=self.log, stderr=subprocess.STDOUT)
+        stack.callback(self.stop)
+        self.proc = psutil.Process(self.popen.pid)
+        self.spy: subprocess.Popen[bytes] | None = None
+        self.measured = Measured(bot.label, [], [])
+        self._before = 0.0
+        self._seen = 0
+
+    def profile(self, directory: Path, name: str) -> None:
+        out = directory / f"{self.bot.label.replace(' ', '-')}-{name}.speedscope.json"
+        self.spy = subprocess.Popen([py_spy(), "record", "--pid", str(self.popen.pid), "--format", "speedscope",
+                                     "--output", str(out), "--rate", "100", "--nonblocking"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start_round(self, index: int, per_chat: int) -> None:
+        self._seen = len(self.llm.requests)
+        self._before = cpu_seconds(self.proc)
+        self.tg.start_round(self.users, per_chat, f"round {index + 1}")
+
+    def end_round(self, per_chat: int) -> None:
+        self.tg.wait_round(ROUND_TIMEOUT_S)
+        settle(self.proc)
+        self.measured.rounds.append((cpu_seconds(self.proc) - self._before, len(self.users) * per_chat))
+        bodies = [len(json.dumps(r.json)) for r in self.llm.requests[self._seen:]]
+        self.measured.request_bytes.append(sum(bodies) / max(1, len(bodies)))
+
+    def failed(self) -> None:
+        self.log.flush()
+        sys.stderr.write(f"--- {self.bot.label}: the end of its log\n")
+        sys.stderr.write((self.work / "bot.log").read_text(errors="replace")[-3000:])
+
+    def stop(self) -> None:
+        if self.spy is not None:
+            self.spy.send_signal(signal.SIGINT)
             try:
-                popen.wait(timeout=30)
+                self.spy.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait()
-            log.close()
+                self.spy.kill()
+                self.spy.wait()
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
 
 
-def part_cpu(profile: Path | None) -> None:
+def side_by_side(bots: list[Bot], chats: int, rounds: int, per_chat: int, profile: Path | None) -> list[Measured]:
+    """Run the bots at the same time, so that each round finds them all under the same load: on a
+    shared machine the CPU time of the same work drifts with what else runs."""
+    with contextlib.ExitStack() as stack:
+        running = [Running(bot, chats, stack) for bot in bots]
+        try:
+            for r in running:
+                r.tg.wait_for_sync("getUpdates", timeout=180)
+            for r in running:
+                settle(r.proc)
+            if profile is not None:
+                for r in running:
+                    if r.bot.kind == "talon":
+                        r.profile(profile, f"{chats}x{rounds * per_chat}")
+                time.sleep(1.0)  # py-spy attaching
+            for index in range(rounds):
+                for r in running:
+                    r.start_round(index, per_chat)
+                for r in running:
+                    r.end_round(per_chat)
+        except Exception:
+            for r in running:
+                r.failed()
+            raise
+        return [r.measured for r in running]
+
+
+def part_cpu(profile: Path | None, bots: list[str]) -> None:
     chats, per_chat = 50, 10
     print(f"== CPU per answered message: {chats} chats x {per_chat} messages, model answers after "
-          f"{MODEL_DELAY_S * 1000:.0f} ms ==", flush=True)
-    order = ["naive", "talon-default", "talon-lean", "naive"]
-    results: list[Measured] = []
-    for name in order:
-        m = run(BOTS[name], chats, 1, per_chat, profile)
-        results.append(m)
+          f"{MODEL_DELAY_S * 1000:.0f} ms; all bots at once ==", flush=True)
+    # Two naive bots: its cost swings, and the cheaper of the two is the yardstick.
+    results = side_by_side([BOTS["naive"], *(BOTS[b] for b in bots if b != "naive"), BOTS["naive"]],
+                           chats, 1, per_chat, profile)
+    for m in results:
         print(f"  {m.label:14} {m.per_message_ms():6.2f} ms per message", flush=True)
     naive = min((m for m in results if m.label == "naive"), key=lambda m: m.per_message_ms())
     for m in results:
@@ -235,12 +270,11 @@ def part_cpu(profile: Path | None) -> None:
             print(f"  {m.label} / naive (cheaper run): {m.per_message_ms() / naive.per_message_ms():.2f}x")
 
 
-def part_history(profile: Path | None) -> None:
-    chats, rounds, per_round = 5, 11, 10
-    print(f"\n== CPU per message as the conversation grows: {chats} chats, {rounds} rounds of {per_round} "
-          f"messages per chat ==", flush=True)
-    for name in ("talon-default", "talon-lean", "naive"):
-        m = run(BOTS[name], chats, rounds, per_round, profile)
+def part_history(profile: Path | None, bots: list[str]) -> None:
+    chats, rounds, per_chat = 5, 11, 10
+    print(f"\n== CPU per message as the conversation grows: {chats} chats, {rounds} rounds of {per_chat} "
+          f"messages per chat; all bots at once ==", flush=True)
+    for m in side_by_side([BOTS[name] for name in bots], chats, rounds, per_chat, profile):
         row = "  ".join(f"{m.per_message_ms(i):5.1f}" for i in range(rounds))
         print(f"  {m.label:14} ms per message by round: {row}", flush=True)
         print(f"  {'':14} request bytes, first round {m.request_bytes[0]:,.0f}, last {m.request_bytes[-1]:,.0f}; "
@@ -250,16 +284,20 @@ def part_history(profile: Path | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=("cpu", "history", "all"), default="all")
+    parser.add_argument("--bots", default=",".join(BOTS), help=f"comma-separated, of {', '.join(BOTS)}")
     parser.add_argument("--profile", type=Path, help="write py-spy speedscope profiles of Talon here")
     args = parser.parse_args()
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     print(f"psutil CPU time of each bot process (user + system); {psutil.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}\n", flush=True)
+    bots = [b.strip() for b in args.bots.split(",") if b.strip()]
+    if unknown := set(bots) - set(BOTS):
+        parser.error(f"unknown bots: {', '.join(sorted(unknown))}")
     if args.part in ("cpu", "all"):
-        part_cpu(args.profile)
+        part_cpu(args.profile, bots)
     if args.part in ("history", "all"):
-        part_history(args.profile)
+        part_history(args.profile, bots)
 
 
 if __name__ == "__main__":

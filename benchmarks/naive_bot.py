@@ -1,8 +1,8 @@
 """The naive bot bench_cpu_per_message.py measures Talon against: what a person writes in 30 lines.
 
 python-telegram-bot polling, the openai SDK, one history list per chat in memory, no streaming,
-no storage. Configured by the environment: TELEGRAM_BOT_TOKEN, TELEGRAM_API_BASE_URL,
-OPENAI_BASE_URL, OPENAI_API_KEY, MODEL.
+no storage; only its timeouts are generous, so a loaded machine loses no message. Configured by
+the environment: TELEGRAM_BOT_TOKEN, TELEGRAM_API_BASE_URL, OPENAI_BASE_URL, OPENAI_API_KEY, MODEL.
 """
 
 import os
@@ -27,6 +27,7 @@ async def answer(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
 
 if __name__ == "__main__":
     app = (Application.builder().token(os.environ["TELEGRAM_BOT_TOKEN"])
-           .base_url(os.environ["TELEGRAM_API_BASE_URL"] + "/bot").concurrent_updates(True).build())
+           .base_url(os.environ["TELEGRAM_API_BASE_URL"] + "/bot").concurrent_updates(True)
+           .read_timeout(30).write_timeout(30).pool_timeout(30).build())  # a loaded machine loses nothing
     app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, answer))
     app.run_polling()
