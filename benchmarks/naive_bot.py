@@ -28,6 +28,6 @@ async def answer(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
 if __name__ == "__main__":
     app = (Application.builder().token(os.environ["TELEGRAM_BOT_TOKEN"])
            .base_url(os.environ["TELEGRAM_API_BASE_URL"] + "/bot").concurrent_updates(True)
-           .read_timeout(30).write_timeout(30).pool_timeout(30).build())  # a loaded machine loses nothing
+           .connect_timeout(30).read_timeout(30).write_timeout(30).pool_timeout(30).build())  # a loaded machine loses nothing
     app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, answer))
     app.run_polling()
