@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,7 @@ class Measured:
     label: str
     rounds: list[tuple[float, int]]  # (CPU seconds, messages answered) per round
     request_bytes: list[float]  # mean chat-completion request body size per round
+    api_calls: dict[str, int] = field(default_factory=dict)  # Bot API calls while measured, by method
 
     def per_message_ms(self, index: int | None = None) -> float:
         rounds = self.rounds if index is None else [self.rounds[index]]
@@ -188,6 +190,7 @@ class Running:
         self.measured = Measured(bot.label, [], [])
         self._before = 0.0
         self._seen = 0
+        self._startup_calls = 0
 
     def profile(self, directory: Path, name: str) -> None:
         out = directory / f"{self.bot.label.replace(' ', '-')}-{name}.speedscope.json"
@@ -196,6 +199,8 @@ class Running:
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def start_round(self, index: int, per_chat: int) -> None:
+        if index == 0:
+            self._startup_calls = len(self.tg.sent(include_failed=True))
         self._seen = len(self.llm.requests)
         self._before = cpu_seconds(self.proc)
         self.tg.start_round(self.users, per_chat, f"round {index + 1}")
@@ -206,6 +211,8 @@ class Running:
         self.measured.rounds.append((cpu_seconds(self.proc) - self._before, len(self.users) * per_chat))
         bodies = [len(json.dumps(r.json)) for r in self.llm.requests[self._seen:]]
         self.measured.request_bytes.append(sum(bodies) / max(1, len(bodies)))
+        calls = self.tg.sent(include_failed=True)[self._startup_calls:]
+        self.measured.api_calls = dict(Counter(c.method for c in calls if c.method != "getUpdates"))
 
     def failed(self) -> None:
         self.log.flush()
@@ -263,7 +270,10 @@ def part_cpu(profile: Path | None, bots: list[str]) -> None:
     results = side_by_side([BOTS["naive"], *(BOTS[b] for b in bots if b != "naive"), BOTS["naive"]],
                            chats, 1, per_chat, profile)
     for m in results:
-        print(f"  {m.label:14} {m.per_message_ms():6.2f} ms per message", flush=True)
+        answered = sum(n for _, n in m.rounds)
+        calls = ", ".join(f"{method} {n / answered:.2f}" for method, n in sorted(m.api_calls.items()))
+        print(f"  {m.label:14} {m.per_message_ms():6.2f} ms per message; Bot API calls per message: {calls}",
+              flush=True)
     naive = min((m for m in results if m.label == "naive"), key=lambda m: m.per_message_ms())
     for m in results:
         if m.label != "naive":

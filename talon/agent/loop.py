@@ -444,7 +444,8 @@ class Agent:
         tools = self.tool_specs()
         budget = self.budget
         ctx = self._request_context(chat, history, system, tools, budget)
-        messages = self._withhold_refused(chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
+        messages = self._withhold_refused(
+            chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
         refusals = 0
         image_refusals = 0
         refitted = False
