@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from talon.agent.memo import DerivedCache
 from talon.agent.profiles import ModelProfile
 from talon.agent.provider import image_placeholder
 from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, failed_turns, is_checkpoint
@@ -166,27 +167,34 @@ class ContextPipeline:
 
 
 # --- the view: log -> conversation ----------------------------------------------------------
-def conversation_view(history: Sequence[Message]) -> list[Message]:
+def conversation_view(history: Sequence[Message], copies: DerivedCache | None = None) -> list[Message]:
     """What the model would see of a log: the last summary, then everything it does not cover.
 
     Each message carries its log position in ``meta['_idx']``; checkpoint records themselves are
-    not conversation.
+    not conversation. With ``copies`` the copy of a log message made for an earlier request is
+    used again (the same object, so what later steps derive from it can be remembered too).
     """
     start = 0
     view: list[Message] = []
     failed = failed_turns(history)
+
+    def copy(message: Message, tag: tuple[str, int], meta: dict[str, object]) -> Message:
+        if copies is None:
+            return message.model_copy(update={"meta": meta})
+        return copies.derive(message, tag, lambda m: m.model_copy(update={"meta": meta}))
+
     for i in range(len(history) - 1, -1, -1):
         if is_checkpoint(history[i]):
             checkpoint = history[i]
             start = int(checkpoint.meta.get("covers", 0))
-            view.append(checkpoint.model_copy(update={"meta": {SUMMARY: True, IDX: i}}))
+            view.append(copy(checkpoint, (SUMMARY, i), {SUMMARY: True, IDX: i}))
             break
     for i in range(start, len(history)):
         message = history[i]
         if failed and message.meta.get("turn_id") in failed:
             continue  # a turn the server refused for good (see Agent.run_turn)
         if not is_checkpoint(message):
-            view.append(message.model_copy(update={"meta": {**message.meta, IDX: i}}))
+            view.append(copy(message, (IDX, i), {**message.meta, IDX: i}))
     return view
 
 

@@ -47,6 +47,7 @@ from talon.agent.context import (
 from talon.agent.discovery import Discoverer, ServerFacts
 from talon.agent.hooks import TurnHooks, guarding, model_call
 from talon.agent.learned import LearnedFacts
+from talon.agent.memo import DerivedCache
 from talon.agent.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
 from talon.agent.profiles import ModelProfile, lookup_profile
 from talon.agent.provider import (
@@ -116,13 +117,19 @@ class TurnResult:
     messages: list[Message] = field(default_factory=list)
 
 
-def _wire(messages: list[Message]) -> list[Message]:
+def _wire(messages: list[Message], copies: DerivedCache | None = None) -> list[Message]:
     """Messages as a provider gets them: private bookkeeping removed.
 
     Only the error flag of a tool result survives, because it is part of the wire format
-    (Anthropic's ``is_error``), not bookkeeping.
+    (Anthropic's ``is_error``), not bookkeeping. With ``copies``, a message's earlier copy is used
+    again, so the provider sees the same object and can reuse its wire form.
     """
-    return [m.model_copy(update={"meta": {"error": True} if m.meta.get("error") else {}}) for m in messages]
+    def strip(m: Message) -> Message:
+        return m.model_copy(update={"meta": {"error": True} if m.meta.get("error") else {}})
+
+    if copies is None:
+        return [strip(m) for m in messages]
+    return [copies.derive(m, "wire", strip) for m in messages]
 
 
 def _image_ids(messages: list[Message], *, newest_only: bool) -> set[str]:
@@ -207,6 +214,9 @@ class Agent:
         self.token_scale = 1.0
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
         self.refused_images: dict[ChatKey, set[str]] = {}
+        # The copies each request makes of the log (``conversation_view``, ``_wire``), kept so a
+        # turn late in a long chat does not copy every earlier message again.
+        self.copies = DerivedCache()
         self._apply_learned()
         # What the system prompt says about one chat (a group's name and people), set by the
         # bridge; it goes after the cached prefix, so every chat shares that prefix.
@@ -427,7 +437,7 @@ class Agent:
         """Estimated input tokens of the next request (no summary, no file writes)."""
         system = self.system(chat)
         tools = self.tool_specs()
-        view = repair_tool_pairs(conversation_view(history))
+        view = repair_tool_pairs(conversation_view(history, self.copies))
         view = truncate_tool_arguments(view, max_chars=self.policy.tool_args_max_chars,
                                        tools=self.policy.long_argument_tools)
         view = evict_tool_results(view, max_tokens=self.budget.tool_result_tokens,
@@ -442,14 +452,15 @@ class Agent:
         tools = self.tool_specs()
         budget = self.budget
         ctx = self._request_context(chat, history, system, tools, budget)
-        messages = self._withhold_refused(chat, await self.pipeline.apply(conversation_view(history), ctx))
+        messages = self._withhold_refused(
+            chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
         refusals = 0
         image_refusals = 0
         refitted = False
         while True:
             request = ModelRequest(
                 system=system.text,
-                messages=_wire(messages),
+                messages=_wire(messages, self.copies),
                 tools=tools,
                 max_output_tokens=budget.max_output,
                 system_cache_points=list(system.cache_points),
@@ -479,7 +490,7 @@ class Agent:
                     system = self.system(chat)  # the memory share follows the window
                     ctx = self._request_context(chat, history, system, tools, budget)
                     messages = self._withhold_refused(
-                        chat, await self.pipeline.apply(conversation_view(history), ctx))
+                        chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
                     continue
                 refusals += 1
                 clip_tokens = max(200, budget.tool_result_tokens // 4)
@@ -497,7 +508,7 @@ class Agent:
                     budget = shrink_budget(budget, self.profile, _OVERFLOW_SHRINK, self.policy)
                     ctx = self._request_context(chat, history, system, tools, budget, force_summary=True)
                     messages = self._withhold_refused(
-                        chat, await self.pipeline.apply(conversation_view(history), ctx))
+                        chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
                     messages, _ = clip_trailing_tool_results(messages, max_tokens=clip_tokens, results=results)
                     continue
                 raise ContextOverflow(

@@ -22,8 +22,11 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import openai
+from openai.types.chat import ChatCompletion
 
+from talon.agent.memo import DerivedCache
 from talon.agent.provider import (
     MISSING_BYTES,
     Hydrate,
@@ -58,6 +61,7 @@ log = logging.getLogger(__name__)
 # The SDK's own errors, and the transport's when a streamed body breaks off after the headers.
 _TIMEOUTS: tuple[type[Exception], ...] = (openai.APITimeoutError, *TIMEOUTS)
 _UNREACHABLE: tuple[type[Exception], ...] = (openai.APIConnectionError, *TRANSPORT_ERRORS)
+_PATH = "/chat/completions"
 
 def _user_parts(blocks: list[Any], hydrate: Hydrate, vision: bool) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
@@ -115,8 +119,13 @@ def to_openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
 
 
 def to_openai_messages(
-    system: str, messages: list[Message], hydrate: Hydrate, *, vision: bool = True
+    system: str, messages: list[Message], hydrate: Hydrate, *, vision: bool = True,
+    copies: DerivedCache | None = None,
 ) -> list[dict[str, Any]]:
+    """The Chat Completions ``messages``. With ``copies``, the wire form of a message without
+    images is made once and used again by every later request that sends that same object (the
+    result is the same either way; a message with images is mapped afresh: its bytes are read
+    at request time, and large)."""
     wire: list[dict[str, Any]] = []
     if system:
         wire.append({"role": "system", "content": system})
@@ -133,49 +142,64 @@ def to_openai_messages(
             )
             pending_images.clear()
 
+    def without_images(msg: Message) -> _Mapped | None:
+        return None if msg.images() else _to_openai(msg, hydrate, vision)
+
     for msg in messages:
         if msg.role != "tool":
             flush_tool_images()
-        if msg.role == "user":
-            parts = _user_parts(msg.content, hydrate, vision)
-            if all(p["type"] == "text" for p in parts):
-                wire.append({"role": "user", "content": "\n".join(p["text"] for p in parts)})
-            else:
-                wire.append({"role": "user", "content": parts})
-        elif msg.role == "assistant":
-            entry: dict[str, Any] = {"role": "assistant", "content": msg.text or None}
-            if msg.tool_calls:
-                entry["tool_calls"] = [
-                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_arguments(c)}}
-                    for c in msg.tool_calls
-                ]
-            elif entry["content"] is None:
-                entry["content"] = ""
-            wire.append(entry)
-        elif msg.role == "tool":
-            text = _plain(
-                [b for b in msg.content if not isinstance(b, ImageBlock)], "not attached"
-            )
-            images = msg.images()
-            urls = [try_hydrate(hydrate, b) for b in images] if vision else []
-            if vision and any(url is None for url in urls):
-                text = (text + "\n" if text else "") + "\n".join(
-                    image_placeholder(b, MISSING_BYTES) for b, url in zip(images, urls) if url is None
-                )
-                images = [b for b, url in zip(images, urls) if url is not None]
-                urls = [url for url in urls if url is not None]
-            if images:
-                if vision:
-                    names = ", ".join(b.ref.name or b.ref.id[:12] for b in images)
-                    text = (text + "\n" if text else "") + f"[{len(images)} image(s) follow in the next message: {names}]"
-                    pending_images.extend({"type": "image_url", "image_url": {"url": url}} for url in urls)
-                else:
-                    text = (text + "\n" if text else "") + "\n".join(
-                        image_placeholder(b, "this model takes no images") for b in images
-                    )
-            wire.append({"role": "tool", "tool_call_id": msg.tool_call_id or "", "content": text or "(no output)"})
+        mapped = copies.derive(msg, _WIRE_TAG, without_images) if copies is not None else None
+        entries, images = mapped or _to_openai(msg, hydrate, vision)
+        wire.extend(entries)
+        pending_images.extend(images)
     flush_tool_images()
     return _merge_user_runs(wire)
+
+
+_WIRE_TAG = "openai"
+_Mapped = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def _to_openai(msg: Message, hydrate: Hydrate, vision: bool) -> _Mapped:
+    """One message's wire entries, and the image parts that must follow its run of tool results
+    (Chat Completions takes no images inside ``tool`` messages)."""
+    if msg.role == "user":
+        parts = _user_parts(msg.content, hydrate, vision)
+        if all(p["type"] == "text" for p in parts):
+            return [{"role": "user", "content": "\n".join(p["text"] for p in parts)}], []
+        return [{"role": "user", "content": parts}], []
+    if msg.role == "assistant":
+        entry: dict[str, Any] = {"role": "assistant", "content": msg.text or None}
+        if msg.tool_calls:
+            entry["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_arguments(c)}}
+                for c in msg.tool_calls
+            ]
+        elif entry["content"] is None:
+            entry["content"] = ""
+        return [entry], []
+    if msg.role != "tool":
+        return [], []
+    text = _plain([b for b in msg.content if not isinstance(b, ImageBlock)], "not attached")
+    images = msg.images()
+    urls = [try_hydrate(hydrate, b) for b in images] if vision else []
+    if vision and any(url is None for url in urls):
+        text = (text + "\n" if text else "") + "\n".join(
+            image_placeholder(b, MISSING_BYTES) for b, url in zip(images, urls) if url is None
+        )
+        images = [b for b, url in zip(images, urls) if url is not None]
+        urls = [url for url in urls if url is not None]
+    follow: list[dict[str, Any]] = []
+    if images:
+        if vision:
+            names = ", ".join(b.ref.name or b.ref.id[:12] for b in images)
+            text = (text + "\n" if text else "") + f"[{len(images)} image(s) follow in the next message: {names}]"
+            follow = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+        else:
+            text = (text + "\n" if text else "") + "\n".join(
+                image_placeholder(b, "this model takes no images") for b in images
+            )
+    return [{"role": "tool", "tool_call_id": msg.tool_call_id or "", "content": text or "(no output)"}], follow
 
 
 def _merge_user_runs(wire: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -247,6 +271,7 @@ class OpenAIProvider(Provider):
         self.total_timeout_s = total_timeout_s
         self.idle_timeout_s = timeout_s
         self._hydrate = hydrate
+        self.copies = DerivedCache()  # each message's wire form, for every later request of its chat
         # ``timeout_s`` bounds each read: between streamed chunks, or while the server reads the
         # prompt. The SDK's own retries are off: a timed-out generation must never be repeated
         # behind the person's back (``complete`` retries only what cannot have generated anything).
@@ -257,11 +282,14 @@ class OpenAIProvider(Provider):
             max_retries=0,
         )
 
-    def _kwargs(self, request: ModelRequest, hydrate: Hydrate | None = None) -> dict[str, Any]:
+    def _body(self, request: ModelRequest, hydrate: Hydrate | None = None) -> dict[str, Any]:
+        """The JSON body of a chat completion request, exactly as it goes on the wire (``hydrate``:
+        the images' data, fetched from the store before, off the event loop)."""
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": to_openai_messages(
-                request.system, request.messages, hydrate or self._hydrate, vision=self.vision
+                request.system, request.messages, hydrate or self._hydrate, vision=self.vision,
+                copies=self.copies
             ),
         }
         if request.tools and self.tools:
@@ -278,15 +306,22 @@ class OpenAIProvider(Provider):
         return await complete_with_retries(self, request, self._once)
 
     async def _once(self, request: ModelRequest) -> ModelResponse:
-        kwargs = self._kwargs(request, await prefetch_images(request.messages, self._hydrate))
+        body = self._body(request, await prefetch_images(request.messages, self._hydrate))
         relay = StreamRelay(request.on_text)
         try:
+            # The body goes out as built, through the client's plain ``post``: its auth, base URL,
+            # timeouts and error types, without ``chat.completions.create``'s transform, which walks
+            # every message of every request against the SDK's typed dicts (more than half the
+            # CPU of a turn in a long chat) only to return what our mapper already produced.
             if self.stream:
                 # The raw event stream, read line by line: one json.loads per chunk instead of the
                 # SDK's model objects keeps streaming about as cheap as one whole answer.
-                async with self._client.chat.completions.with_streaming_response.create(**kwargs) as response:
-                    return await self._collect(response.iter_lines(), relay, request)
-            result = await self._client.chat.completions.create(**kwargs)
+                response = await self._client.post(_PATH, cast_to=httpx.Response, body=body, stream=True)
+                try:
+                    return await self._collect(response.aiter_lines(), relay, request)
+                finally:
+                    await response.aclose()
+            result = await self._client.post(_PATH, cast_to=ChatCompletion, body=body)
         except openai.APIStatusError as exc:
             raise self._refused(exc.status_code, response_body(exc), exc.response.headers, request) from exc
         except _TIMEOUTS as exc:
