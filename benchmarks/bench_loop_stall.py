@@ -1,12 +1,14 @@
 """Event-loop stalls caused by the stores, before and after the async storage package, in one run.
 
-Run: ``python benchmarks/bench_loop_stall.py`` (about a minute). A ticker on the event loop asks
+Run: ``python benchmarks/bench_loop_stall.py`` (two or three minutes). A ticker on the event loop asks
 to wake every 10 ms; the figure is the longest gap between two of its ticks while a store works
 (10 ms means the loop never waited). Three cases:
 
-1. **20 MB attachment** — a 20 MB download streamed into the embedded attachment store
-   (``put_stream`` from an async chunk generator: writes, hashing, fsync and rename).
-2. **200 messages into the SQLite inbox** — ``add`` (a commit with fsync each), one after another.
+1. **20 MB attachment** — a 20 MB download streamed into the attachment store (``put_stream``
+   from an async chunk generator: writes, hashing, fsync and rename), embedded and PostgreSQL
+   (there also uploaded in chunks); then read by a worker that does not have it (a cache miss:
+   downloaded from the database).
+2. **200 messages into the SQLite inbox** — ``add`` (a commit with fsync each), one per request.
 3. **PostgreSQL stalled** — the server and its backends stopped (SIGSTOP) for 2 s while webhook
    handlers store messages into the PostgreSQL inbox, one every 50 ms.
 
@@ -92,6 +94,46 @@ async def case_attachment(work: Path) -> float:
     return ticker.longest
 
 
+async def _pg(url: str) -> tuple[Any, Callable[[], Awaitable[None]], bool]:
+    """A migrated database: (the handle its stores take, how to close it, whether it is async)."""
+    try:
+        from talon.storage.postgres.db import AsyncDatabase
+        from talon.storage.postgres.inbox import PgInbox  # noqa: F401  (only in the new layout)
+        from talon.storage.postgres.schema import migrate_schema
+
+        db: Any = AsyncDatabase(url)
+        await db.open()
+        await migrate_schema(db)
+        return db, db.close, True
+    except ImportError:
+        from talon.pg.db import Database, migrate_schema as sync_migrate  # type: ignore[attr-defined]
+
+        old = Database(url)
+        sync_migrate(old)
+
+        async def close() -> None:
+            old.close()
+
+        return old, close, False
+
+
+async def case_pg_attachment(work: Path, url: str) -> tuple[float, float]:
+    """A 20 MB download into the PostgreSQL attachment store, then read on a worker without it."""
+    db, close, new = await _pg(url)
+    if new:
+        from talon.storage.postgres.attachments import PgAttachments as Store
+    else:
+        from talon.pg.attachments import PgAttachmentStore as Store  # type: ignore[import-not-found,no-redef]
+    store, other = Store(db, work / "a"), Store(db, work / "b")
+    async with Ticker() as put:
+        ref = await store.put_stream(_chunks(20 * MB), mime="application/octet-stream", name="big.bin")
+    async with Ticker() as miss:
+        path = await _maybe(other.file_path(ref))
+    assert Path(path).stat().st_size == 20 * MB
+    await close()
+    return put.longest, miss.longest
+
+
 def _message(n: int) -> Any:
     from talon.envelope import InboundMessage
 
@@ -107,6 +149,7 @@ async def case_sqlite_inbox(work: Path) -> float:
     async with Ticker() as ticker:
         for n in range(200):
             await _maybe(inbox.add(_message(n)))
+            await asyncio.sleep(0)  # the next webhook is another request: the loop has a turn
     await _maybe(inbox.close())
     return ticker.longest
 
@@ -136,12 +179,14 @@ async def case_postgres_stall(work: Path, url: str, pids: list[int]) -> float:
 
     await _maybe(inbox.add(_message(0)))  # connections made, schema in place
     handlers: list[asyncio.Task[Any]] = []
+    outcomes: list[str] = []
 
     async def webhook(n: int) -> None:
         try:
             await _maybe(inbox.add(_message(n)))
-        except Exception:
-            pass  # refused: the platform sends it again later
+            outcomes.append("stored")
+        except Exception as exc:  # refused: the platform sends it again later
+            outcomes.append(type(exc).__name__)
 
     def resume() -> None:
         for pid in pids:
@@ -149,6 +194,11 @@ async def case_postgres_stall(work: Path, url: str, pids: list[int]) -> float:
 
     # Resumed from a thread of its own: a loop blocked on the database could not do it.
     timer = threading.Timer(STALL_S, resume)
+    # The postmaster and every process it runs now, the backends of this worker's connections too.
+    import psutil
+
+    postmaster = psutil.Process(pids[0])
+    pids = [postmaster.pid, *(p.pid for p in postmaster.children(recursive=True))]
     async with Ticker() as ticker:
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
@@ -165,11 +215,15 @@ async def case_postgres_stall(work: Path, url: str, pids: list[int]) -> float:
             resume()
     await asyncio.gather(*handlers)
     await close()
+    print(f"{len(pids)} server processes stopped; webhooks: {sorted(set(outcomes))}", file=sys.stderr)
     return ticker.longest
 
 
 def child(case: str, work: Path, url: str, pids: list[int]) -> None:
-    if case == "attachment":
+    if case in ("pg-put", "pg-miss"):
+        put, miss = asyncio.run(case_pg_attachment(work, url))
+        result = put if case == "pg-put" else miss
+    elif case == "attachment":
         result = asyncio.run(case_attachment(work))
     elif case == "sqlite":
         result = asyncio.run(case_sqlite_inbox(work))
@@ -186,19 +240,19 @@ def run_case(code: Path, case: str, url: str, pids: list[int]) -> float:
                              env=env, cwd=code, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             raise SystemExit(f"{case} failed with the code in {code}:\n{out.stderr[-3000:]}")
+        notes = [line for line in out.stderr.splitlines() if "server processes stopped" in line]
+        if notes:
+            print(f"  {case}, {'before' if code != ROOT else 'after'}: {notes[-1]}")
         return float(json.loads(out.stdout.strip().splitlines()[-1])["longest_s"])
 
 
-def server_pids(url: str) -> list[int]:
-    import psutil
+def postmaster_pid(url: str) -> int:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SHOW data_directory").fetchone()
     assert row is not None
-    postmaster = int((Path(str(row[0])) / "postmaster.pid").read_text().splitlines()[0])
-    main = psutil.Process(postmaster)
-    return [main.pid, *(p.pid for p in main.children(recursive=True))]
+    return int((Path(str(row[0])) / "postmaster.pid").read_text().splitlines()[0])
 
 
 def main() -> None:
@@ -218,14 +272,16 @@ def main() -> None:
     server_url = given or server.get_uri()
     rows = []
     try:
-        for case, label in (("attachment", "20 MB attachment (put_stream)"),
+        for case, label in (("attachment", "20 MB attachment, embedded (put_stream)"),
+                            ("pg-put", "20 MB attachment, PostgreSQL (put_stream)"),
+                            ("pg-miss", "the same, read on a worker without it"),
                             ("sqlite", "200 messages into the SQLite inbox"),
                             ("postgres", f"PostgreSQL stopped {STALL_S:g} s during webhooks")):
             figures = {}
             for name, code in (("before", before), ("after", ROOT)):
                 url = new_database(server_url)
                 try:
-                    pids = server_pids(url) if case == "postgres" else []
+                    pids = [postmaster_pid(url)] if case == "postgres" else []
                     figures[name] = run_case(code, case, url, pids)
                 finally:
                     drop_database(server_url, url)
