@@ -12,7 +12,8 @@ from typing import Any
 from talon.agent.memo import DerivedCache
 from talon.agent.openai_provider import to_openai_messages
 from talon.agent.profiles import ModelProfile
-from talon.agent.session import ChatKey, is_checkpoint
+from talon.agent.session import is_checkpoint
+from talon.storage.sessions import ChatKey
 from talon.agent.summary import SUMMARY_SYSTEM
 from talon.content import AttachmentRef, FileBlock, ImageBlock, Message, TextBlock, ToolCall
 from tests.fakes.openai_server import FakeOpenAI, ToolCall as WireToolCall, last_user_text
