@@ -105,7 +105,8 @@ def test_migrate_copies_checks_and_is_idempotent(tmp_path: Path, pg_url: str, mo
     code, again = run_migrate(monkeypatch, capsys, data, pg_url)
     assert code == 0, again
     rows = {line.split("  ")[1].strip(): line.split() for line in again.splitlines() if line.startswith("  ")}
-    assert [rows[k][-2] for k in rows if k != "store"] == ["0", "0", "0", "0", "0"]  # nothing copied twice
+    copied_again = [rows[k][-2] for k in rows if k != "store"]
+    assert len(copied_again) >= 6 and set(copied_again) == {"0"}  # every store listed, nothing copied twice
 
     asyncio.run(check_the_copy(pg_url, tmp_path, data, made))
     assert not (data / "migrate-check").exists()

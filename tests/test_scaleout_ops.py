@@ -17,6 +17,7 @@ import pytest
 from talon.cli import main
 from talon.config import Settings
 from talon.errors import ConfigError
+from talon.storage.postgres.schema import SCHEMA_VERSION
 from talon.runtime import Runtime, build_runtime, configured_channels, shared_http_server
 from talon.scaleout import SharedBridge
 from talon.storage.factory import open_stores
@@ -99,7 +100,7 @@ def test_doctor_reports_the_database(tmp_path: Path, pg_url: str, monkeypatch: p
     captured = capsys.readouterr()
     out = captured.out
     assert "problems with model" in captured.err and "database" not in captured.err
-    assert doctor_rows(out)["database schema"] == "version 0 of 5: the next `talon run` upgrades it"
+    assert doctor_rows(out)["database schema"] == f"version 0 of {SCHEMA_VERSION}: the next `talon run` upgrades it"
     async def a_worker() -> None:
         stores = open_stores(Settings(_env_file=None, TALON_DATABASE_URL=pg_url,  # type: ignore[call-arg]
                                       TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m")))
@@ -115,7 +116,7 @@ def test_doctor_reports_the_database(tmp_path: Path, pg_url: str, monkeypatch: p
     asyncio.run(a_worker())
     assert main(["doctor"]) == 1  # still no model, and nothing wrong with the database
     rows = doctor_rows(capsys.readouterr().out)
-    assert rows["database schema"] == "ok: version 5"
+    assert rows["database schema"] == f"ok: version {SCHEMA_VERSION}"
     assert rows["leases"] == "1 live, held by 1 worker(s); 1 expired and not yet taken over (a worker died or is stuck)"
     assert rows["inbox"] == "nothing pending"
     monkeypatch.setenv("TALON_DATABASE_URL", f"host={tmp_path} dbname=none")
