@@ -66,7 +66,7 @@ def test_the_least_recently_used_go_first_and_keep_nothing_alive_beyond() -> Non
 
 # --- the mapper with and without it -----------------------------------------------------------
 def _mixed(setup: Setup) -> list[Message]:
-    ref = setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
+    ref = setup.store.blocking.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
     lost = AttachmentRef(id="f" * 64, mime="image/png", bytes=10, name="gone.png")
     doc = AttachmentRef(id="d" * 64, mime="application/pdf", bytes=2000, name="minutes.pdf")
     return [
@@ -116,7 +116,7 @@ def _respond(body: dict[str, Any]) -> Any:
 async def _conversation(tmp_path: Path, *, cached: bool) -> list[str]:
     setup = Setup(tmp_path)
     (setup.root / "notes.txt").write_text("the tide comes in twice a day\n" * 40)
-    photo = setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
+    photo = await setup.store.put_bytes(png(), mime="image/png", name="photo.png", width=40, height=30)
     async with FakeOpenAI() as fake:
         fake.default_responder = _respond
         provider = openai_provider(fake, setup)
@@ -136,7 +136,7 @@ async def _conversation(tmp_path: Path, *, cached: bool) -> list[str]:
                 provider.vision = False  # as after a server refused images: placeholders from now on
         await provider.aclose()
     assert all(r.status == 200 for r in fake.requests)
-    assert any(is_checkpoint(m) for m in setup.sessions.load(CHAT)), "no summary was made"
+    assert any(is_checkpoint(m) for m in await setup.sessions.load(CHAT)), "no summary was made"
     # The runs live in different directories, named in the summary's pointer to its archive.
     return [json.dumps(r.json, sort_keys=True).replace(str(tmp_path), "<run>") for r in fake.requests]
 
