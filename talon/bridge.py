@@ -240,7 +240,8 @@ class Bridge:
         chat = conversation_key(message)
         try:
             answer = await approvals.answer_reply(message.channel, chat.chat_id, message.sender_id,
-                                                  message.sender_name or "", choice)  # type: ignore[arg-type]
+                                                  message.sender_name or "", choice,  # type: ignore[arg-type]
+                                                  message.sender_username)
         except Exception:
             log.exception("message %s: could not match the reply to an approval; answering it as a message",
                           message.key)

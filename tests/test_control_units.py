@@ -131,9 +131,10 @@ def test_approval_kinds_by_tool_name() -> None:
 
 
 def test_approvers_and_replies() -> None:
-    policy = ApprovalPolicy.parse("shell", "telegram:42, 7")
+    policy = ApprovalPolicy.parse("shell", "telegram:42, 7, @Bob")
     assert policy.is_approver("telegram", "42") and not policy.is_approver("whatsapp", "42")
     assert policy.is_approver("whatsapp", "7")
+    assert policy.is_approver("telegram", "99", "bob") and not policy.is_approver("telegram", "99", "eve")
     assert [reply_choice(t) for t in ("yes", "Yes!", "/approve", "/approve@talon_bot", "no", "/deny", "yes please")] \
         == ["approve", "approve", "approve", "approve", "deny", "deny", None]
 

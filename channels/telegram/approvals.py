@@ -75,7 +75,8 @@ class ApprovalPrompts(TelegramCore):
             return
         user = query.from_user
         name = user.full_name or (f"@{user.username}" if user.username else str(user.id))
-        answer = await control.approvals.answer(parts[1], _CHOICES[parts[2]], self.name, str(user.id), name)
+        answer = await control.approvals.answer(parts[1], _CHOICES[parts[2]], self.name, str(user.id), name,
+                                                user.username)
         await self._answer_query(query, answer.note, alert=answer.outcome == "refused")
         if answer.outcome == "decided" and answer.approval is not None:
             await control.approvals.settle(self, answer.approval)

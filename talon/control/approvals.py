@@ -91,7 +91,8 @@ class ApprovalPolicy:
             else:
                 raise ConfigError(f"TALON_APPROVAL: {entry!r} is not a kind of tool call (use shell, write, mcp, "
                                   "mcp:<server>, send, web, comma-separated; or off)", ["TALON_APPROVAL"])
-        return cls(frozenset(kinds), frozenset(a.strip() for a in approvers.split(",") if a.strip()), timeout_s)
+        people = (a.strip() for a in approvers.replace(";", ",").split(","))
+        return cls(frozenset(kinds), frozenset(p.lower() if p.startswith("@") else p for p in people if p), timeout_s)
 
     def kind_of(self, tool: str) -> str | None:
         """The kind a call of ``tool`` waits as, or None when it runs without asking."""
@@ -102,11 +103,13 @@ class ApprovalPolicy:
             return kind
         return kind if kind in self.kinds else None
 
-    def is_approver(self, channel: str, person: str) -> bool:
-        return person in self.approvers or f"{channel}:{person}" in self.approvers
+    def is_approver(self, channel: str, person: str, username: str | None = None) -> bool:
+        named = username is not None and f"@{username.lstrip('@').lower()}" in self.approvers
+        return named or person in self.approvers or f"{channel}:{person}" in self.approvers
 
-    def may_decide(self, approval: Approval, channel: str, person: str) -> bool:
-        return (channel == approval.channel and person == approval.requester) or self.is_approver(channel, person)
+    def may_decide(self, approval: Approval, channel: str, person: str, username: str | None = None) -> bool:
+        return ((channel == approval.channel and person == approval.requester)
+                or self.is_approver(channel, person, username))
 
     @property
     def timeout_words(self) -> str:
@@ -276,7 +279,8 @@ class Approvals:
                 await self._settle(prompter, stopped)
 
     # --- the person's side ---------------------------------------------------------------------
-    async def answer(self, approval_id: str, choice: Choice, channel: str, person: str, name: str) -> Answer:
+    async def answer(self, approval_id: str, choice: Choice, channel: str, person: str, name: str,
+                     username: str | None = None) -> Answer:
         """A press or a reply by ``person`` on ``channel``. The caller then shows the outcome
         (``settle``) once it has acknowledged the press."""
         approval = await self.store.get(approval_id)
@@ -284,7 +288,7 @@ class Approvals:
             return Answer("unknown", note="This approval is no longer known.")
         if approval.status != "pending":
             return Answer("already", approval, note=f"Already {_status_words(approval)}.")
-        if not self.policy.may_decide(approval, channel, person):
+        if not self.policy.may_decide(approval, channel, person, username):
             log.info("approval %s: %s:%s (%s) may not decide it", approval.id, channel, person, name)
             return Answer("refused", approval,
                           note="Only the person who asked, or an approver, can answer this.")
@@ -303,16 +307,16 @@ class Approvals:
         return Answer("decided", decided, note="Approved." if status == "approved" else "Denied.")
 
     async def answer_reply(self, channel: str, chat_id: str, person: str, name: str,
-                           choice: Choice) -> Answer | None:
+                           choice: Choice, username: str | None = None) -> Answer | None:
         """A yes/no reply in a conversation: it answers the oldest approval waiting there; None
         when none waits (the reply is then an ordinary message)."""
         pending = await self.store.pending(channel, chat_id)
         if not pending:
             return None
-        mine = [a for a in pending if self.policy.may_decide(a, channel, person)]
+        mine = [a for a in pending if self.policy.may_decide(a, channel, person, username)]
         if not mine:
             return Answer("refused", pending[0], note="Only the person who asked, or an approver, can answer this.")
-        return await self.answer(mine[0].id, choice, channel, person, name)
+        return await self.answer(mine[0].id, choice, channel, person, name, username)
 
     async def settle(self, prompter: Prompter, approval: Approval) -> None:
         await self._settle(prompter, approval)
