@@ -54,6 +54,8 @@ if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
+# A reply this short is planned into its parts a second time at no real cost (see ``_deliver``).
+SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny"})
@@ -643,8 +645,9 @@ class Bridge:
         spoken = self._start_voice(channel, message, reply, item.delivered_parts)
         try:
             # The last part's record is left to the one that closes the message: a round trip less.
+            # Counted for short replies only: listing a long reply's parts renders it once more.
             last = None
-            if spoken is None:
+            if spoken is None and len(reply.text) <= SHORT_REPLY_CHARS:
                 with contextlib.suppress(NotImplementedError):
                     last = len(channel.reply_parts(reply))
             outcome = await self._deliver_reply(channel, message, reply, delivered, last=last)
