@@ -173,7 +173,8 @@ async def test_as_root_the_shell_has_no_capabilities_cannot_remount_and_never_ru
     (planted / "bwrap").write_text(f"#!/bin/sh\necho ran > {mark}\nexec /usr/bin/bwrap \"$@\"\n")
     (planted / "bwrap").chmod(0o755)
     monkeypatch.setenv("PATH", f"{planted}:{os.environ['PATH']}")
-    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL="true")
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL="true",
+                             TALON_APPROVAL="off")  # the sandbox is tested here, not approvals
     ws = settings.workspace_dir("telegram", str(ALICE))
     probe = ("grep -E '^(CapEff|CapPrm|CapBnd)' /proc/self/status; echo uid=$(id -u) gid=$(id -g); "
              "mount -o remount,bind,rw /usr 2>&1; echo remount=$?; "
@@ -291,7 +292,7 @@ async def test_a_fork_bomb_in_a_real_run_stops_at_the_process_limit_and_leaves_t
     tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI
 ) -> None:
     settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL="true",
-                             TALON_SHELL_MAX_PROCS="24")
+                             TALON_SHELL_MAX_PROCS="24", TALON_APPROVAL="off")
     # The bomb's shells all carry the marker in their command line, so the host can count them
     # among everything else running on this machine.
     marker = secrets.token_hex(8)
