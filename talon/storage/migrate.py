@@ -92,6 +92,17 @@ async def _insert_all(db: AsyncDatabase, sql: str, rows: list[tuple[Any, ...]]) 
     return copied
 
 
+async def _verify(db: AsyncDatabase, report: StoreReport,
+                  checks: list[tuple[str, str, list[tuple[object, ...]]]]) -> None:
+    """Count each copied row found in the database by its key; name the ones missing."""
+    for table, where, keys in checks:
+        for key in keys:
+            if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
+                report.verified += 1
+            else:
+                report.problems.append(f"{table} row {key} is missing in the database")
+
+
 async def _inbox(path: Path, db: AsyncDatabase) -> StoreReport:
     report = StoreReport("inbox")
     read = await asyncio.to_thread(_read_sqlite, path, "SELECT key, channel, chat_id, payload, status, attempts, "
@@ -186,15 +197,11 @@ async def _access(path: Path, db: AsyncDatabase) -> StoreReport:
     report.copied += await _insert_all(
         db, "INSERT INTO talon_pairing_replied (channel, sender_id, at) VALUES (%s, %s, %s) "
             "ON CONFLICT DO NOTHING", replied)
-    checks: list[tuple[str, str, list[tuple[object, ...]]]] = [("talon_approved", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in approved]),
-              ("talon_pairing_pending", "code = %s", [(r[3],) for r in pending]),
-              ("talon_pairing_replied", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in replied])]
-    for table, where, keys in checks:
-        for key in keys:
-            if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
-                report.verified += 1
-            else:
-                report.problems.append(f"{table} row {key} is missing in the database")
+    checks: list[tuple[str, str, list[tuple[object, ...]]]] = [
+        ("talon_approved", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in approved]),
+        ("talon_pairing_pending", "code = %s", [(r[3],) for r in pending]),
+        ("talon_pairing_replied", "channel = %s AND sender_id = %s", [(r[0], r[1]) for r in replied])]
+    await _verify(db, report, checks)
     return report
 
 
@@ -243,12 +250,7 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
         ("talon_usage", _USAGE[2], list(usage)), ("talon_usage_grants", _GRANTS[2], list(grants)),
         ("talon_approvals", "id = %s AND status = %s", [(r[0], r[13]) for r in approvals]),
         ("talon_approval_always", "channel = %s AND chat_id = %s AND tool = %s", [r[:3] for r in always])]
-    for table, where, keys in checks:
-        for key in keys:
-            if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
-                report.verified += 1
-            else:
-                report.problems.append(f"{table} row {key} is missing in the database")
+    await _verify(db, report, checks)
     return report
 
 
@@ -275,12 +277,7 @@ async def _tasks(path: Path, db: AsyncDatabase) -> StoreReport:
         ("talon_tasks", "id = %s", [(r[0],) for r in tasks]),
         ("talon_task_runs", "task_id = %s AND due_ms = %s", [(r[0], r[1]) for r in runs]),
         ("talon_chat_zones", "channel = %s AND chat_id = %s", [(r[0], r[1]) for r in zones])]
-    for table, where, keys in checks:
-        for key in keys:
-            if await db.fetchone(f"SELECT 1 FROM {table} WHERE {where}", key) is not None:
-                report.verified += 1
-            else:
-                report.problems.append(f"{table} row {key} is missing in the database")
+    await _verify(db, report, checks)
     return report
 
 
