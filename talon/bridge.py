@@ -402,6 +402,27 @@ class Bridge:
                 return
             item = dataclasses.replace(item, attempts=state.attempts, delivered_parts=state.delivered_parts,
                                        live_message=state.live_message)
+        try:
+            await self._attempt(item, channel, chat, ids)
+        except asyncio.CancelledError:
+            # Stopping, or (many workers) the chat's lease was lost: not the message's fault.
+            await self._give_back_attempt(message.key)
+            raise
+
+    async def _give_back_attempt(self, key: str) -> None:
+        """Uncount the attempt cut short (best effort, within a second: the database may be what
+        cut it short; then the attempt stays counted)."""
+        undo = asyncio.ensure_future(self.inbox.give_back_attempt(key))
+        undo.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(undo), 1.0)
+        except BaseException as exc:  # noqa: BLE001 - the caller re-raises its own cancellation
+            log.warning("message %s: could not give its interrupted attempt back (%s)", key,
+                        type(exc).__name__)
+
+    async def _attempt(self, item: InboxItem, channel: "Channel", chat: ChatKey, ids: str) -> None:
+        """Answer a message whose attempt is counted."""
+        message = item.message
         attempts = item.attempts
         if attempts > 1 and await self._joined_earlier(chat, message):
             await self.inbox.mark_done(message.key)  # answered by the turn it joined, before a restart

@@ -57,6 +57,9 @@ class SharedBridge(Bridge):
         self._renewed = time.monotonic()  # leases taken from now on are fresh
         self._claiming: set[ChatKey] = set()  # chats whose lease is being taken now
         self._released: dict[ChatKey, bool] = {}  # chats whose lease closing a message gave back
+        # Chats whose lease this worker holds as far as it knows (taken, not yet given back): a
+        # worker task still winding down after giving its lease back has not lost it.
+        self._holding: set[ChatKey] = set()
 
     # --- intake ---------------------------------------------------------------------------
     async def submit(self, message: InboundMessage) -> bool:
@@ -72,7 +75,7 @@ class SharedBridge(Bridge):
                 item, leased = await self._shared_inbox.add_and_lease(
                     message, chat_lease(chat.channel, chat.chat_id), self._leases.holder, self._leases.ttl_s)
                 if leased:
-                    self._took(chat)
+                    self._took(chat, holding=True)
                     self._start(chat)
             finally:
                 self._claiming.discard(chat)
@@ -130,15 +133,20 @@ class SharedBridge(Bridge):
         if not self._stopped:
             self._workers[chat] = asyncio.create_task(self._work(chat), name=f"chat-{chat}")
 
-    def _took(self, chat: ChatKey) -> None:
-        """The chat's lease was taken or given back: a renewal that began before says nothing of it."""
+    def _took(self, chat: ChatKey, *, holding: bool | None = None) -> None:
+        """The chat's lease was taken (``holding``), is being given back (``holding=False``) or may
+        be (None): a renewal that began before says nothing of it."""
         self._takings += 1
         self._taken[chat] = self._takings
+        if holding:
+            self._holding.add(chat)
+        elif holding is not None:
+            self._holding.discard(chat)
 
     async def _take(self, chat: ChatKey) -> bool:
         if not await self._leases.acquire(chat_lease(chat.channel, chat.chat_id)):
             return False
-        self._took(chat)
+        self._took(chat, holding=True)
         return True
 
     # --- serving one chat -------------------------------------------------------------------
@@ -161,6 +169,7 @@ class SharedBridge(Bridge):
                 self._workers.pop(chat, None)
                 self._taken.pop(chat, None)
                 self._released.pop(chat, None)
+                self._holding.discard(chat)
 
     async def _serve_next(self, chat: ChatKey, name: str, tried: set[int]) -> bool:
         """Answer the chat's next message; True when there is none left to answer here."""
@@ -170,7 +179,7 @@ class SharedBridge(Bridge):
         if item is None or item.seq in tried:
             if item is not None:  # its delivery failed for now; give others a go later
                 self._retry_at[chat] = time.monotonic() + self.retry_after_s
-            self._took(chat)
+            self._took(chat, holding=False)
             await self._leases.release(name)
             if item is not None:
                 return True
@@ -201,17 +210,31 @@ class SharedBridge(Bridge):
         if await self._shared_inbox.finish(message.key, delivered_parts, chat_lease(chat.channel, chat.chat_id),
                                            self._leases.holder):
             self._released[chat] = True
+            self._holding.discard(chat)
 
     # --- leases and the scan --------------------------------------------------------------
     async def _coordinate(self) -> None:
+        """Renewals and the scan, each in a loop of its own: a scan that waits for a busy pool
+        (it takes leases one by one) must not hold back the renewal of the leases held."""
+        renewals = asyncio.create_task(self._keep_renewing(), name="talon-lease-renewals")
+        try:
+            while not self._stopped:
+                try:
+                    await self._scan()
+                except Exception as exc:  # the database is away: keep trying, the leases tell the rest
+                    log.error("worker %s: scanning the inbox failed (%s); retrying", self.worker_id, exc)
+                await asyncio.sleep(self.scan_interval_s)
+        finally:
+            renewals.cancel()
+            await asyncio.gather(renewals, return_exceptions=True)
+
+    async def _keep_renewing(self) -> None:
         while not self._stopped:
             try:
                 await self._renew()
-                await self._scan()
-            except Exception as exc:  # the database is away: keep trying, the leases tell the rest
-                log.error("worker %s: coordination with the database failed (%s); retrying",
-                          self.worker_id, exc)
-            await asyncio.sleep(self.scan_interval_s)
+            except Exception as exc:  # the watchdog gives the chats up if this lasts past the lease
+                log.error("worker %s: renewing the leases failed (%s); retrying", self.worker_id, exc)
+            await asyncio.sleep(min(self.scan_interval_s, self._leases.ttl_s / 6))
 
     async def _renew(self) -> None:
         now = time.monotonic()
@@ -226,9 +249,11 @@ class SharedBridge(Bridge):
         self._renewed = now
         for chat, task in serving.items():
             if (chat_lease(chat.channel, chat.chat_id) not in held and not task.done()
-                    and self._workers.get(chat) is task and self._taken.get(chat) == taken.get(chat)):
+                    and self._workers.get(chat) is task and self._taken.get(chat) == taken.get(chat)
+                    and chat in self._holding):
                 log.error("worker %s: lost the lease of chat %s (not renewed within %gs); another worker "
                           "serves it now", self.worker_id, chat, self._leases.ttl_s)
+                self._holding.discard(chat)  # cancelled once: its winding down is not cut short again
                 task.cancel()
 
     async def _watch_leases(self) -> None:
@@ -238,9 +263,12 @@ class SharedBridge(Bridge):
         while not self._stopped:
             await asyncio.sleep(min(0.2, self._leases.ttl_s / 3))
             if self._workers and time.monotonic() - self._renewed > self._leases.ttl_s:
-                log.error("worker %s: leases not renewed for over %gs; stops serving its %d chat(s)",
-                          self.worker_id, self._leases.ttl_s, len(self._workers))
-                for task in list(self._workers.values()):
+                given_up = [(chat, task) for chat, task in self._workers.items() if chat in self._holding]
+                if given_up:
+                    log.error("worker %s: leases not renewed for over %gs; stops serving its %d chat(s)",
+                              self.worker_id, self._leases.ttl_s, len(given_up))
+                for chat, task in given_up:
+                    self._holding.discard(chat)  # cancelled once: its winding down is not cut short again
                     task.cancel()
 
     async def _scan(self) -> None:

@@ -107,6 +107,27 @@ async def test_stop_mid_turn_leaves_the_message_pending_and_it_is_answered_once(
     assert [c.params["text"] for c in tg.sent("sendMessage", chat_id=ALICE)] == ["echo: first", "echo: second"]
 
 
+async def test_a_message_stopped_mid_turn_many_times_is_still_answered_not_given_up(
+    tg: FakeTelegram, llm: FakeOpenAI, settings: Settings
+) -> None:
+    # A turn cut short by a stop (or, with many workers, a lost lease) is not the message's fault:
+    # it gives its attempt back, so four stops in a row do not use up the three attempts.
+    llm.hang = True
+    tg.push_update(tg.text_message(ALICE, "patience", user_id=ALICE))
+    for run in range(1, 5):
+        async with running(settings) as runtime:
+            await llm.wait_for_requests(run, timeout=20)
+            item = (await runtime.inbox.pending())[0]
+            assert item.message.text == "patience"
+            assert item.attempts <= 2, item  # counted, and given back at every stop
+    llm.release()
+    async with running(settings) as runtime:
+        await tg.wait_for("sendMessage", to_alice, timeout=20)
+        await runtime.bridge.idle()
+        assert not await runtime.inbox.pending()
+    assert [c.params["text"] for c in tg.sent("sendMessage", chat_id=ALICE)] == ["echo: patience"]
+
+
 async def test_stop_while_a_reply_is_being_sent_lets_it_finish_and_never_sends_it_twice(
     tg: FakeTelegram, llm: FakeOpenAI, settings: Settings
 ) -> None:

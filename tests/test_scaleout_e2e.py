@@ -29,10 +29,6 @@ def replies_by_chat(tg: FakeTelegram) -> dict[int, list[str]]:
     return out
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "OPEN BUG (issue 17/18, not fixed this session): after a worker is SIGKILLed, some of its chats' "
-    "first messages are given up ('it failed several times') instead of answered by another worker; "
-    "a turn cancelled by a lost lease still counts as one of the message's 3 attempts"))
 def test_three_workers_webhook_200_chats_one_killed(tmp_path: Path, pg_url: str) -> None:
     users = [FIRST_USER + i for i in range(CHATS)]
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI(delay=0.2) as llm:

@@ -43,6 +43,11 @@ class InboxStore(Protocol):
     async def begin_attempt(self, key: str) -> InboxItem | None:
         """Count one more attempt at the message; its state after that (None: unknown key)."""
 
+    async def give_back_attempt(self, key: str) -> None:
+        """The attempt in progress was cut short for a reason that is not the message's (the
+        worker stopped, or lost the chat's lease): it does not count toward the limit. The
+        count never drops below one, so a resumed message is still seen as resumed."""
+
     async def set_delivered_parts(self, key: str, parts: int) -> None: ...
 
     async def set_live_message(self, key: str, message_id: str) -> None: ...
@@ -117,6 +122,11 @@ class MemoryInbox:
             return None
         row.item = replace(row.item, attempts=row.item.attempts + 1)
         return row.item
+
+    async def give_back_attempt(self, key: str) -> None:
+        row = self._rows.get(key)
+        if row is not None and row.item.attempts > 1:
+            row.item = replace(row.item, attempts=row.item.attempts - 1)
 
     async def set_delivered_parts(self, key: str, parts: int) -> None:
         if key in self._rows:

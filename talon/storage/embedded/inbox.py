@@ -77,6 +77,10 @@ class SqliteInbox:
             f"UPDATE inbox SET attempts = attempts + 1 WHERE key=? RETURNING {_COLUMNS}", (key,)).fetchone())
         return _item(row) if row else None
 
+    async def give_back_attempt(self, key: str) -> None:
+        await self.db.run(lambda c: c.execute(
+            "UPDATE inbox SET attempts = attempts - 1 WHERE key=? AND attempts > 1", (key,)))
+
     async def set_delivered_parts(self, key: str, parts: int) -> None:
         # This record closes the window in which a crash makes a part go out twice (the platform
         # has it, the inbox does not know yet), so it is committed without waiting for an fsync:

@@ -105,6 +105,10 @@ class PgInbox:
             f"UPDATE talon_inbox SET attempts = attempts + 1 WHERE key = %s RETURNING {_COLUMNS}", (key,))
         return _item(row) if row else None
 
+    async def give_back_attempt(self, key: str) -> None:
+        await self.db.execute(
+            "UPDATE talon_inbox SET attempts = attempts - 1 WHERE key = %s AND attempts > 1", (key,))
+
     async def set_delivered_parts(self, key: str, parts: int) -> None:
         await self.db.execute("UPDATE talon_inbox SET delivered_parts = %s WHERE key = %s", (parts, key))
 
