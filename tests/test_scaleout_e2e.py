@@ -10,7 +10,6 @@ from pathlib import Path
 
 import aiohttp
 import psycopg
-import pytest
 
 from tests.conftest import TOKEN
 from tests.fakes.openai_server import FakeOpenAI
