@@ -12,8 +12,10 @@ import pytest
 from talon.agent.anthropic_provider import AnthropicProvider
 from talon.agent.loop import NO_TOOLS_NOTE
 from talon.agent.openai_provider import OpenAIProvider
+from talon.agent.profiles import ModelProfile
 from talon.bridge import apology
 from talon.content import ImageBlock, Message
+from talon.storage.sessions import ChatKey
 from talon.errors import ModelNotFound, ProviderError, ProviderUnavailable, RateLimited
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.openai_server import FakeOpenAI
@@ -108,6 +110,28 @@ async def test_stream_options_refused_alone_are_dropped(setup: Setup) -> None:
     assert result.text == "echo: hi"
     assert "stream_options" in fake.requests[0].json and "stream_options" not in fake.requests[1].json
     assert fake.requests[1].json["stream"] is True
+
+
+async def test_a_window_too_small_for_the_tool_definitions_runs_without_them(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A 1,024-token window cannot carry the definitions of the file tools and a conversation:
+    # they are left out (said once in the log, and in /status), not sent into a certain refusal.
+    caplog.set_level(logging.WARNING)
+    async with FakeOpenAI() as fake:
+        p = provider(fake, setup, model="tiny")
+        small = setup.agent(p, profile=ModelProfile(1024, 128, False, known=False))
+        roomy = setup.agent(p, profile=ModelProfile(8192, 128, False, known=False))
+        assert not small.tools_available and roomy.tools_available
+        await small.run_turn(CHAT, Message.user("hi"), "t1")
+        await roomy.run_turn(ChatKey("telegram", "other"), Message.user("hi"), "t2")
+        status = await small.status_text(CHAT, "tiny")
+        await p.aclose()
+    assert "tools" not in fake.requests[0].json and NO_TOOLS_NOTE in fake.requests[0].json["messages"][0]["content"]
+    assert "tools" in fake.requests[1].json
+    assert "tools no (the window is too small for their definitions)" in status
+    warnings = [r.getMessage() for r in caplog.records if "too small for the definitions" in r.getMessage()]
+    assert len(warnings) == 1 and "1,024 tokens" in warnings[0], warnings
 
 
 async def test_tools_refused_run_the_agent_without_tools(setup: Setup) -> None:
@@ -246,8 +270,10 @@ async def test_what_the_server_revealed_is_remembered_across_restarts(setup: Set
     from talon.agent.profiles import ModelProfile
 
     learned = LearnedFacts(tmp_path / "model_facts.json", "openai:local @ http://x/v1")
+    # (No request count in the refusal: a count far above the estimate would, rightly, leave the
+    # tools out for want of room, and this test is about remembering the refusals.)
     async with FakeOpenAI() as fake:
-        fake.queue(FakeOpenAI.error(400, "request (9000 tokens) exceeds the available context size (4096 tokens), "
+        fake.queue(FakeOpenAI.error(400, "the request exceeds the available context size (4096 tokens), "
                                          "try increasing it", type="exceed_context_size_error"),
                    FakeOpenAI.error(400, "llama3 does not support tools"), "ok")
         p = provider(fake, setup, model="local")

@@ -63,7 +63,8 @@ from talon.agent.refusals import stated_window
 from talon.agent.session import FAILED_TURN, is_checkpoint
 from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.summary import Summarizer, mechanical_summary
-from talon.agent.tokens import CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request
+from talon.agent.tokens import (CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request,
+                                estimate_tools)
 from talon.agent.tools import ToolContext, ToolRegistry, ToolResult
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import WorkspaceTool
@@ -212,6 +213,7 @@ class Agent:
         self.memory = Memory(self.workspace, max_chars=self.memory_chars) if self.workspace is not None else None
         self.last_usage: dict[ChatKey, Usage] = {}
         self.token_scale = 1.0
+        self._tools_fit: dict[tuple[tuple[str, ...], int, float], bool] = {}
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
         self.refused_images: dict[ChatKey, set[str]] = {}
         # The copies each request makes of the log (``conversation_view``, ``_wire``), kept so a
@@ -316,8 +318,28 @@ class Agent:
 
     @property
     def tools_available(self) -> bool:
-        """False when the server cannot call tools (discovery said so, or it refused them)."""
-        return bool(self.tools.tools) and getattr(self.provider, "tools", True)
+        """False when the server cannot call tools (discovery said so, or it refused them), or
+        when the model's window is too small to hold their definitions."""
+        return bool(self.tools.tools) and getattr(self.provider, "tools", True) and self.tools_fit
+
+    @property
+    def tools_fit(self) -> bool:
+        """Whether the tools' definitions take at most half of what the window leaves for input: a
+        tiny model's window (1,024 tokens) cannot carry a dozen definitions and a conversation."""
+        specs = self.tools.specs()
+        key = (tuple(spec.name for spec in specs), self.profile.context_window, self.token_scale)
+        fits = self._tools_fit.get(key)
+        if fits is None:
+            budget = self.budget
+            need = math.ceil(estimate_tools(specs) * self.token_scale)
+            fits = need <= (budget.window - budget.max_output) // 2
+            if not fits:
+                log.warning("the model's context window (%s tokens) is too small for the definitions of its "
+                            "%d tools (~%s tokens): requests go without tools; a model with a larger window "
+                            "(or TALON_LOCAL_CONTEXT for a local one) can use them", f"{budget.window:,}",
+                            len(specs), f"{need:,}")
+            self._tools_fit = {key: fits}
+        return fits
 
     def tool_specs(self) -> list[ToolSpec]:
         return self.tools.specs() if self.tools_available else []
@@ -422,6 +444,8 @@ class Agent:
             profile = profile.learned(vision=False, source="refused by the server")
         if profile.tools and not getattr(self.provider, "tools", True):
             profile = profile.learned(tools=False, source="refused by the server")
+        elif profile.tools and self.tools.tools and not self.tools_fit:
+            profile = profile.learned(tools=False, source="the window is too small for their definitions")
         server = ""
         if self.facts is not None and (not self.facts.reachable or self.facts.listed is False):
             server = f"\nServer: {self.facts.describe()}"
@@ -488,6 +512,7 @@ class Agent:
                                 self.profile.context_window)
                     budget = self.budget
                     system = self.system(chat)  # the memory share follows the window
+                    tools = self.tool_specs()  # and so does room for the tools' definitions
                     ctx = self._request_context(chat, history, system, tools, budget)
                     messages = self._withhold_refused(
                         chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
