@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,6 +105,7 @@ class _Running:
     stopped: str = ""  # why it was cancelled: "stop" (/stop) or "interrupt" (a new message)
     partial: str = ""  # the reply text of the current model step, as streamed so far
     absorbed: list[InboxItem] = field(default_factory=list)  # messages that joined it (steer)
+    acknowledged: bool = False  # the acknowledgement reaction was shown (and is to be cleared)
 
 
 @dataclass
@@ -126,6 +127,10 @@ class Bridge:
     turn_timeout_s: float = 900.0
     # How long stop waits for a reply already being delivered before cutting it off.
     stop_grace_s: float = 10.0
+    # TALON_ACK_DELAY: the reaction, the typing indicator and the first live draft come this long
+    # into a turn, not at once: an answer ready sooner arrives alone (fewer Bot API calls, none
+    # of them spent on a flicker). 0: at once. A bare Bridge shows them at once.
+    ack_delay_s: float = 0.0
     # Voice replies (TALON_VOICE_REPLIES); None: answers are text only.
     voice: "VoiceReplies | None" = None
     # A message that arrives while its conversation's turn runs (TALON_BUSY_MODE): "steer" joins
@@ -446,12 +451,11 @@ class Bridge:
         self.turns_started += 1
         await self._report(message, "started")
         running = self._running[chat] = _Running(item)
-        await self._acknowledge(channel, message)
         try:
             outcome = await self._run_and_deliver(channel, chat, message, item, running, ids)
         finally:
             self._running.pop(chat, None)
-            for done in [item, *running.absorbed]:
+            for done in ([item] if running.acknowledged else []) + running.absorbed:
                 await self._acknowledge(channel, done.message, clear=True)
         self.metrics.turns.labels(message.channel, outcome).inc()
         self.metrics.turn_seconds.labels(message.channel).observe(time.monotonic() - started)
@@ -462,7 +466,7 @@ class Bridge:
         """Run the turn and deliver its reply; how it ended (for the metrics)."""
         ended = "answered"
         failure = ""  # why a scheduled run failed although its apology was delivered
-        async with channel.typing(message.chat_id, message.thread_id):
+        async with self._signs_of_work(channel, message, running):
             running.task = asyncio.create_task(self._turn(channel, chat, message, running, item),
                                                name=f"turn-{message.key}")
             try:
@@ -518,6 +522,39 @@ class Bridge:
         elif outcome == "sent":
             await self._report(message, "failed" if failure else "delivered", failure)
         return ended
+
+    @contextlib.asynccontextmanager
+    async def _signs_of_work(self, channel: "Channel", message: InboundMessage,
+                             running: _Running) -> AsyncIterator[None]:
+        """The acknowledgement reaction, then the typing indicator for as long as the block runs,
+        both from ``ack_delay_s`` into it: a turn done sooner shows neither."""
+        if self.ack_delay_s <= 0:
+            running.acknowledged = True
+            await self._acknowledge(channel, message)
+            async with channel.typing(message.chat_id, message.thread_id):
+                yield
+            return
+        done = asyncio.Event()
+
+        async def show() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), self.ack_delay_s)
+                return  # answered in time: no sign needed
+            running.acknowledged = True
+            await self._acknowledge(channel, message)
+            if not done.is_set():
+                async with channel.typing(message.chat_id, message.thread_id):
+                    await done.wait()
+
+        signs = asyncio.create_task(show(), name=f"signs-{message.key}")
+        try:
+            yield
+        finally:
+            done.set()
+            # A reaction call in flight is let finish (never cancelled mid-request: see
+            # Channel.typing); the clearing after the turn must come after it.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(signs)
 
     async def _close_approvals(self, channel: "Channel", chat: ChatKey, message: InboundMessage) -> None:
         """A turn that ends without finishing (/stop, its time limit, given up after crashes)
@@ -600,15 +637,28 @@ class Bridge:
             await self.inbox.set_live_message(key, message_id)
 
         live = channel.live_reply(message, placed=placed, resume_id=item.live_message)
+        # The first live draft waits for TALON_ACK_DELAY too (unless a draft is on screen already,
+        # from before a restart): text streamed sooner is held, and an answer finished by then
+        # goes out as one plain message.
+        quiet_until = time.monotonic() + self.ack_delay_s if item.live_message is None else 0.0
+        held: list[str] = []
 
         async def on_text(delta: str) -> None:
             running.partial += delta
-            if live is not None:
-                await live.on_text(delta)
+            if live is None:
+                return
+            if quiet_until and time.monotonic() < quiet_until:
+                held.append(delta)
+                return
+            if held:
+                delta = "".join(held) + delta
+                held.clear()
+            await live.on_text(delta)
 
         async def on_step(asked_for_tools: bool) -> None:
             if asked_for_tools:
                 running.partial = ""  # the preamble is in the session with its tool calls
+                held.clear()  # a preamble never shown needs no replacing either
             if live is not None and live.on_step is not None:
                 await live.on_step(asked_for_tools)
 

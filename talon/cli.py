@@ -120,7 +120,9 @@ async def _chat(settings: Settings) -> int:
     from talon.runtime import build_runtime
 
     console = ConsoleChannel(media_root=settings.workspace_dir("console", "local"))
-    runtime = build_runtime(settings, [console])
+    # The console's acknowledgement is no courtesy to save calls on: it says at once which earlier
+    # message a resumed answer is for (TALON_ACK_DELAY is for the platforms' Bot API calls).
+    runtime = build_runtime(settings.model_copy(update={"ack_delay_s": 0.0}), [console])
     try:
         await runtime.start()
         # From here Ctrl-C is the console's: the first one during an answer stops it.

@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     local_start_timeout_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_LOCAL_START_TIMEOUT"))
     summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
     turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
+    # The signs that a turn is under way (the acknowledgement reaction, the typing indicator, the
+    # first live draft) wait this long: an answer ready sooner arrives without them.
+    ack_delay_s: float = Field(default=1.0, ge=0, le=30, validation_alias=_env("TALON_ACK_DELAY"))
     max_steps: int = Field(default=12, validation_alias=_env("TALON_MAX_STEPS"))
     system_prompt: str = Field(default="", validation_alias=_env("TALON_SYSTEM_PROMPT"))
     # A message that arrives while its chat's turn runs: steer (joins the turn at its next model

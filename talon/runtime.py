@@ -280,6 +280,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
                                      shown=lambda message, notes: _show_received(bridge, message, notes)),
         model_label=settings.model + (f" ({local.describe()})" if local is not None else ""),
         turn_timeout_s=settings.turn_timeout_s,
+        ack_delay_s=settings.ack_delay_s,
         voice=voice,
         busy_mode=settings.busy_mode,
         approvers=settings.approver_ids(),

@@ -55,6 +55,9 @@ def make_settings(tmp_path: Path, tg_base: str, llm_base: str, **extra: object) 
         TALON_TELEGRAM_POLL_TIMEOUT=1,
         TALON_MODEL_MAX_RETRIES=0,
         TALON_MODEL_TIMEOUT=20,
+        # The signs of a turn at once, as most tests watch for them; tests/test_ack_delay.py
+        # covers the default delay.
+        TALON_ACK_DELAY=0,
     )
     values.update(extra)
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
@@ -78,6 +81,7 @@ def settings_env(tmp_path: Path, tg_base: str, llm_base: str, **extra: str) -> d
         "TALON_TELEGRAM_ALLOWED_USERS": f"{ALICE},@bob",
         "TALON_TELEGRAM_POLL_TIMEOUT": "1",
         "TALON_MODEL_MAX_RETRIES": "0",
+        "TALON_ACK_DELAY": "0",
         "TALON_LOG_LEVEL": "INFO",
         "TALON_SPEECH_WARMUP": "false",
     }
