@@ -9,7 +9,7 @@
     │   └── DownloadError           the platform would not give us the file
     ├── MediaPathError (ValueError) an outbound path escapes the media root or is not a file
     ├── TranscriptionError          a voice note could not be turned into text
-    ├── SynthesisError              a reply could not be spoken (talon.tts)
+    ├── SynthesisError              a reply could not be spoken (talon.speech.synthesize)
     ├── ProviderError               the model could not answer (``.refusal``: what the server said)
     │   ├── ProviderUnavailable     network, timeout, 5xx: worth trying again later
     │   │   ├── RateLimited         429 / rate_limit_error (``.retry_after`` when the server says)

@@ -14,7 +14,7 @@ import pytest
 
 from talon.config import Limits, Settings
 from talon.errors import TranscriptionError
-from talon.speech import (
+from talon.speech.transcribe import (
     SAMPLE_RATE,
     FasterWhisperBackend,
     OpenAIAPIBackend,

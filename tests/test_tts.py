@@ -23,7 +23,7 @@ from talon.content import Message, ToolCall
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile, VoiceWish
 from talon.errors import SynthesisError
 from talon.storage.embedded.inbox import SqliteInbox
-from talon.speech import (
+from talon.speech.transcribe import (
     Transcript,
     bundled_base_dir,
     bundled_base_parts,
@@ -31,7 +31,7 @@ from talon.speech import (
     join_bundled_base,
     language_name,
 )
-from talon.tts import (
+from talon.speech.synthesize import (
     PiperEngine,
     SpeechUnavailable,
     Synthesizer,
@@ -40,7 +40,7 @@ from talon.tts import (
     find_voices,
     split_sentences,
 )
-from talon.voice_replies import SpeakTool, VoiceReplies, speak_calls, speakable_text
+from talon.speech.voice_replies import SpeakTool, VoiceReplies, speak_calls, speakable_text
 from tests.fakes.openai_server import FakeOpenAI
 from channels.base import Channel, PartCallback, deliver_parts
 

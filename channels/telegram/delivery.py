@@ -40,7 +40,7 @@ from talon.media.failures import attach_failure_line, display_name, path_refusal
 from talon.render.chunking import split_markdown
 from talon.render.long_reply import REPLY_DOCUMENT_NAME, reply_document
 from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback, utf16_len
-from talon.speech import probe_file_duration
+from talon.speech.transcribe import probe_file_duration
 
 from channels.base import PartCallback, deliver_parts
 from channels.telegram.api import (

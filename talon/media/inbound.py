@@ -49,7 +49,7 @@ from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES, sniff
 from talon.media.video import sample_video
 from talon.safe_files import BeneathError, new_file_beneath
-from talon.speech import Transcriber, Transcript, format_duration, language_name, probe_duration
+from talon.speech.transcribe import Transcriber, Transcript, format_duration, language_name, probe_duration
 
 log = logging.getLogger(__name__)
 

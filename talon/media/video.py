@@ -8,8 +8,8 @@ budget (``video_max_frame_bytes``), so a frame is given what the earlier ones le
 how many are still to come. Wall-clock time is bounded by ``video_decode_seconds``: what has been
 sampled by then is kept, with a note.
 
-The audio track is not decoded here: ``talon.speech`` reads it straight from the same file,
-so this module only reports whether there is one (``has_audio``).
+The audio track is not decoded here: ``talon.speech.transcribe`` reads it straight from the same
+file, so this module only reports whether there is one (``has_audio``).
 
 Synchronous and CPU-bound; callers run it in a bounded executor.
 """
@@ -32,7 +32,7 @@ from talon.config import Limits
 from talon.content import AttachmentRef
 from talon.errors import MediaError
 from talon.media.images import encode_to_fit
-from talon.speech import short_reason
+from talon.speech.transcribe import short_reason
 
 log = logging.getLogger(__name__)
 

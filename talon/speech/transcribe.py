@@ -66,7 +66,7 @@ import av
 import numpy as np
 
 from talon.config import Limits
-from talon.cpu_pool import CpuPool
+from talon.speech.cpu_pool import CpuPool
 from talon.errors import TranscriptionError
 
 if TYPE_CHECKING:

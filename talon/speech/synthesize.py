@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import av
 import numpy as np
 
-from talon.cpu_pool import CpuPool
+from talon.speech.cpu_pool import CpuPool
 from talon.errors import SynthesisError
 
 if TYPE_CHECKING:
