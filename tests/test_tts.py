@@ -21,7 +21,7 @@ from talon.bridge import Bridge
 from talon.config import Limits, Settings
 from talon.content import Message, ToolCall
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile, VoiceWish
-from talon.errors import SynthesisError
+from talon.errors import SpeechUnavailable, SynthesisError
 from talon.storage.embedded.inbox import SqliteInbox
 from talon.speech.transcribe import (
     Transcript,
@@ -33,7 +33,6 @@ from talon.speech.transcribe import (
 )
 from talon.speech.synthesize import (
     PiperEngine,
-    SpeechUnavailable,
     Synthesizer,
     bundled_voice,
     encode_voice_note,
@@ -292,7 +291,7 @@ async def test_the_speak_tool_says_what_it_can_do(synthesizer: Synthesizer) -> N
     tool = SpeakTool(synthesizer)
     ok = await tool.run({})
     assert not ok.is_error and "voice note" in ok.content[0].text  # type: ignore[union-attr]
-    from talon.agent.tools import ToolError
+    from talon.errors import ToolError
 
     with pytest.raises(ToolError, match="no voice speaks Spanish here \\(voices: English\\)"):
         await tool.run({"language": "es"})

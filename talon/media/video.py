@@ -30,7 +30,7 @@ from PIL import Image
 from talon.storage.attachments import BlockingAttachments
 from talon.config import Limits
 from talon.content import AttachmentRef
-from talon.errors import MediaError
+from talon.errors import MediaError, VideoError
 from talon.media.images import encode_to_fit
 from talon.speech.transcribe import short_reason
 
@@ -43,10 +43,6 @@ _SEEK_MIN_GAP_S = 1.0
 _MIN_FRAME_BYTES = 8_000
 _ROTATIONS = {90: Image.Transpose.ROTATE_90, -90: Image.Transpose.ROTATE_270,
               180: Image.Transpose.ROTATE_180, -180: Image.Transpose.ROTATE_180}
-
-
-class VideoError(MediaError):
-    """A video from which nothing could be taken; ``str()`` says why."""
 
 
 @dataclass(frozen=True)
@@ -250,4 +246,4 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-__all__ = ["VideoError", "VideoFrame", "VideoSample", "plan_timestamps", "sample_video"]
+__all__ = ["VideoFrame", "VideoSample", "plan_timestamps", "sample_video"]

@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from talon.storage.sessions import safe_path_part
-from talon.agent.tools import Tool, ToolError, ToolResult
+from talon.agent.tools import Tool, ToolResult
 from talon.content import InboundKind, Message
 from talon.envelope import InboundMessage, OutboundReply, VoiceWish
 from talon.media.outbound import MarkdownMediaRef
 from talon.render.markdown import Code, CodeBlock, Delim, Link, QuoteBlock, Text, Token, Url, iter_blocks, parse_inline
 from talon.speech.transcribe import Transcript, format_duration, language_name
-from talon.errors import SynthesisError, UnsafePath
+from talon.errors import SpeechUnavailable, SynthesisError, ToolError, UnsafePath
 from talon.safe_files import atomic_write_beneath
-from talon.speech.synthesize import SpeechUnavailable, Synthesizer, VoiceNote, primary_language
+from talon.speech.synthesize import Synthesizer, VoiceNote, primary_language
 
 log = logging.getLogger(__name__)
 
