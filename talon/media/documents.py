@@ -24,7 +24,7 @@ from typing import Literal
 from pypdf import PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
-from talon.errors import DocumentError, MediaError
+from talon.errors import DocumentError
 from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES
 

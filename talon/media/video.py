@@ -30,7 +30,7 @@ from PIL import Image
 from talon.storage.attachments import BlockingAttachments
 from talon.config import Limits
 from talon.content import AttachmentRef
-from talon.errors import MediaError, VideoError
+from talon.errors import VideoError
 from talon.media.images import encode_to_fit
 from talon.speech.transcribe import short_reason
 
