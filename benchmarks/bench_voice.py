@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from channels.telegram import TelegramChannel  # noqa: E402
 from talon.config import Settings  # noqa: E402
 from talon.runtime import build_runtime  # noqa: E402
-from talon.tts import Synthesizer, encode_voice_note  # noqa: E402
+from talon.speech.synthesize import Synthesizer, encode_voice_note  # noqa: E402
 from tests.conftest import ALICE, TOKEN, make_settings  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.fakes.telegram import FakeTelegram  # noqa: E402

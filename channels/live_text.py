@@ -23,14 +23,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from talon.errors import StreamStopped
 
 log = logging.getLogger(__name__)
 
 Show = Callable[[str], Awaitable[bool]]
-
-
-class StreamStopped(Exception):
-    """Raised by a ``show`` callback: stop showing this turn (the final reply still goes)."""
 
 
 _FENCES = ("```", "~~~")

@@ -64,7 +64,16 @@ from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.config import Limits, Settings, normalize_whatsapp_number
 from talon.content import AttachmentRef, InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
-from talon.errors import ConfigError, DeliveryError, DownloadError, MediaError, MediaPathError, StoreUnavailable
+from talon.errors import (
+    ConfigError,
+    DeliveryError,
+    DownloadError,
+    MalformedWebhook,
+    MediaError,
+    MediaPathError,
+    StoreUnavailable,
+    TwilioRefused,
+)
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, long_reply_note, reply_document
@@ -192,10 +201,6 @@ class MediaHosts:
 
 
 # --- inbound parsing (pure) ----------------------------------------------------------------
-class MalformedWebhook(ValueError):
-    pass
-
-
 def inbound_kind(content_type: str) -> InboundKind:
     mime = content_type.split(";", 1)[0].strip().lower()
     if mime.startswith("image/"):
@@ -346,27 +351,7 @@ def plan_parts(reply: OutboundReply, limits: Limits, *, can_attach: bool = True)
     return parts
 
 
-# --- errors ------------------------------------------------------------------------------------
-class TwilioRefused(DeliveryError):
-    """Twilio answered with an error that retrying will not fix."""
-
-    def __init__(self, message: str, *, status: int, code: int | None, detail: str) -> None:
-        super().__init__(message, permanent=True)
-        self.status = status
-        self.code = code
-        self.detail = detail
-
-    @property
-    def chat_level(self) -> bool:
-        """The chat or the account cannot take messages now: the rest of the reply would fail too."""
-        return self.code in EXPLANATIONS or self.status in (401, 403)
-
-    @property
-    def reason(self) -> str:
-        return f"Twilio refused it (error {self.code}: {self.detail})" if self.code else \
-            f"Twilio refused it (HTTP {self.status})"
-
-
+# --- errors (TwilioRefused is in talon.errors) ------------------------------------------------
 def _detail(exc: TwilioRestException) -> str:
     msg = str(exc.msg or "")
     return msg.split(": ", 1)[1] if msg.startswith("Unable to ") and ": " in msg else msg
@@ -813,7 +798,8 @@ class WhatsAppChannel(Channel):
                         log.error("whatsapp: chat=%s: Twilio refused %s (HTTP %d, error %s): %s",
                                   chat_id, what, status, code, detail)
                     raise TwilioRefused(f"Twilio refused {what} (HTTP {status}, error {code}): {detail}",
-                                        status=status, code=code, detail=detail) from None
+                                        status=status, code=code, detail=detail,
+                                        chat_level=code in EXPLANATIONS or status in (401, 403)) from None
                 failure = f"HTTP {status} (error {code}): {detail}"
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

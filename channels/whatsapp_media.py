@@ -28,7 +28,7 @@ import av
 from PIL import Image
 
 from talon.config import MB, Limits
-from talon.errors import MediaError
+from talon.errors import MediaError, MediaTooLarge
 from talon.media import OutboundMedia
 from talon.media.images import encode_to_fit, upright
 
@@ -45,10 +45,6 @@ CAPTIONED_KINDS = frozenset({"image", "video"})
 IMAGE_MAX_SIDE = 4096  # WhatsApp shows far less; this only bounds the re-encode's work
 OPUS_RATE = 48_000
 OPUS_BIT_RATE = 32_000
-
-
-class MediaTooLarge(MediaError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from channels.base import Channel
     from talon.control import Control
     from talon.scheduler import Scheduler
-    from talon.voice_replies import VoiceReplies
+    from talon.speech.voice_replies import VoiceReplies
 
 log = logging.getLogger(__name__)
 

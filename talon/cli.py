@@ -233,7 +233,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
     from talon.doctor_checks import model_url_row, settings_row, telegram_bot_row, twilio_account_row
-    from talon.speech import Transcriber
+    from talon.speech.transcribe import Transcriber
 
     rows: list[tuple[str, str]] = [settings_row()]
     try:

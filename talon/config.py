@@ -195,7 +195,7 @@ class Settings(BaseSettings):
     )
     whisper_model: str = Field(default="bundled", validation_alias=_env("TALON_WHISPER_MODEL"))
     transcribe_concurrency: int = Field(default=1, validation_alias=_env("TALON_TRANSCRIBE_CONCURRENCY"))
-    # --- voice replies (talon.tts, talon.voice_replies) ----------------------------------------
+    # --- voice replies (talon.speech.synthesize, talon.speech.voice_replies) ---------------------
     voice_replies: Literal["mirror", "always", "off"] = Field(
         default="mirror", validation_alias=_env("TALON_VOICE_REPLIES")
     )

@@ -104,7 +104,7 @@ TURN_MESSAGE: ContextVar[InboundMessage | None] = ContextVar("talon_turn_message
 
 @dataclass(frozen=True)
 class VoiceWish:
-    """This answer should also go as a voice note (see talon.voice_replies)."""
+    """This answer should also go as a voice note (see talon.speech.voice_replies)."""
 
     language: str | None = None  # ISO 639-1; None: the default voice
     asked: bool = False  # the agent called the speak tool

@@ -1,15 +1,28 @@
-"""One exception tree for Talon.
+"""One exception tree for Talon: every exception class Talon defines is here, under ``TalonError``.
 
     TalonError
     ├── ConfigError                 settings missing or invalid (names the settings)
     │   └── LocalModelError         the local llama.cpp server (TALON_MODEL=local:...) could not start
     ├── AttachmentError             the attachment store could not save or find bytes
-    ├── MediaError                  inbound media could not be used (each has a user-facing reason)
+    ├── MediaError                  media could not be used (each has a user-facing reason)
     │   ├── DownloadTooLarge        over the per-file cap, refused before or during download
-    │   └── DownloadError           the platform would not give us the file
+    │   ├── DownloadError           the platform would not give us the file
+    │   ├── ImageUnusable           an image that cannot be given to the model (talon.media.images)
+    │   │   ├── NotAnImage          not a picture at all, whatever its name says
+    │   │   ├── CorruptImage        a picture that cannot be decoded (bad header, truncated)
+    │   │   └── ImageBomb           over the decoding pixel limit (possible decompression bomb)
+    │   ├── DocumentError           a document whose text cannot be read (damaged, encrypted PDF)
+    │   ├── VideoError              a video from which nothing could be taken
+    │   └── MediaTooLarge           an outbound file over WhatsApp's size limits even after fitting
     ├── MediaPathError (ValueError) an outbound path escapes the media root or is not a file
+    ├── UnsafePath (OSError)        a path beneath a root (a workspace) that will not be used: a
+    │   │                           symbolic link, changed while being opened, missing, or not a
+    │   │                           usable file; refused, never followed (talon.safe_files)
+    │   └── LinkedFile              a regular file with more than one hard link
     ├── TranscriptionError          a voice note could not be turned into text
-    ├── SynthesisError              a reply could not be spoken (talon.tts)
+    │   └── TranscriberUnavailable  no transcription backend can run here (off, not installed, no model)
+    ├── SynthesisError              a reply could not be spoken (talon.speech.synthesize)
+    │   └── SpeechUnavailable       no speech engine can run here (off, not installed, no voice)
     ├── ProviderError               the model could not answer (``.refusal``: what the server said)
     │   ├── ProviderUnavailable     network, timeout, 5xx: worth trying again later
     │   │   ├── RateLimited         429 / rate_limit_error (``.retry_after`` when the server says)
@@ -21,7 +34,15 @@
     │   ├── ModelNotFound           the server has no model by that name
     │   ├── AuthRejected            the server refused our API key
     │   └── QuotaExceeded           out of credits or quota (not transient)
-    ├── DeliveryError               a reply or file could not be delivered to the chat
+    ├── ProviderSignal              a provider attempt's word to its retry loop (talon.agent.retries)
+    │   ├── SendAgain               it adjusted itself to the server: send the request again now
+    │   └── Retryable               a transient failure (``.error``): wait ``.delay`` and try again
+    ├── ToolError                   a tool failure the agent reads and can act on (bad path...)
+    ├── DeliveryError               a reply or file could not be delivered to the chat (``.permanent``)
+    │   ├── UploadTimedOut          a Telegram upload timed out twice (it may have arrived)
+    │   └── TwilioRefused           Twilio answered with an error retrying will not fix
+    ├── MalformedWebhook (ValueError) a webhook body that is not what the platform sends
+    ├── StreamStopped               a live view asks to stop showing this turn (the reply still goes)
     ├── ScheduleError               a scheduled task cannot be made as asked (when, zone, limits)
     ├── StoreError                  a durable store could not do what was asked
     │   └── StoreUnavailable        the database did not answer in time, or refused to connect
@@ -29,17 +50,56 @@
     ├── McpUnavailable              an MCP server is not running (failed to start, exited, hung)
     ├── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
     ├── SandboxUnavailable          no trustworthy bwrap sandbox can start here (says why)
-    ├── UnsafePath (OSError)        a file Talon opens or writes in a workspace went through a
-    │                               symbolic link or changed under it: refused, never followed
     └── CapReached                  a usage cap is reached: the model call is not made (``.scope``)
+
+One name per meaning: ``ImageRejected`` is the model refusing an image, ``ImageUnusable`` an
+image Talon itself cannot use. This module is the bottom layer: it imports nothing from Talon or
+its channels. ``Refusal`` (a model server's error, classified by ``talon.agent.refusals``) lives
+here too, as the data a ``ProviderError`` carries. ``tests/test_error_tree.py`` holds all of this
+true: no exception class is defined anywhere else, and every class here is drawn above.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal
 
-if TYPE_CHECKING:
-    from talon.agent.refusals import Refusal
+RefusalKind = Literal[
+    "images_unsupported",
+    "image_invalid",
+    "context_overflow",
+    "tools_unsupported",
+    "stream_unsupported",
+    "rate_limited",
+    "quota",
+    "overloaded",
+    "model_not_found",
+    "auth",
+    "server_error",
+    "bad_request",
+]
+
+TRANSIENT: frozenset[str] = frozenset({"rate_limited", "overloaded", "server_error"})
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A model server's error, classified (``talon.agent.refusals.classify``)."""
+
+    kind: RefusalKind
+    status: int | None
+    message: str
+    window: int | None = None  # the context window the server states, in tokens
+    requested: int | None = None  # the tokens the server counted in the request
+    retry_after: float | None = None  # seconds
+
+    @property
+    def transient(self) -> bool:
+        return self.kind in TRANSIENT
+
+    def short(self, limit: int = 300) -> str:
+        text = " ".join(self.message.split())
+        return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class TalonError(Exception):
@@ -64,7 +124,7 @@ class AttachmentError(TalonError):
 
 
 class MediaError(TalonError):
-    """Inbound media that cannot be used; ``str(exc)`` is a reason a person can act on."""
+    """Media that cannot be used; ``str(exc)`` is a reason a person can act on."""
 
 
 class DownloadTooLarge(MediaError):
@@ -82,22 +142,76 @@ class DownloadError(MediaError):
     pass
 
 
+class ImageUnusable(MediaError):
+    """Base for images that cannot be given to the model; ``str()`` is the user-facing reason."""
+
+
+class NotAnImage(ImageUnusable):
+    pass
+
+
+class CorruptImage(ImageUnusable):
+    pass
+
+
+class ImageBomb(ImageUnusable):
+    def __init__(self, pixels: int, limit: int, size: tuple[int, int] | None = None) -> None:
+        self.pixels = pixels
+        self.limit = limit
+        dims = f"{size[0]}x{size[1]} = " if size else ""
+        super().__init__(
+            f"the image is {dims}{pixels / 1e6:.1f} MP ({pixels:,} pixels), over the "
+            f"{limit / 1e6:.0f} MP ({limit:,} pixels) safety limit for decoding "
+            "(possible decompression bomb); not decoded"
+        )
+
+
+class DocumentError(MediaError):
+    """A document whose text cannot be read; ``str()`` says why."""
+
+
+class VideoError(MediaError):
+    """A video from which nothing could be taken; ``str()`` says why."""
+
+
+class MediaTooLarge(MediaError):
+    """An outbound file over WhatsApp's size limits even after fitting; ``str()`` says which."""
+
+
 class MediaPathError(TalonError, ValueError):
     """An outbound media path that may not be sent, with the specific reason."""
+
+
+class UnsafePath(TalonError, OSError):
+    """A path beneath a root (a workspace) that will not be used: it would be followed through a
+    symbolic link, changed while being opened, is missing, or is not a usable file. Refused, never
+    followed. Built like an ``OSError``: ``UnsafePath(errno, message)``."""
+
+
+class LinkedFile(UnsafePath):
+    """A regular file with more than one hard link."""
 
 
 class TranscriptionError(TalonError):
     pass
 
 
+class TranscriberUnavailable(TranscriptionError):
+    """No backend can run: turned off, not installed, or its model is not on this machine."""
+
+
 class SynthesisError(TalonError):
     """Speech could not be made for a reply; ``str(exc)`` says why, in a line a person can read."""
+
+
+class SpeechUnavailable(SynthesisError):
+    """No engine can speak: turned off, not installed, or no voice on this machine."""
 
 
 class ProviderError(TalonError):
     """The model server did not answer; ``refusal`` is its classified error, when it sent one."""
 
-    def __init__(self, message: str, *, refusal: "Refusal | None" = None) -> None:
+    def __init__(self, message: str, *, refusal: Refusal | None = None) -> None:
         super().__init__(message)
         self.refusal = refusal
 
@@ -108,7 +222,7 @@ class ProviderUnavailable(ProviderError):
 
 class RateLimited(ProviderUnavailable):
     def __init__(self, message: str, *, retry_after: float | None = None,
-                 refusal: "Refusal | None" = None) -> None:
+                 refusal: Refusal | None = None) -> None:
         super().__init__(message, refusal=refusal)
         self.retry_after = retry_after
 
@@ -120,7 +234,7 @@ class ModelTimedOut(ProviderUnavailable):
 class ContextOverflow(ProviderError):
     """Too long for the model; ``window`` is the context window the server stated, if it did."""
 
-    def __init__(self, message: str, *, window: int | None = None, refusal: "Refusal | None" = None) -> None:
+    def __init__(self, message: str, *, window: int | None = None, refusal: Refusal | None = None) -> None:
         super().__init__(message, refusal=refusal)
         self.window = window
 
@@ -149,10 +263,63 @@ class QuotaExceeded(ProviderError):
     pass
 
 
+class ProviderSignal(TalonError):
+    """What a provider's single attempt tells its retry loop; never leaves ``talon.agent``."""
+
+
+class SendAgain(ProviderSignal):
+    """The provider adjusted itself to what the server can take; send the request again now."""
+
+
+class Retryable(ProviderSignal):
+    def __init__(self, error: ProviderError, delay: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.delay = delay
+
+
+class ToolError(TalonError):
+    """A tool failure the agent should read and can act on (bad path, missing file...)."""
+
+
 class DeliveryError(TalonError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class UploadTimedOut(DeliveryError):
+    """An upload that timed out twice: not tried a third time, since it may have arrived."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, permanent=True)
+
+
+class TwilioRefused(DeliveryError):
+    """Twilio answered with an error that retrying will not fix. ``chat_level``: the chat or the
+    account cannot take messages now, so the rest of the reply would fail too (the channel decides,
+    from the error code it knows)."""
+
+    def __init__(self, message: str, *, status: int, code: int | None, detail: str, chat_level: bool) -> None:
+        super().__init__(message, permanent=True)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.chat_level = chat_level
+
+    @property
+    def reason(self) -> str:
+        return f"Twilio refused it (error {self.code}: {self.detail})" if self.code else \
+            f"Twilio refused it (HTTP {self.status})"
+
+
+class MalformedWebhook(TalonError, ValueError):
+    """A webhook body that is not what the platform sends (a Telegram update, a Twilio message);
+    ``str(exc)`` says what is wrong, for the log."""
+
+
+class StreamStopped(TalonError):
+    """Raised by a live view's ``show`` callback: stop showing this turn (the final reply still goes)."""
 
 
 class ScheduleError(TalonError):
@@ -184,9 +351,6 @@ class SandboxUnavailable(TalonError):
     """The shell's sandbox cannot start here: bwrap missing, untrusted, or refused by the kernel."""
 
 
-class UnsafePath(TalonError, OSError):
-    """A path under a workspace that would be followed through a symbolic link (or that changed
-    while being opened): refused. Built like an ``OSError``: ``UnsafePath(errno, message)``."""
 class CapReached(TalonError):
     """A usage cap (TALON_LIMIT_*) is reached; ``str(exc)`` is the one line the person gets,
     naming the limit and when it resets. ``scope`` is person, chat or total."""

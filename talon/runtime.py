@@ -29,9 +29,9 @@ from talon.envelope import InboundMessage
 from talon.media import InboundContext, normalize_inbound
 from talon.media.received import ReceivedNote, received_notes
 from talon.scheduler import Scheduler, SchedulerSettings, scheduler_tools
-from talon.speech import Transcriber
-from talon.tts import Synthesizer
-from talon.voice_replies import SpeakTool, VoiceReplies
+from talon.speech.transcribe import Transcriber
+from talon.speech.synthesize import Synthesizer
+from talon.speech.voice_replies import SpeakTool, VoiceReplies
 from talon.storage.attachments import AttachmentStore
 from talon.storage.factory import Stores, open_stores
 from talon.storage.inbox import InboxStore

@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 from talon.errors import UnsafePath
 
-__all__ = ["BeneathError", "atomic_write_beneath", "dir_beneath", "new_file_beneath"]
+__all__ = ["atomic_write_beneath", "dir_beneath", "new_file_beneath"]
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +41,14 @@ _DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
 
 
-class BeneathError(UnsafePath):
-    """A path beneath a root that is a link, changed while being opened, or is not usable."""
-
-
-def explain(exc: OSError, shown: str, root: Path | None = None) -> BeneathError:
+def explain(exc: OSError, shown: str, root: Path | None = None) -> UnsafePath:
     """The refusal for an ``OSError`` met while walking ``shown``; links are logged."""
     if exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR):
         log.warning("refused %r under %s: it is (or changed into) a symbolic link", shown, root or "?")
-        return BeneathError(exc.errno, f"{shown!r} is (or changed into) a symbolic link; it cannot be used")
+        return UnsafePath(exc.errno, f"{shown!r} is (or changed into) a symbolic link; it cannot be used")
     if exc.errno == errno.ENOENT:
-        return BeneathError(exc.errno, f"{shown!r} does not exist (it may have just been removed)")
-    return BeneathError(exc.errno or errno.EIO, f"{shown!r} cannot be opened: {exc.strerror or exc}")
+        return UnsafePath(exc.errno, f"{shown!r} does not exist (it may have just been removed)")
+    return UnsafePath(exc.errno or errno.EIO, f"{shown!r} cannot be opened: {exc.strerror or exc}")
 
 
 @contextmanager
@@ -70,12 +66,12 @@ def dir_beneath(root: Path, parts: Sequence[str], *, create: bool = False,
     try:
         for part in parts:
             if part in ("", ".", "..") or "/" in part:
-                raise BeneathError(errno.EINVAL, f"{shown!r} has an unusable component {part!r}")
+                raise UnsafePath(errno.EINVAL, f"{shown!r} has an unusable component {part!r}")
             try:
                 next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
-                    raise BeneathError(errno.ENOENT, f"directory {shown!r} does not exist") from None
+                    raise UnsafePath(errno.ENOENT, f"directory {shown!r} does not exist") from None
                 try:
                     os.mkdir(part, mode, dir_fd=fd)
                 except FileExistsError:
@@ -100,7 +96,7 @@ def _open_temp(parent: int, shown: str) -> tuple[int, str]:
             return os.open(tmp, _NEW_FLAGS, 0o600, dir_fd=parent), tmp
         except FileExistsError:
             continue
-    raise BeneathError(errno.EEXIST, f"no temporary name free next to {shown!r}")  # pragma: no cover
+    raise UnsafePath(errno.EEXIST, f"no temporary name free next to {shown!r}")  # pragma: no cover
 
 
 def atomic_write_beneath(root: Path, parts: Sequence[str], data: bytes, *, shown: str = "",
@@ -111,7 +107,7 @@ def atomic_write_beneath(root: Path, parts: Sequence[str], data: bytes, *, shown
     default the mode of the regular file it replaces (0644 for a new one).
     """
     if not parts:
-        raise BeneathError(errno.EISDIR, "the directory itself is not a file")
+        raise UnsafePath(errno.EISDIR, "the directory itself is not a file")
     shown = shown or "/".join(parts)
     leaf = parts[-1]
     with dir_beneath(root, parts[:-1], create=True, shown=shown, mode=dir_mode) as parent:
@@ -124,7 +120,7 @@ def atomic_write_beneath(root: Path, parts: Sequence[str], data: bytes, *, shown
         else:
             existed = True
             if stat.S_ISDIR(old.st_mode):
-                raise BeneathError(errno.EISDIR, f"{shown!r} is a directory; give a file path")
+                raise UnsafePath(errno.EISDIR, f"{shown!r} is a directory; give a file path")
             if stat.S_ISLNK(old.st_mode):
                 log.warning("replacing the symbolic link at %r under %s instead of writing through it",
                             shown, root)
@@ -157,14 +153,14 @@ def new_file_beneath(root: Path, dir_parts: Sequence[str], names: Iterable[str],
     with dir_beneath(root, dir_parts, create=True, shown=shown) as parent:
         for name in names:
             if name in ("", ".", "..") or "/" in name:
-                raise BeneathError(errno.EINVAL, f"{name!r} is not a file name")
+                raise UnsafePath(errno.EINVAL, f"{name!r} is not a file name")
             try:
                 fd = os.open(name, _NEW_FLAGS, mode, dir_fd=parent)
                 break
             except FileExistsError:
                 continue
         else:
-            raise BeneathError(errno.EEXIST, f"no free file name left in {shown!r}")
+            raise UnsafePath(errno.EEXIST, f"no free file name left in {shown!r}")
         try:
             with os.fdopen(fd, "wb") as fh:
                 yield fh, name

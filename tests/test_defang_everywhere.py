@@ -23,7 +23,7 @@ from talon.media import build_inbound_text, defang_untrusted
 from talon.media.documents import DocumentText, render_document
 from talon.media.inbound import PreparedAttachment
 from talon.media.markers import skeleton
-from talon.speech import Transcript
+from talon.speech.transcribe import Transcript
 from tests.conftest import make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text

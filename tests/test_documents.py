@@ -13,7 +13,6 @@ from pypdf import PdfReader, PdfWriter
 from tests.pdfs import pdf_bytes
 from talon.media.documents import (
     SNIFF_BYTES,
-    DocumentError,
     DocumentText,
     is_text_document,
     read_pdf_document,
@@ -21,6 +20,7 @@ from talon.media.documents import (
     render_document,
     sniff_text_encoding,
 )
+from talon.errors import DocumentError
 
 
 def make_pdf(path: Path, pages: Sequence[str | None]) -> Path:

@@ -13,8 +13,8 @@ from PIL import Image
 
 from talon.storage.embedded.attachments import FileBlobs
 from talon.config import Limits
-from talon.errors import MediaError
-from talon.media.images import CorruptImage, ImageBomb, NotAnImage, encode_to_fit, prepare_image
+from talon.errors import CorruptImage, ImageBomb, MediaError, NotAnImage
+from talon.media.images import encode_to_fit, prepare_image
 
 MB = 1_000_000
 

@@ -31,7 +31,7 @@ from talon.media.inbound import (
     safe_file_name,
     sniff_media,
 )
-from talon.speech import Transcriber, Transcript, bundled_model_dir, decode_audio
+from talon.speech.transcribe import Transcriber, Transcript, bundled_model_dir, decode_audio
 
 FOX = Path(__file__).parent / "fixtures" / "speech_fox.ogg"
 

@@ -7,12 +7,13 @@ import asyncio
 
 import pytest
 
-from channels.live_text import LiveText, StreamStopped, safe_prefix
+from channels.live_text import LiveText, safe_prefix
 from channels.telegram.parts import RetirePart, TextPart, plan_parts
 from talon.config import Limits
 from talon.envelope import OutboundReply
 from talon.media import MarkdownMediaRef
 from talon.render.telegram import markdown_to_telegram_html
+from talon.errors import StreamStopped
 
 
 @pytest.mark.parametrize("partial, shown", [

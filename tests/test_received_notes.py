@@ -5,7 +5,7 @@ from __future__ import annotations
 from talon.media.inbound import PreparedAttachment, ShownImage
 from talon.media.received import received_notes
 from talon.content import AttachmentRef
-from talon.speech import Transcript
+from talon.speech.transcribe import Transcript
 
 
 def _image(**kw: object) -> PreparedAttachment:

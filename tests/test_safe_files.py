@@ -18,7 +18,7 @@ import pytest
 from talon.agent.context import ResultFiles
 from talon.errors import UnsafePath
 from talon.safe_files import atomic_write_beneath, new_file_beneath
-from talon.tts import bundled_voice
+from talon.speech.synthesize import bundled_voice
 from tests.conftest import ALICE, BOB, make_settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import Call, FakeTelegram

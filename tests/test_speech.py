@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 
 from talon.config import Limits, Settings
-from talon.errors import TranscriptionError
-from talon.speech import (
+from talon.errors import TranscriberUnavailable, TranscriptionError
+from talon.speech.transcribe import (
     SAMPLE_RATE,
     FasterWhisperBackend,
     OpenAIAPIBackend,
     Transcriber,
-    TranscriberUnavailable,
     bundled_model_dir,
     decode_audio,
     format_duration,

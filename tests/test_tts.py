@@ -21,9 +21,9 @@ from talon.bridge import Bridge
 from talon.config import Limits, Settings
 from talon.content import Message, ToolCall
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile, VoiceWish
-from talon.errors import SynthesisError
+from talon.errors import SpeechUnavailable, SynthesisError
 from talon.storage.embedded.inbox import SqliteInbox
-from talon.speech import (
+from talon.speech.transcribe import (
     Transcript,
     bundled_base_dir,
     bundled_base_parts,
@@ -31,16 +31,15 @@ from talon.speech import (
     join_bundled_base,
     language_name,
 )
-from talon.tts import (
+from talon.speech.synthesize import (
     PiperEngine,
-    SpeechUnavailable,
     Synthesizer,
     bundled_voice,
     encode_voice_note,
     find_voices,
     split_sentences,
 )
-from talon.voice_replies import SpeakTool, VoiceReplies, speak_calls, speakable_text
+from talon.speech.voice_replies import SpeakTool, VoiceReplies, speak_calls, speakable_text
 from tests.fakes.openai_server import FakeOpenAI
 from channels.base import Channel, PartCallback, deliver_parts
 
@@ -292,7 +291,7 @@ async def test_the_speak_tool_says_what_it_can_do(synthesizer: Synthesizer) -> N
     tool = SpeakTool(synthesizer)
     ok = await tool.run({})
     assert not ok.is_error and "voice note" in ok.content[0].text  # type: ignore[union-attr]
-    from talon.agent.tools import ToolError
+    from talon.errors import ToolError
 
     with pytest.raises(ToolError, match="no voice speaks Spanish here \\(voices: English\\)"):
         await tool.run({"language": "es"})

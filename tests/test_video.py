@@ -13,7 +13,8 @@ from PIL import Image
 
 from talon.storage.embedded.attachments import FileBlobs
 from talon.config import Limits
-from talon.media.video import VideoError, plan_timestamps, sample_video
+from talon.media.video import plan_timestamps, sample_video
+from talon.errors import VideoError
 
 
 def make_mp4(

@@ -15,8 +15,8 @@ import av
 import pytest
 
 from talon.config import Settings
-from talon.speech import Transcriber, bundled_base_parts, join_bundled_base
-from talon.tts import bundled_voice
+from talon.speech.transcribe import Transcriber, bundled_base_parts, join_bundled_base
+from talon.speech.synthesize import bundled_voice
 from tests.conftest import ALICE, make_settings
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import Call, FakeTelegram

@@ -22,19 +22,11 @@ import pytest
 import pytest_asyncio
 from PIL import Image
 
-from channels.whatsapp import (
-    MalformedWebhook,
-    MediaHosts,
-    MediaPart,
-    TextPart,
-    WhatsAppChannel,
-    parse_inbound,
-    plan_parts,
-)
+from channels.whatsapp import MediaHosts, MediaPart, TextPart, WhatsAppChannel, parse_inbound, plan_parts
 from tests.pdfs import pdf_bytes
 from talon.config import Limits, Settings
 from talon.envelope import OutboundReply
-from talon.errors import ConfigError
+from talon.errors import ConfigError, MalformedWebhook
 from talon.media import MarkdownMediaRef
 from talon.runtime import Runtime, build_runtime
 from tests.fakes.openai_server import FakeOpenAI, decode_data_url, image_urls, last_user_text

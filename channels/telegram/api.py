@@ -28,7 +28,7 @@ from telegram.ext import Application
 from telegram.warnings import PTBDeprecationWarning
 
 from talon.config import Limits, Settings
-from talon.errors import DeliveryError
+from talon.errors import DeliveryError, UploadTimedOut
 
 from channels.base import Channel
 from channels.send_budget import SendBudget, Window
@@ -113,13 +113,6 @@ def _retry_seconds(exc: RetryAfter) -> float:
 def _refused_markup(exc: DeliveryError) -> bool:
     text = str(exc).lower()
     return exc.permanent and ("parse" in text or "entit" in text)
-
-
-class UploadTimedOut(DeliveryError):
-    """An upload that timed out twice: not tried a third time, since it may have arrived."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, permanent=True)
 
 
 def upload_timeouts(size: int) -> dict[str, float]:

@@ -34,18 +34,17 @@ from telegram.error import BadRequest
 
 from talon.config import MB
 from talon.envelope import OutboundReply, conversation_id
-from talon.errors import DeliveryError, MediaPathError
+from talon.errors import DeliveryError, MediaPathError, UploadTimedOut
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.render.chunking import split_markdown
 from talon.render.long_reply import REPLY_DOCUMENT_NAME, reply_document
 from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback, utf16_len
-from talon.speech import probe_file_duration
+from talon.speech.transcribe import probe_file_duration
 
 from channels.base import PartCallback, deliver_parts
 from channels.telegram.api import (
     TelegramCore,
-    UploadTimedOut,
     _int_or_none,
     _refusal_reason,
     _refused_markup,

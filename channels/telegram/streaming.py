@@ -35,8 +35,9 @@ from talon.envelope import InboundMessage, LiveReply, conversation_id
 from talon.media import extract_markdown_media
 from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback, split_markdown_for_telegram
 
-from channels.live_text import LiveText, StreamStopped
+from channels.live_text import LiveText
 from channels.telegram.api import TelegramCore, _int_or_none, _retry_seconds, is_group_chat
+from talon.errors import StreamStopped
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from talon.errors import MalformedWebhook
 
-__all__ = ["MalformedUpdate", "parse_update"]
+__all__ = ["parse_update"]
 
 MAX_DEPTH = 48  # a real update nests a dozen levels at most (a reply's quoted message included)
 _INT = "int"
@@ -39,12 +40,8 @@ _MESSAGE["reply_to_message"] = _MESSAGE
 _MESSAGE_REQUIRED = ("message_id", "date", "chat")
 
 
-class MalformedUpdate(ValueError):
-    """A webhook body that is not an update Talon can take; ``str`` says why, for the log."""
-
-
 def _reject_constant(name: str) -> Any:
-    raise MalformedUpdate(f"the JSON holds {name}, which no update has")
+    raise MalformedWebhook(f"the JSON holds {name}, which no update has")
 
 
 def _walk(value: Any) -> None:
@@ -53,12 +50,12 @@ def _walk(value: Any) -> None:
     while stack:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise MalformedUpdate(f"it is nested more than {MAX_DEPTH} levels deep")
+            raise MalformedWebhook(f"it is nested more than {MAX_DEPTH} levels deep")
         if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                raise MalformedUpdate("it holds a lone surrogate (text no one can encode)") from None
+                raise MalformedWebhook("it holds a lone surrogate (text no one can encode)") from None
         elif isinstance(item, dict):
             for key, child in item.items():
                 stack.append((key, depth + 1))
@@ -78,32 +75,32 @@ def _type_ok(value: Any, kind: str) -> bool:
 def _check(value: Any, spec: Any, where: str) -> None:
     if isinstance(spec, str):
         if not _type_ok(value, spec):
-            raise MalformedUpdate(f"{where} is {type(value).__name__}, not {spec}")
+            raise MalformedWebhook(f"{where} is {type(value).__name__}, not {spec}")
     elif isinstance(spec, list):
         if not isinstance(value, list):
-            raise MalformedUpdate(f"{where} is {type(value).__name__}, not a list")
+            raise MalformedWebhook(f"{where} is {type(value).__name__}, not a list")
         for index, item in enumerate(value):
             _check(item, spec[0], f"{where}[{index}]")
     else:
         if not isinstance(value, dict):
-            raise MalformedUpdate(f"{where} is {type(value).__name__}, not an object")
+            raise MalformedWebhook(f"{where} is {type(value).__name__}, not an object")
         for key, sub in spec.items():
             if key in value and value[key] is not None:
                 _check(value[key], sub, f"{where}.{key}")
 
 
 def parse_update(raw: bytes) -> dict[str, Any]:
-    """The update in ``raw``; ``MalformedUpdate`` says why it is not one."""
+    """The update in ``raw``; ``MalformedWebhook`` says why it is not one."""
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
     except RecursionError:
-        raise MalformedUpdate(f"it is nested more than {MAX_DEPTH} levels deep") from None
-    except MalformedUpdate:
+        raise MalformedWebhook(f"it is nested more than {MAX_DEPTH} levels deep") from None
+    except MalformedWebhook:
         raise
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise MalformedUpdate(f"it is not JSON ({exc})") from None
+        raise MalformedWebhook(f"it is not JSON ({exc})") from None
     if not isinstance(data, dict) or not _type_ok(data.get("update_id"), _INT):
-        raise MalformedUpdate("it is not an update (no numeric update_id)")
+        raise MalformedWebhook("it is not an update (no numeric update_id)")
     _walk(data)
     for kind in ("message", "edited_message"):
         if kind in data:
@@ -111,5 +108,5 @@ def parse_update(raw: bytes) -> dict[str, Any]:
             _check(message, _MESSAGE, kind)
             missing = [f for f in _MESSAGE_REQUIRED if message.get(f) is None]
             if missing:
-                raise MalformedUpdate(f"{kind} has no {', '.join(missing)}")
+                raise MalformedWebhook(f"{kind} has no {', '.join(missing)}")
     return data

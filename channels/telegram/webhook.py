@@ -23,11 +23,11 @@ from aiohttp import web
 from telegram import Update
 from telegram.error import BadRequest, TelegramError
 
-from talon.errors import ConfigError, StoreUnavailable
+from talon.errors import ConfigError, MalformedWebhook, StoreUnavailable
 
 from channels.http import HttpServer
 from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
-from channels.telegram.update_shape import MalformedUpdate, parse_update
+from channels.telegram.update_shape import parse_update
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class Webhook(TelegramCore):
             raise web.HTTPServiceUnavailable(text="not ready")  # Telegram tries again later
         try:
             data = parse_update(await request.read())
-        except MalformedUpdate as exc:
+        except MalformedWebhook as exc:
             log.warning("telegram: webhook body refused (400): %s", exc)
             raise web.HTTPBadRequest(text="not an update") from None
         try:

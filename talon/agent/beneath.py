@@ -22,11 +22,10 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from talon.safe_files import BeneathError, dir_beneath, explain
+from talon.safe_files import dir_beneath, explain
+from talon.errors import LinkedFile, UnsafePath
 
 __all__ = [
-    "BeneathError",
-    "LinkedFile",
     "dir_beneath",
     "open_file_beneath",
 ]
@@ -37,14 +36,10 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_NOCTTY = getattr(os, "O_NOCTTY", 0)
 
 
-class LinkedFile(BeneathError):
-    """A regular file with more than one hard link."""
-
-
 def _check_regular(fd: int, shown: str) -> os.stat_result:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise BeneathError(errno.EINVAL, f"{shown!r} is not a regular file")
+        raise UnsafePath(errno.EINVAL, f"{shown!r} is not a regular file")
     if st.st_nlink > 1:
         raise LinkedFile(
             errno.EMLINK,
@@ -60,7 +55,7 @@ def open_file_beneath(root: Path, parts: Sequence[str], *, shown: str = "") -> t
     Returns the descriptor (blocking, close-on-exec) and its status; the caller closes it.
     """
     if not parts:
-        raise BeneathError(errno.EISDIR, "the workspace itself is not a file")
+        raise UnsafePath(errno.EISDIR, "the workspace itself is not a file")
     shown = shown or "/".join(parts)
     with dir_beneath(root, parts[:-1], shown=shown) as parent:
         try:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from talon.agent.tools import ToolError
 from talon.media.sniff import SNIFF_BYTES, sniff
+from talon.errors import ToolError
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from talon.agent.tools import ToolError
 from talon.agent.workspace import Workspace
 from talon.media.markers import defang_untrusted
+from talon.errors import ToolError
 
 log = logging.getLogger(__name__)
 

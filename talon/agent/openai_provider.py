@@ -45,7 +45,6 @@ from talon.agent.refusals import classify
 from talon.agent.retries import (
     TIMEOUTS,
     TRANSPORT_ERRORS,
-    SendAgain,
     adapt_or_fail,
     broke_off,
     complete_with_retries,
@@ -54,7 +53,7 @@ from talon.agent.retries import (
     unreachable,
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
-from talon.errors import ProviderError
+from talon.errors import ProviderError, SendAgain
 
 log = logging.getLogger(__name__)
 

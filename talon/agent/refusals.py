@@ -27,46 +27,10 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from talon.errors import ProviderError
-
-RefusalKind = Literal[
-    "images_unsupported",
-    "image_invalid",
-    "context_overflow",
-    "tools_unsupported",
-    "stream_unsupported",
-    "rate_limited",
-    "quota",
-    "overloaded",
-    "model_not_found",
-    "auth",
-    "server_error",
-    "bad_request",
-]
-
-TRANSIENT: frozenset[str] = frozenset({"rate_limited", "overloaded", "server_error"})
-
-
-@dataclass(frozen=True)
-class Refusal:
-    kind: RefusalKind
-    status: int | None
-    message: str
-    window: int | None = None  # the context window the server states, in tokens
-    requested: int | None = None  # the tokens the server counted in the request
-    retry_after: float | None = None  # seconds
-
-    @property
-    def transient(self) -> bool:
-        return self.kind in TRANSIENT
-
-    def short(self, limit: int = 300) -> str:
-        text = " ".join(self.message.split())
-        return text if len(text) <= limit else text[: limit - 1] + "…"
+# A classified refusal is error data: it lives in the error tree, which imports nothing above it.
+from talon.errors import ProviderError, Refusal, RefusalKind
 
 
 def error_fields(body: Any) -> tuple[str, str, str, dict[str, Any]]:
@@ -268,7 +232,7 @@ def classify(status: int | None, body: Any, headers: Mapping[str, str] | None = 
     return make("bad_request")
 
 
-def refusal_error(refusal: Refusal, *, has_images: bool = False) -> "ProviderError":
+def refusal_error(refusal: Refusal, *, has_images: bool = False) -> ProviderError:
     """The typed error for a refusal that the provider could not recover from by itself."""
     from talon import errors
 

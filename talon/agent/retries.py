@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import httpx
 
 from talon.agent.provider import ModelRequest, ModelResponse, has_images
-from talon.agent.refusals import Refusal, refusal_error
-from talon.errors import ModelTimedOut, ProviderError, ProviderUnavailable
+from talon.agent.refusals import refusal_error
+from talon.errors import ModelTimedOut, ProviderError, ProviderUnavailable, Refusal, Retryable, SendAgain
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +47,6 @@ BACKOFF_S = (1.0, 4.0, 10.0)
 # it is rate limited), not a chat frozen for minutes.
 MAX_WAIT_S = 60.0
 _MAX_SEND_AGAIN = 4
-
-
-class Retryable(Exception):
-    def __init__(self, error: ProviderError, delay: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.delay = delay
-
-
-class SendAgain(Exception):
-    """The provider adjusted itself to what the server can take; send the request again now."""
 
 
 class _Retrying(Protocol):

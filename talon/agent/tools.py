@@ -18,6 +18,7 @@ from typing import Any
 
 from talon.agent.provider import ToolSpec
 from talon.content import ContentBlock, TextBlock, ToolCall
+from talon.errors import ToolError
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,6 @@ class ToolSource(abc.ABC):
 
     @abc.abstractmethod
     def status_lines(self) -> list[str]: ...
-
-
-class ToolError(Exception):
-    """A tool failure the agent should read and can act on (bad path, missing file...)."""
 
 
 @dataclass

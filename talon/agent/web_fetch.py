@@ -39,12 +39,12 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from talon.agent.tools import Tool, ToolContext, ToolError, ToolResult
+from talon.agent.tools import Tool, ToolContext, ToolResult
 from talon.agent.untrusted import cut, image_from_bytes, untrusted_block
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, TextBlock
-from talon.errors import WebFetchRefused
+from talon.errors import ToolError, WebFetchRefused
 
 __all__ = ["GuardedResolver", "WebFetchTool", "address_problem", "check_url"]
 

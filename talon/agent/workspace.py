@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from talon.agent.beneath import BeneathError, open_file_beneath
-from talon.agent.tools import ToolError
+from talon.agent.beneath import open_file_beneath
 from talon.safe_files import atomic_write_beneath
+from talon.errors import ToolError, UnsafePath
 
 # As for outbound media: two or more letters and a colon is a URL scheme (one letter would be a
 # Windows drive).
@@ -55,7 +55,7 @@ class Resolved:
         """The file, opened link-free beneath ``base``; one hard link only. Raises ToolError."""
         try:
             fd, _ = open_file_beneath(self.base, self.parts, shown=self.shown)
-        except BeneathError as exc:
+        except UnsafePath as exc:
             raise ToolError(exc.strerror or str(exc)) from exc
         return os.fdopen(fd, "rb")
 
@@ -65,7 +65,7 @@ class Resolved:
             raise ToolError(f"{self.shown!r} is read-only")
         try:
             return atomic_write_beneath(self.base, self.parts, data, shown=self.shown)
-        except BeneathError as exc:
+        except UnsafePath as exc:
             raise ToolError(exc.strerror or str(exc)) from exc
 
 

@@ -36,14 +36,14 @@ from typing import Any, BinaryIO, TypeVar
 import re2
 
 from talon.agent import file_readers
-from talon.agent.beneath import BeneathError, dir_beneath
+from talon.agent.beneath import dir_beneath
 from talon.agent.sandbox import SANDBOX_PATH, Sandbox, SandboxLimits, find_sandbox, remove_cgroup
-from talon.agent.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult
+from talon.agent.tools import Tool, ToolContext, ToolRegistry, ToolResult
 from talon.agent.workspace import Resolved, Workspace
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, ImageBlock, TextBlock
-from talon.errors import ConfigError, SandboxUnavailable
+from talon.errors import ConfigError, SandboxUnavailable, ToolError, UnsafePath
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _open_dir(where: Resolved) -> Iterator[int]:
     try:
         with dir_beneath(where.base, where.parts, shown=where.shown) as fd:
             yield fd
-    except BeneathError as exc:
+    except UnsafePath as exc:
         raise ToolError(exc.strerror or str(exc)) from exc
 
 

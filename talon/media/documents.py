@@ -24,7 +24,7 @@ from typing import Literal
 from pypdf import PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
-from talon.errors import MediaError
+from talon.errors import DocumentError
 from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES
 
@@ -49,10 +49,6 @@ _TEXT_EXTENSIONS = {
 _CONTROL = set(range(0x00, 0x20)) - {0x09, 0x0A, 0x0C, 0x0D, 0x1B}
 
 DocumentFormat = Literal["text", "pdf"]
-
-
-class DocumentError(MediaError):
-    """A document whose text cannot be read; ``str()`` says why."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +228,6 @@ def _short(exc: BaseException) -> str:
 
 
 __all__ = [
-    "DocumentError",
     "DocumentText",
     "is_text_document",
     "read_pdf_document",

@@ -34,7 +34,7 @@ from PIL import Image, UnidentifiedImageError
 from talon.storage.attachments import BlockingAttachments
 from talon.config import Limits
 from talon.content import AttachmentRef
-from talon.errors import MediaError
+from talon.errors import CorruptImage, ImageBomb, MediaError, NotAnImage
 
 # Formats models accept as-is; anything else (BMP, TIFF, GIF frames, CMYK JPEG...) is re-encoded.
 _PASSTHROUGH = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -52,30 +52,6 @@ _ORIENT = {
     8: Image.Transpose.ROTATE_90,
 }
 _PIXELS_IN_MESSAGE = re.compile(r"\((\d+) pixels\)")
-
-
-class ImageRejected(MediaError):
-    """Base for images that cannot be given to the model; ``str()`` is the user-facing reason."""
-
-
-class NotAnImage(ImageRejected):
-    pass
-
-
-class CorruptImage(ImageRejected):
-    pass
-
-
-class ImageBomb(ImageRejected):
-    def __init__(self, pixels: int, limit: int, size: tuple[int, int] | None = None) -> None:
-        self.pixels = pixels
-        self.limit = limit
-        dims = f"{size[0]}x{size[1]} = " if size else ""
-        super().__init__(
-            f"the image is {dims}{pixels / 1e6:.1f} MP ({pixels:,} pixels), over the "
-            f"{limit / 1e6:.0f} MP ({limit:,} pixels) safety limit for decoding "
-            "(possible decompression bomb); not decoded"
-        )
 
 
 @dataclass(frozen=True)
@@ -312,10 +288,6 @@ def _describe_content(head: bytes) -> str:
 
 
 __all__ = [
-    "CorruptImage",
-    "ImageBomb",
-    "ImageRejected",
-    "NotAnImage",
     "PreparedImage",
     "encode_to_fit",
     "prepare_image",

@@ -36,7 +36,7 @@ from typing import Literal, TypeVar
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, InboundFile, InboundKind, TextBlock
-from talon.errors import AttachmentError, MediaError, TranscriptionError
+from talon.errors import AttachmentError, MediaError, TranscriptionError, UnsafePath
 from talon.media.documents import (
     DocumentText,
     is_text_document,
@@ -48,8 +48,8 @@ from talon.media.images import prepare_image
 from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES, sniff
 from talon.media.video import sample_video
-from talon.safe_files import BeneathError, new_file_beneath
-from talon.speech import Transcriber, Transcript, format_duration, language_name, probe_duration
+from talon.safe_files import new_file_beneath
+from talon.speech.transcribe import Transcriber, Transcript, format_duration, language_name, probe_duration
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ def save_inbound_copy(blob: Path, media_root: Path, save_dir: str, name: str) ->
         with new_file_beneath(media_root, parts, names, shown=save_dir) as (out, saved):
             if not reflink_copy(blob, out.fileno()):
                 _copy_into(blob, out.fileno())
-    except BeneathError as exc:
+    except UnsafePath as exc:
         if exc.errno == errno.EEXIST:
             raise AttachmentError(f"too many files named {name!r} in {save_dir}") from exc
         raise

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from talon.media.inbound import PreparedAttachment, _title
-from talon.speech import format_duration
+from talon.speech.transcribe import format_duration
 
 # A transcript is shown whole up to this many characters (the model got it whole regardless).
 _MAX_SHOWN_CHARS = 2000

@@ -8,8 +8,8 @@ budget (``video_max_frame_bytes``), so a frame is given what the earlier ones le
 how many are still to come. Wall-clock time is bounded by ``video_decode_seconds``: what has been
 sampled by then is kept, with a note.
 
-The audio track is not decoded here: ``talon.speech`` reads it straight from the same file,
-so this module only reports whether there is one (``has_audio``).
+The audio track is not decoded here: ``talon.speech.transcribe`` reads it straight from the same
+file, so this module only reports whether there is one (``has_audio``).
 
 Synchronous and CPU-bound; callers run it in a bounded executor.
 """
@@ -30,9 +30,9 @@ from PIL import Image
 from talon.storage.attachments import BlockingAttachments
 from talon.config import Limits
 from talon.content import AttachmentRef
-from talon.errors import MediaError
+from talon.errors import VideoError
 from talon.media.images import encode_to_fit
-from talon.speech import short_reason
+from talon.speech.transcribe import short_reason
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,6 @@ _SEEK_MIN_GAP_S = 1.0
 _MIN_FRAME_BYTES = 8_000
 _ROTATIONS = {90: Image.Transpose.ROTATE_90, -90: Image.Transpose.ROTATE_270,
               180: Image.Transpose.ROTATE_180, -180: Image.Transpose.ROTATE_180}
-
-
-class VideoError(MediaError):
-    """A video from which nothing could be taken; ``str()`` says why."""
 
 
 @dataclass(frozen=True)
@@ -250,4 +246,4 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-__all__ = ["VideoError", "VideoFrame", "VideoSample", "plan_timestamps", "sample_video"]
+__all__ = ["VideoFrame", "VideoSample", "plan_timestamps", "sample_video"]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from talon.agent.tools import Tool, ToolError, ToolResult
+from talon.agent.tools import Tool, ToolResult
 from talon.envelope import TURN_MESSAGE, InboundMessage
-from talon.errors import ScheduleError
+from talon.errors import ScheduleError, ToolError
 from talon.scheduler import when as w
 from talon.scheduler.service import Scheduler
 

@@ -8,9 +8,9 @@ When (``TALON_VOICE_REPLIES``):
     off     never; the ``speak`` tool is not offered
 
 The text of the answer is always delivered first, as usual, and the voice note follows: the
-synthesis (``talon.tts``) starts as soon as the answer exists and runs in its own bounded pool
-while the text is being sent, so the text never waits for speech and a failure costs only the
-voice note, reported in one line. What is spoken is the prose (``speakable_text``): code blocks,
+synthesis (``talon.speech.synthesize``) starts as soon as the answer exists and runs in its own
+bounded pool while the text is being sent, so the text never waits for speech and a failure costs
+only the voice note, reported in one line. What is spoken is the prose (``speakable_text``): code blocks,
 inline code (unless it is one plain word), tables, URLs and file paths stay in the text message
 only. A voice note is made only
 when a voice speaks the language the person's note was in; otherwise the answer stays text, with
@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from talon.storage.sessions import safe_path_part
-from talon.agent.tools import Tool, ToolError, ToolResult
+from talon.agent.tools import Tool, ToolResult
 from talon.content import InboundKind, Message
 from talon.envelope import InboundMessage, OutboundReply, VoiceWish
 from talon.media.outbound import MarkdownMediaRef
 from talon.render.markdown import Code, CodeBlock, Delim, Link, QuoteBlock, Text, Token, Url, iter_blocks, parse_inline
-from talon.speech import Transcript, format_duration, language_name
-from talon.errors import SynthesisError, UnsafePath
+from talon.speech.transcribe import Transcript, format_duration, language_name
+from talon.errors import SpeechUnavailable, SynthesisError, ToolError, UnsafePath
 from talon.safe_files import atomic_write_beneath
-from talon.tts import SpeechUnavailable, Synthesizer, VoiceNote, primary_language
+from talon.speech.synthesize import Synthesizer, VoiceNote, primary_language
 
 log = logging.getLogger(__name__)
 

@@ -66,8 +66,8 @@ import av
 import numpy as np
 
 from talon.config import Limits
-from talon.cpu_pool import CpuPool
-from talon.errors import TranscriptionError
+from talon.speech.cpu_pool import CpuPool
+from talon.errors import TranscriberUnavailable, TranscriptionError
 
 if TYPE_CHECKING:
     from talon.config import Settings
@@ -88,10 +88,6 @@ _LOGPROB_FLOOR = -1.0
 # What Whisper writes for non-speech audio: "[Music]", "(silence)", "[BLANK_AUDIO]"...
 _ANNOTATION_ONLY = re.compile(r"^(\s*[\[(][^\])]*[\])]\s*)+$")
 _T = TypeVar("_T")
-
-
-class TranscriberUnavailable(TranscriptionError):
-    """No backend can run: turned off, not installed, or its model is not on this machine."""
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import av
 import numpy as np
 
-from talon.cpu_pool import CpuPool
-from talon.errors import SynthesisError
+from talon.speech.cpu_pool import CpuPool
+from talon.errors import SpeechUnavailable, SynthesisError
 
 if TYPE_CHECKING:
     from talon.config import Settings
@@ -57,10 +57,6 @@ _CHARS_PER_SECOND = 15.0  # a generous speaking rate, to bound what is sent to t
 # A sentence ends at . ! ? … (and CJK 。！？) followed by space, or at a line break.
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])|\n+")
 _T = TypeVar("_T")
-
-
-class SpeechUnavailable(SynthesisError):
-    """No engine can speak: turned off, not installed, or no voice on this machine."""
 
 
 @dataclass(frozen=True)
