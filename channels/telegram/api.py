@@ -30,7 +30,7 @@ from telegram.warnings import PTBDeprecationWarning
 from talon.config import Limits, Settings
 from talon.errors import DeliveryError, UploadTimedOut
 
-from channels.base import Channel
+from channels.base import BridgeHandle, Channel
 from channels.send_budget import SendBudget, Window
 from channels.telegram.groups import ChatterLog
 
@@ -141,7 +141,7 @@ class TelegramCore(Channel):
     budget: SendBudget
     chatter: ChatterLog
     allowed_chats: set[int]
-    _bridge: Any
+    _bridge: BridgeHandle | None
     _albums: "dict[str, _Album]"
     _album_tasks: "set[asyncio.Task[None]]"
 
@@ -149,6 +149,13 @@ class TelegramCore(Channel):
         async def _send_plain(self, chat_id: str, text: str) -> None: ...
         def live_showing(self, chat_id: str, thread_id: str | None = None) -> bool: ...
         async def _flush_album(self, key: str) -> None: ...
+
+    @property
+    def bridge(self) -> BridgeHandle:
+        """The bridge updates go to (set by ``start``)."""
+        if self._bridge is None:
+            raise RuntimeError("the telegram channel has not been started")
+        return self._bridge
 
     @property
     def bot(self) -> Any:

@@ -69,7 +69,7 @@ class ApprovalPrompts(TelegramCore):
         if query is None:
             return
         parts = (query.data or "").split(":")
-        control = getattr(self._bridge, "control", None)
+        control = self.bridge.control
         if len(parts) != 3 or parts[0] != CALLBACK_PREFIX or parts[2] not in _CHOICES or control is None:
             await self._answer_query(query, "This button is not one of mine (any more).")
             return

@@ -6,7 +6,7 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter
@@ -16,7 +16,7 @@ from telegram.request import HTTPXRequest
 from talon.config import Limits, Settings
 from talon.errors import ConfigError
 
-from channels.base import ChannelHealth
+from channels.base import BridgeHandle, ChannelHealth
 from channels.http import HttpServer
 from channels.telegram.api import _retry_seconds, telegram_budget
 from channels.telegram.approvals import ApprovalPrompts
@@ -29,6 +29,9 @@ from channels.telegram.reactions import Reactions, check_reaction
 from channels.telegram.streaming import Streaming, TelegramLiveView
 from channels.telegram.webhook import Webhook
 from channels.telegram_leader import PollLeader
+
+if TYPE_CHECKING:
+    from talon.storage.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
                                             self._on_message))
         self.app.add_handler(CallbackQueryHandler(self._on_callback))
         self.app.add_error_handler(self._on_handler_error)
-        self._bridge: Any = None
+        self._bridge: BridgeHandle | None = None
         # Why the channel is not up (None: it is): set while starting and retrying, when stopped,
         # and when Telegram no longer posts to our webhook. ``health`` reports it.
         self._down: str | None = "not started"
@@ -100,7 +103,7 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
             self.http = http or HttpServer(settings.http_host, settings.http_port)
             self.http.add_route("POST", self.webhook_path, self._on_webhook)
 
-    async def start(self, bridge: Any) -> None:
+    async def start(self, bridge: BridgeHandle) -> None:
         self._bridge = bridge
         self._down = "starting: getMe has not answered yet"
         await self._retry_start("getMe", self.app.initialize)
@@ -114,6 +117,9 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
             log.info("telegram: polling as @%s", self.bot.username)
             self._watchdog = asyncio.create_task(self._watch_polling(), name="telegram-watchdog")
         self._down = None
+
+    def share_updates(self, leases: Leases) -> None:
+        self.poll_leader = PollLeader(leases)  # used in polling mode only: then one worker polls
 
     async def _retry_start(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
         """A start-up call, waiting out a Bot API that cannot be reached or answers 5xx/429 (a

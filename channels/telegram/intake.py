@@ -81,9 +81,9 @@ class Intake(TelegramCore):
         if user.is_bot:
             return  # bots do not talk to bots
         identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
-        if not await self._bridge.gate.allowed(self.name, identities):
+        if not await self.bridge.gate.allowed(self.name, identities):
             handle = f" (@{user.username})" if user.username else ""
-            pairing = await self._bridge.gate.request_pairing(
+            pairing = await self.bridge.gate.request_pairing(
                 self.name, str(user.id), f"@{user.username}" if user.username else user.full_name)
             if pairing is None:
                 log.warning(
@@ -162,7 +162,7 @@ class Intake(TelegramCore):
         user = msg.from_user
         assert user is not None
         identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
-        if await self._bridge.gate.allowed(self.name, identities):
+        if await self.bridge.gate.allowed(self.name, identities):
             return True
         try:
             member = await self._with_retries(
@@ -248,7 +248,7 @@ class Intake(TelegramCore):
         group = msg.chat.type in GROUP_TYPES
         # A command (/status, /new) is answered without the model: the chatter waits for a turn.
         command = not files and bool(command_word(text, self.bot.username))
-        await self._bridge.submit(
+        await self.bridge.submit(
             InboundMessage(
                 channel=self.name,
                 chat_id=str(msg.chat.id),
