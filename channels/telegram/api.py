@@ -144,6 +144,8 @@ class TelegramApi:
 
     @property
     def bot(self) -> Any:
+        # Any: the Bot API methods are called with keyword dicts (``_where``, upload timeouts)
+        # that PTB's stubs cannot check; this stays inside the channel, never at the seam.
         return self.app.bot
 
     def paced(self, chat_id: str, call: Callable[[], Awaitable[T]], messages: int = 1) -> Callable[[], Awaitable[T]]:

@@ -149,7 +149,7 @@ class Delivery:
             await self._retire(chat_id, message_id)
             return
 
-        def edit(text: str, mode: str | None) -> Callable[[], Awaitable[Any]]:
+        def edit(text: str, mode: str | None) -> Callable[[], Awaitable[object]]:
             return self.api.paced(chat_id, lambda: self.api.bot.edit_message_text(
                 chat_id=int(chat_id), message_id=message_id, text=text, parse_mode=mode,
                 disable_web_page_preview=True))
@@ -182,7 +182,7 @@ class Delivery:
     async def _send_reply_document(self, chat_id: str, part: ReplyDocumentPart) -> None:
         data = reply_document(part.text)
 
-        def call() -> Awaitable[Any]:
+        def call() -> Awaitable[object]:
             return self.api.bot.send_document(
                 chat_id=int(chat_id), caption=part.note,
                 document=InputFile(data, filename=REPLY_DOCUMENT_NAME), **_where(),
@@ -316,7 +316,7 @@ class Delivery:
         return False
 
     async def _with_caption(self, caption: str,
-                            send: Callable[[str | None, str | None], Awaitable[Any]]) -> None:
+                            send: Callable[[str | None, str | None], Awaitable[object]]) -> None:
         """Send with the caption as HTML; if Telegram cannot parse it, once more as plain text."""
         if not caption.strip():
             await send(None, None)
@@ -336,7 +336,7 @@ class Delivery:
         # Telegram shows a voice note's or audio's length from this, not from the file.
         duration = await asyncio.to_thread(media_seconds, media) if kind in ("voice", "audio") else None
 
-        def call() -> Awaitable[Any]:
+        def call() -> Awaitable[object]:
             media.file.seek(0)  # a failed try may have read part of the file
             kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media), **_where(),
                                       **upload_timeouts(media.size)}
@@ -350,7 +350,7 @@ class Delivery:
 
     async def _upload_album(self, chat_id: str, members: list[OutboundMedia], caption: str | None,
                             parse_mode: str | None) -> None:
-        def call() -> Awaitable[Any]:
+        def call() -> Awaitable[object]:
             items = []
             for index, media in enumerate(members):
                 media.file.seek(0)
