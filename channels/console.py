@@ -33,10 +33,11 @@ from talon.media import MarkdownMediaRef, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
 from talon.media.inbound import human_size
 
-from channels.base import Channel, PartCallback, deliver_parts
+from channels.base import BridgeHandle, Channel, PartCallback, deliver_parts
 
 if TYPE_CHECKING:
     from talon.media.received import ReceivedNote
+    from talon.storage.approvals import Approval
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class ConsoleChannel(Channel):
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
         self.media_root = media_root
-        self._bridge: Any = None
+        self._bridge: BridgeHandle | None = None
         self._reader: asyncio.Task[None] | None = None
         self.finished = asyncio.Event()
         self._counter = 0
@@ -132,9 +133,16 @@ class ConsoleChannel(Channel):
         self._echo = _Echo(self.stdin)
         self.exit_code = 0  # 130 when ended by Ctrl-C, 143 by SIGTERM
 
-    async def start(self, bridge: Any) -> None:
+    async def start(self, bridge: BridgeHandle) -> None:
         self._bridge = bridge
         self._reader = asyncio.create_task(self._read_loop(), name="console-reader")
+
+    @property
+    def bridge(self) -> BridgeHandle:
+        """The bridge this console hands its lines to (set by ``start``)."""
+        if self._bridge is None:
+            raise RuntimeError("the console has not been started")
+        return self._bridge
 
     async def stop(self) -> None:
         for task in (self._reader, self._answering):
@@ -196,7 +204,7 @@ class ConsoleChannel(Channel):
 
     async def _until_answered(self) -> None:
         try:
-            await self._bridge.idle()
+            await self.bridge.idle()
         finally:
             self._stop_asked = False
             self._echo.restore()
@@ -228,7 +236,7 @@ class ConsoleChannel(Channel):
                     self._prompt()
                 continue
             if not line:
-                await self._bridge.idle()
+                await self.bridge.idle()
                 self._newline()
                 return
             line = _valid_text(line.rstrip("\n"))
@@ -250,10 +258,10 @@ class ConsoleChannel(Channel):
                 continue
             if line.strip().split()[0].lower() == "/stop":
                 self._stop_asked = True
-            await self._bridge.submit(message)
+            await self.bridge.submit(message)
             self._watch()
 
-    async def ask_approval(self, approval: Any, text: str) -> str | None:
+    async def ask_approval(self, approval: Approval, text: str) -> str | None:
         prompt_id = await super().ask_approval(approval, text)
         # The turn waits for a yes or no typed now (input is read during answers): show the typing.
         self._echo.restore()

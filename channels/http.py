@@ -77,6 +77,7 @@ class HttpServer:
         self.app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self._aborted])
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._routes: set[tuple[str, str]] = set()
 
     @web.middleware
     async def _aborted(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -90,10 +91,15 @@ class HttpServer:
     def add_route(self, method: str, path: str, handler: Handler) -> None:
         if self._runner is not None:
             raise RuntimeError("routes must be added before the HTTP server starts")
+        self._routes.add((method.upper(), path))
         if method.upper() == "GET":
             self.app.router.add_get(path, handler)  # answers HEAD too
         else:
             self.app.router.add_route(method, path, handler)
+
+    def has_route(self, method: str, path: str) -> bool:
+        """Whether a handler for ``method`` on ``path`` was added (GET also answers HEAD)."""
+        return (method.upper(), path) in self._routes
 
     @property
     def running(self) -> bool:

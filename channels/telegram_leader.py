@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from talon.storage.leases import Leases
 
 if TYPE_CHECKING:
-    from channels.telegram import TelegramChannel
+    from channels.telegram.polling import Polling
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class PollLeader:
         self.name = name
         self.leading = False
 
-    async def run(self, channel: TelegramChannel) -> None:
+    async def run(self, polling: Polling) -> None:
         watchdog: asyncio.Task[None] | None = None
         log.info("telegram: worker %s stands by for polling (lease %s, %gs)", self.leases.holder,
                  self.name, self.leases.ttl_s)
@@ -42,24 +42,24 @@ class PollLeader:
                     log.error("telegram: cannot reach the database for the polling lease (%s)", exc)
                     have = False
                 if have and not self.leading:
-                    await channel._start_polling()
+                    await polling.start()
                     self.leading = True
                     log.info("telegram: worker %s is the polling leader; polling as @%s",
-                             self.leases.holder, channel.bot.username)
-                    watchdog = asyncio.create_task(channel._watch_polling(), name="telegram-watchdog")
+                             self.leases.holder, polling.api.bot.username)
+                    watchdog = asyncio.create_task(polling.watch(), name="telegram-watchdog")
                 elif not have and self.leading:
                     log.error("telegram: worker %s lost the polling lease; stops polling", self.leases.holder)
-                    await self._stop(channel, watchdog)
+                    await self._stop(polling, watchdog)
                     watchdog = None
                 await asyncio.sleep(self.leases.ttl_s / 3)
         finally:
-            await self._stop(channel, watchdog)
+            await self._stop(polling, watchdog)
 
-    async def _stop(self, channel: TelegramChannel, watchdog: asyncio.Task[None] | None) -> None:
+    async def _stop(self, polling: Polling, watchdog: asyncio.Task[None] | None) -> None:
         self.leading = False
         if watchdog is not None:
             watchdog.cancel()
             await asyncio.gather(watchdog, return_exceptions=True)
-        updater = channel.app.updater
+        updater = polling.api.app.updater
         if updater is not None and updater.running:
             await updater.stop()

@@ -79,7 +79,7 @@ from talon.media.failures import attach_failure_line, display_name, path_refusal
 from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, long_reply_note, reply_document
 from talon.render.whatsapp import markdown_to_whatsapp, split_for_whatsapp
 
-from channels.base import Channel, ChannelHealth, PartCallback, deliver_parts, store_response
+from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback, deliver_parts, store_response
 from channels.http import HttpServer
 from channels.media_links import MediaLinks
 from channels.whatsapp_media import CAPTIONED_KINDS, WhatsAppMedia, fit_for_whatsapp, meant_as_voice
@@ -416,7 +416,7 @@ class WhatsAppChannel(Channel):
         self.http.add_route("POST", self.status_path, self._on_status)
         if self.links is not None:
             self.http.add_route("GET", MediaLinks.route, self.links.handle)
-        self._bridge: Any = None
+        self._bridge: BridgeHandle | None = None
         self._client: Client | None = None
         self._twilio_http: _TwilioHttp | None = None
         self._download: httpx.AsyncClient | None = None
@@ -424,7 +424,7 @@ class WhatsAppChannel(Channel):
         self._state = "not started"  # "up" between start and stop (health)
 
     # --- lifecycle ----------------------------------------------------------------------------
-    async def start(self, bridge: Any) -> None:
+    async def start(self, bridge: BridgeHandle) -> None:
         self._bridge = bridge
         if self.insecure:
             log.warning(

@@ -46,7 +46,7 @@ from talon.storage.attachments import AttachmentStore
 from talon.storage.inbox import InboxItem, InboxStore
 
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
-    from channels.base import Channel
+    from talon.ports import BridgeHandle, Channel
     from talon.control import Control
     from talon.scheduler import Scheduler
     from talon.speech.voice_replies import VoiceReplies
@@ -902,3 +902,8 @@ def apology(exc: ProviderError) -> str:
                 "Your next message will be answered without it.")
     return ("Sorry, the language model could not answer this message. Your next message will be "
             "answered without it.")
+
+
+if TYPE_CHECKING:
+    def _a_bridge_is_a_handle(bridge: Bridge) -> BridgeHandle:
+        return bridge  # mypy: Bridge satisfies what channels may call on it (talon.ports)

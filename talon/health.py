@@ -42,7 +42,7 @@ async def health_checks(runtime: Runtime) -> list[tuple[str, bool, str]]:
 
 def add_health_route(runtime: Runtime) -> None:
     http = runtime.http
-    if http is None or http.running or getattr(http, "_talon_health", False):
+    if http is None or http.running or http.has_route("GET", HEALTH_PATH):
         return
 
     async def handle(request: web.Request) -> web.Response:
@@ -52,7 +52,6 @@ def add_health_route(runtime: Runtime) -> None:
         return web.Response(status=200 if ok else 503, text=body)
 
     http.add_route("GET", HEALTH_PATH, handle)
-    setattr(http, "_talon_health", True)
 
 
 async def database_rows(url: str) -> list[tuple[str, str]]:

@@ -38,7 +38,7 @@ from talon.storage.inbox import InboxStore
 from talon.storage.sessions import SessionStore, safe_path_part
 
 if TYPE_CHECKING:
-    from channels.base import Channel
+    from talon.ports import Channel
     from talon.agent.mcp import McpManager
     from channels.http import HttpServer
 
@@ -143,11 +143,8 @@ class Runtime:
         # messages are handled once its channel has started.
         await self.bridge.recover()
         if self.stores is not None and self.stores.leases is not None:
-            from channels.telegram_leader import PollLeader
-
-            for channel in self.channels:
-                if hasattr(channel, "poll_leader"):  # Telegram in polling mode: one worker polls
-                    channel.poll_leader = PollLeader(self.stores.leases)
+            for channel in self.channels:  # Telegram in polling mode: one worker polls
+                channel.share_updates(self.stores.leases)
         if self.http is not None:
             from talon.health import add_health_route
             from talon.metrics import add_metrics_route

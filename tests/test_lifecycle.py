@@ -68,7 +68,7 @@ async def test_album_buffered_when_talon_stops_is_answered_after_restart(
             tg.push_update(tg.photo_message(ALICE, data=jpeg(64, 48, colour), media_group_id="album-9",
                                             caption="two colours" if i == 0 else None))
         for _ in range(100):
-            album = next(iter(channel._albums.values()), None)
+            album = next(iter(channel.intake.albums_gathering()), None)
             if album is not None and len(album.files) == 2:
                 break
             await asyncio.sleep(0.02)

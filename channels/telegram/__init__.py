@@ -1,11 +1,12 @@
 """Telegram channel on python-telegram-bot: long polling (or a webhook) in, Bot API out.
 
-One module per job; ``TelegramChannel`` (``channel.py``) puts them together:
+One module per job, each a class given what it needs; ``TelegramChannel`` (``channel.py``) builds
+one ``TelegramApi`` and hands it to every part (composition, no mixins):
 
 | module | job |
 |---|---|
-| ``channel.py`` | the clients (python-telegram-bot, httpx), start and stop |
-| ``api.py`` | how a Bot API call is made: where in the chat it goes, group pacing, retries |
+| ``channel.py`` | the clients (python-telegram-bot, httpx), the parts, start, stop and health |
+| ``api.py`` | ``TelegramApi``: how a Bot API call is made: where in the chat it goes, group pacing, retries |
 | ``polling.py`` | getUpdates and the watchdog that restarts it |
 | ``webhook.py`` | webhook mode: updates posted by Telegram, answered once they are in the inbox |
 | ``intake.py`` | updates in: who may speak, albums, the ``InboundMessage`` handed to the bridge |
@@ -15,6 +16,7 @@ One module per job; ``TelegramChannel`` (``channel.py``) puts them together:
 | ``delivery.py`` | sending those parts: text, files, albums, captions, fallbacks |
 | ``streaming.py`` | the answer shown while it is written: drafts, or a message edited in place |
 | ``reactions.py`` | the acknowledgement reaction on a message being answered |
+| ``approvals.py`` | approval prompts with buttons, and the presses that answer them |
 
 What is platform neutral lives outside the package: the per-chat send budget
 (``channels/send_budget.py``) and the stream-to-updates logic (``channels/live_text.py``).

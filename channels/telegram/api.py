@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime as dt
+import functools
 import logging
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from telegram import ReplyParameters
 from telegram.error import BadRequest, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError, TimedOut
@@ -29,13 +30,10 @@ from telegram.warnings import PTBDeprecationWarning
 
 from talon.config import Limits, Settings
 from talon.errors import DeliveryError, UploadTimedOut
+from talon.render.chunking import split_markdown
+from talon.render.telegram import utf16_len
 
-from channels.base import Channel
 from channels.send_budget import SendBudget, Window
-from channels.telegram.groups import ChatterLog
-
-if TYPE_CHECKING:
-    from channels.telegram.intake import _Album
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,7 @@ T = TypeVar("T")
 SEND_TRIES = 3
 # Uploads get time by their size: 30 s plus a second per 100 KB to send it (write) and to have
 # Telegram process and answer (read). A timeout after the bytes went out may well have
-# succeeded, so an upload that timed out is tried once more, never more (see _with_retries).
+# succeeded, so an upload that timed out is tried once more, never more (see TelegramApi.with_retries).
 UPLOAD_BASE_TIMEOUT_S = 30.0
 UPLOAD_BYTES_PER_S = 100_000
 # The updates Talon asks for: messages, their edits (see intake.py), and presses of the approval
@@ -129,32 +127,28 @@ def _refusal_reason(exc: DeliveryError) -> str:
     return f"Telegram refused it ({detail})"
 
 
-class TelegramCore(Channel):
-    """What every part of the Telegram channel shares: its settings, the Bot API client, and the
-    one way a Bot API call is made (paced in groups, with retries). The jobs are mixins on it
-    (intake, webhook, polling, downloads, delivery); ``TelegramChannel`` puts them together."""
+CHANNEL = "telegram"  # the channel's name, in every InboundMessage and access check
 
-    name = "telegram"
-    settings: Settings
-    limits: Limits
-    app: Application
-    budget: SendBudget
-    chatter: ChatterLog
-    allowed_chats: set[int]
-    _bridge: Any
-    _albums: "dict[str, _Album]"
-    _album_tasks: "set[asyncio.Task[None]]"
 
-    if TYPE_CHECKING:  # provided by the mixins, used across them
-        async def _send_plain(self, chat_id: str, text: str) -> None: ...
-        def live_showing(self, chat_id: str, thread_id: str | None = None) -> bool: ...
-        async def _flush_album(self, key: str) -> None: ...
+class TelegramApi:
+    """The one Bot API client every part of the channel is given: the python-telegram-bot
+    application, the settings and limits, the per-chat send budget, and the one way a Bot API
+    call is made (paced in groups, with retries). ``TelegramChannel`` builds it and hands it to
+    intake, delivery, live views, reactions, polling, webhook, downloads and approval prompts."""
+
+    def __init__(self, app: Application, settings: Settings, limits: Limits, budget: SendBudget) -> None:
+        self.app = app
+        self.settings = settings
+        self.limits = limits
+        self.budget = budget
 
     @property
     def bot(self) -> Any:
+        # Any: the Bot API methods are called with keyword dicts (``_where``, upload timeouts)
+        # that PTB's stubs cannot check; this stays inside the channel, never at the seam.
         return self.app.bot
 
-    def _paced(self, chat_id: str, call: Callable[[], Awaitable[T]], messages: int = 1) -> Callable[[], Awaitable[T]]:
+    def paced(self, chat_id: str, call: Callable[[], Awaitable[T]], messages: int = 1) -> Callable[[], Awaitable[T]]:
         """``call``, waiting first for room in the chat's send budget (each try counts); a 429
         blocks the chat's budget for as long as Telegram asks."""
 
@@ -171,7 +165,7 @@ class TelegramCore(Channel):
 
         return paced
 
-    async def _with_retries(self, call: Callable[[], Awaitable[T]], what: str, *, upload: bool = False) -> T:
+    async def with_retries(self, call: Callable[[], Awaitable[T]], what: str, *, upload: bool = False) -> T:
         """Honour 429 retry_after, retry network errors with backoff, never retry a refusal.
 
         An upload whose answer timed out may have arrived: it is retried once, logged, and a
@@ -215,3 +209,11 @@ class TelegramCore(Channel):
                 log.warning("telegram: %s failed (%s); retry %d in %.1fs", what, exc.message,
                             network_failures, delay)
                 await asyncio.sleep(delay)
+
+    async def send_plain(self, chat_id: str, text: str) -> None:
+        """``text`` as plain messages (split at the message limit), into the current target."""
+        for chunk in split_markdown(text, self.limits.telegram_text_max, utf16_len):
+            await self.with_retries(self.paced(
+                chat_id, functools.partial(self.bot.send_message, chat_id=int(chat_id), text=chunk,
+                                           disable_web_page_preview=True, **_where())),
+                "sendMessage")

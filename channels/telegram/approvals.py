@@ -17,7 +17,8 @@ from telegram.ext import ContextTypes
 
 from talon.errors import DeliveryError
 
-from channels.telegram.api import TelegramCore, _int_or_none
+from channels.base import BridgeHandle
+from channels.telegram.api import CHANNEL, TelegramApi, _int_or_none
 
 if TYPE_CHECKING:
     from talon.control.approvals import Choice
@@ -37,45 +38,55 @@ def approval_keyboard(approval_id: str) -> InlineKeyboardMarkup:
                                  [button("Always in this chat", "a")]])
 
 
-class ApprovalPrompts(TelegramCore):
-    async def ask_approval(self, approval: "Approval", text: str) -> str | None:
+class ApprovalPrompts:
+    """Approval prompts with buttons, and the presses that answer them (see the module docstring).
+    Presses reach the approvals through the bridge handle given at start (``bind``)."""
+
+    def __init__(self, api: TelegramApi) -> None:
+        self.api = api
+        self._bridge: BridgeHandle | None = None
+
+    def bind(self, bridge: BridgeHandle) -> None:
+        self._bridge = bridge
+
+    async def ask_approval(self, approval: Approval, text: str) -> str | None:
         chat = approval.platform_chat
         where = {"message_thread_id": int(approval.thread_id)} if approval.thread_id else {}
-        sent = await self._with_retries(self._paced(chat, functools.partial(
-            self.bot.send_message, chat_id=int(chat), text=text[: self.limits.telegram_text_max],
+        sent = await self.api.with_retries(self.api.paced(chat, functools.partial(
+            self.api.bot.send_message, chat_id=int(chat), text=text[: self.api.limits.telegram_text_max],
             reply_markup=approval_keyboard(approval.id), disable_web_page_preview=True, **where)),
             "sendMessage")
         return str(sent.message_id)
 
-    async def settle_approval(self, approval: "Approval", text: str) -> None:
+    async def settle_approval(self, approval: Approval, text: str) -> None:
         chat = approval.platform_chat
         message_id = _int_or_none(approval.prompt_id)
         if message_id is None:
-            await self._send_plain(chat, text)
+            await self.api.send_plain(chat, text)
             return
         try:
             # An edit without reply_markup also takes the buttons away.
-            await self._with_retries(self._paced(chat, functools.partial(
-                self.bot.edit_message_text, chat_id=int(chat), message_id=message_id,
-                text=text[: self.limits.telegram_text_max], disable_web_page_preview=True)),
+            await self.api.with_retries(self.api.paced(chat, functools.partial(
+                self.api.bot.edit_message_text, chat_id=int(chat), message_id=message_id,
+                text=text[: self.api.limits.telegram_text_max], disable_web_page_preview=True)),
                 "editMessageText")
         except DeliveryError as exc:
             if "not modified" in str(exc):
                 return
             raise
 
-    async def _on_callback(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    async def on_callback(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         query = update.callback_query
         if query is None:
             return
         parts = (query.data or "").split(":")
-        control = getattr(self._bridge, "control", None)
+        control = self._bridge.control if self._bridge is not None else None
         if len(parts) != 3 or parts[0] != CALLBACK_PREFIX or parts[2] not in _CHOICES or control is None:
             await self._answer_query(query, "This button is not one of mine (any more).")
             return
         user = query.from_user
         name = user.full_name or (f"@{user.username}" if user.username else str(user.id))
-        answer = await control.approvals.answer(parts[1], _CHOICES[parts[2]], self.name, str(user.id), name,
+        answer = await control.approvals.answer(parts[1], _CHOICES[parts[2]], CHANNEL, str(user.id), name,
                                                 user.username)
         await self._answer_query(query, answer.note, alert=answer.outcome == "refused")
         if answer.outcome == "decided" and answer.approval is not None:

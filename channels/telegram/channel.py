@@ -1,12 +1,17 @@
-"""The Telegram channel: its clients, start and stop; the jobs live in the sibling modules."""
+"""The Telegram channel: its clients, start and stop, and the parts it is made of.
+
+``TelegramChannel`` builds one ``TelegramApi`` (the python-telegram-bot application, the settings,
+the per-chat send budget, how a call is made) and gives it to each part: intake, delivery, live
+views, reactions, approval prompts, downloads, and polling or the webhook. It holds them as
+attributes and answers the ``Channel`` methods by asking the part whose job it is.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter
@@ -14,27 +19,36 @@ from telegram.ext import Application, ApplicationBuilder, CallbackQueryHandler, 
 from telegram.request import HTTPXRequest
 
 from talon.config import Limits, Settings
+from talon.content import InboundFile
+from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
 from talon.errors import ConfigError
+from talon.storage.attachments import AttachmentStore
 
-from channels.base import ChannelHealth
+from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
 from channels.http import HttpServer
-from channels.telegram.api import _retry_seconds, telegram_budget
+from channels.send_budget import SendBudget
+from channels.telegram.api import CHANNEL, TelegramApi, _retry_seconds, telegram_budget
 from channels.telegram.approvals import ApprovalPrompts
 from channels.telegram.delivery import Delivery
 from channels.telegram.downloads import Downloads
 from channels.telegram.groups import ChatterLog
-from channels.telegram.intake import Intake, _Album
+from channels.telegram.intake import Intake
+from channels.telegram.parts import Part
 from channels.telegram.polling import Polling, _PollingRequest
-from channels.telegram.reactions import Reactions, check_reaction
-from channels.telegram.streaming import Streaming, TelegramLiveView
+from channels.telegram.reactions import Reactions
+from channels.telegram.streaming import LiveViews
 from channels.telegram.webhook import Webhook
 from channels.telegram_leader import PollLeader
+
+if TYPE_CHECKING:
+    from talon.storage.approvals import Approval
+    from talon.storage.leases import Leases
 
 log = logging.getLogger(__name__)
 
 
-class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions, ApprovalPrompts, Delivery):
-    name = "telegram"
+class TelegramChannel(Channel):
+    name = CHANNEL
 
     def __init__(self, settings: Settings, *, watchdog_interval_s: float = 15.0,
                  stall_after_s: float | None = None, http: HttpServer | None = None,
@@ -43,17 +57,11 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
             raise ConfigError("TELEGRAM_BOT_TOKEN is not set", ["TELEGRAM_BOT_TOKEN"])
         settings.check_telegram_webhook()
         self.settings = settings
-        self.limits: Limits = settings.limits()
+        limits: Limits = settings.limits()
         # Groups (channels/telegram/groups.py); a bad TALON_TELEGRAM_ALLOWED_CHATS fails here.
-        self.allowed_chats = settings.telegram_allowed_chat_ids
-        self.chatter = ChatterLog(settings.telegram_group_context)
-        self.budget = telegram_budget(self.limits)  # every call into a chat counts (api.py)
-        self.ack_reaction = check_reaction(settings.telegram_ack_reaction)
-        self._acknowledged: set[str] = set()
-        self._live: dict[str, TelegramLiveView] = {}  # conversation -> the answer shown as it is written
-        self._unlisted_logged: set[int] = set()
+        allowed_chats = settings.telegram_allowed_chat_ids
         base = settings.telegram_api_base_url.rstrip("/")
-        self._poll_request = _PollingRequest(
+        poll_request = _PollingRequest(
             connection_pool_size=1, read_timeout=settings.telegram_poll_timeout_s + 10.0
         )
         self.app: Application = (
@@ -63,56 +71,72 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
             .base_file_url(f"{base}/file/bot")
             .request(HTTPXRequest(connection_pool_size=16, read_timeout=30.0, write_timeout=60.0,
                                   media_write_timeout=120.0))
-            .get_updates_request(self._poll_request)
+            .get_updates_request(poll_request)
             .build()
         )
-        self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE | filters.UpdateType.EDITED_MESSAGE,
-                                            self._on_message))
-        self.app.add_handler(CallbackQueryHandler(self._on_callback))
-        self.app.add_error_handler(self._on_handler_error)
-        self._bridge: Any = None
-        # Why the channel is not up (None: it is): set while starting and retrying, when stopped,
-        # and when Telegram no longer posts to our webhook. ``health`` reports it.
-        self._down: str | None = "not started"
-        self._albums: dict[str, _Album] = {}
-        self._album_tasks: set[asyncio.Task[None]] = set()  # albums being stored
-        self._watchdog: asyncio.Task[None] | None = None
-        self._watchdog_interval = watchdog_interval_s
-        self._stall_after = stall_after_s or (settings.telegram_poll_timeout_s + 60.0)
-        self.polling_restarts = 0
-        self.startup_retry_max_s = 60.0
+        # Every call into a chat counts against its budget (api.py).
+        self.api = TelegramApi(self.app, settings, limits, telegram_budget(limits))
+        self.intake = Intake(self.api, allowed_chats=allowed_chats,
+                             chatter=ChatterLog(settings.telegram_group_context))
+        self.live = LiveViews(self.api)
+        self.delivery = Delivery(self.api, self.live)
+        self.reactions = Reactions(self.api, settings.telegram_ack_reaction)
+        self.approvals = ApprovalPrompts(self.api)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
+        self.downloads = Downloads(self.api, self._http)
+        self.polling = Polling(self.api, poll_request, watchdog_interval_s=watchdog_interval_s,
+                               stall_after_s=stall_after_s or (settings.telegram_poll_timeout_s + 60.0))
+        self.app.add_handler(MessageHandler(filters.UpdateType.MESSAGE | filters.UpdateType.EDITED_MESSAGE,
+                                            self.intake.on_message))
+        self.app.add_handler(CallbackQueryHandler(self.approvals.on_callback))
+        self.app.add_error_handler(self.intake.on_handler_error)
+        # Why the channel is not up (None: it is): set while starting and retrying, and when
+        # stopped. ``health`` reports it.
+        self._down: str | None = "not started"
+        self._watchdog: asyncio.Task[None] | None = None
+        self.startup_retry_max_s = 60.0
         # Webhook mode: Telegram posts updates to a route on Talon's shared HTTP server.
-        self.webhook_url = settings.telegram_webhook_url.strip()
-        self.webhook_path = settings.telegram_webhook_path.rstrip("/") or "/"
-        self._webhook_secret = settings.telegram_webhook_secret.encode()
-        self._webhook_check_s = webhook_check_s
-        # One update of a chat at a time, in arrival order, as polling does; chats in parallel, so
-        # one chat's write to the inbox never waits behind another's.
-        self._webhook_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # chat -> (lock, users)
-        self._webhook_error_seen: dt.datetime | None = None
-        self._owns_http = False
+        self.webhook: Webhook | None = None
         self.http: HttpServer | None = None
-        # Set by the runtime when workers share a database (channels.telegram_leader).
+        # Set by ``share_updates`` when workers share a database (channels.telegram_leader).
         self.poll_leader: PollLeader | None = None
-        if self.webhook_url:
-            self._owns_http = http is None
+        if settings.telegram_webhook_url.strip():
             self.http = http or HttpServer(settings.http_host, settings.http_port)
-            self.http.add_route("POST", self.webhook_path, self._on_webhook)
+            self.webhook = Webhook(self.api, self.intake, self.http, owns_http=http is None,
+                                   check_s=webhook_check_s)
 
-    async def start(self, bridge: Any) -> None:
-        self._bridge = bridge
+    @property
+    def budget(self) -> SendBudget:
+        """The per-chat send budget every part spends (replaceable before ``start``)."""
+        return self.api.budget
+
+    @budget.setter
+    def budget(self, budget: SendBudget) -> None:
+        self.api.budget = budget
+
+    @property
+    def polling_restarts(self) -> int:
+        """How often the watchdog restarted polling."""
+        return self.polling.restarts
+
+    def share_updates(self, leases: Leases) -> None:
+        self.poll_leader = PollLeader(leases)  # used in polling mode only: then one worker polls
+
+    async def start(self, bridge: BridgeHandle) -> None:
+        self.intake.bind(bridge)
+        self.approvals.bind(bridge)
         self._down = "starting: getMe has not answered yet"
         await self._retry_start("getMe", self.app.initialize)
         await self.app.start()
-        if self.http is not None:
-            await self._start_webhook()
+        if self.webhook is not None:
+            await self.webhook.start(self._retry_start)
+            self._watchdog = asyncio.create_task(self.webhook.watch(), name="telegram-webhook-check")
         elif self.poll_leader is not None:  # many workers: only the lease holder polls
-            self._watchdog = asyncio.create_task(self.poll_leader.run(self), name="telegram-leader")
+            self._watchdog = asyncio.create_task(self.poll_leader.run(self.polling), name="telegram-leader")
         else:
-            await self._retry_start("deleteWebhook before polling", self._start_polling)
-            log.info("telegram: polling as @%s", self.bot.username)
-            self._watchdog = asyncio.create_task(self._watch_polling(), name="telegram-watchdog")
+            await self._retry_start("deleteWebhook before polling", self.polling.start)
+            log.info("telegram: polling as @%s", self.api.bot.username)
+            self._watchdog = asyncio.create_task(self.polling.watch(), name="telegram-watchdog")
         self._down = None
 
     async def _retry_start(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
@@ -142,39 +166,63 @@ class TelegramChannel(Intake, Webhook, Polling, Downloads, Streaming, Reactions,
             delay = min(delay * 2, self.startup_retry_max_s)
 
     def health(self) -> ChannelHealth:
-        if self._down is not None:  # not started, retrying its start, stopped, webhook lost
+        if self._down is not None:  # not started, retrying its start, stopped
             return ChannelHealth(False, self._down)
-        if self.http is not None:
-            return ChannelHealth(True, f"webhook set: Telegram posts to {self.webhook_url}")
+        if self.webhook is not None:
+            if self.webhook.lost is not None:  # another process took the webhook
+                return ChannelHealth(False, self.webhook.lost)
+            return ChannelHealth(True, f"webhook set: Telegram posts to {self.webhook.url}")
         if self.poll_leader is not None and self._watchdog is not None and self._watchdog.done():
             return ChannelHealth(False, "the polling-lease task ended; this worker neither polls nor stands by")
         if self.poll_leader is not None and not self.poll_leader.leading:
             return ChannelHealth(True, "standing by: another worker polls (or will, once it holds the lease)")
-        return self._polling_health()
+        return self.polling.health()
 
     async def stop(self) -> None:
         self._down = "stopped"
         if self._watchdog:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
-        if self._owns_http and self.http is not None:
+        if self.webhook is not None and self.webhook.owns_http:
             # Before the application: requests in flight finish (an album may still be flushed).
             # The webhook stays set, so Telegram keeps new updates until we are back.
-            await self.http.stop()
+            await self.webhook.http.stop()
         if self.app.updater and self.app.updater.running:
             await self.app.updater.stop()
         if self.app.running:
             await self.app.stop()  # handles the updates already fetched first
         # Polling confirmed every update it fetched, so Telegram will not send an album that is
-        # still being gathered again: submit what arrived of it (the inbox keeps it for the next
-        # start) rather than dropping it.
-        await asyncio.gather(*self._album_tasks, return_exceptions=True)
-        for key, album in list(self._albums.items()):
-            if album.timer:
-                album.timer.cancel()
-            try:
-                await self._flush_album(key)
-            except Exception:
-                log.exception("telegram: album %s could not be stored at stop", key)
+        # still being gathered again: submit what arrived of it rather than dropping it.
+        await self.intake.flush_albums()
         await self.app.shutdown()
         await self._http.aclose()
+
+    # --- the Channel methods, each answered by the part whose job it is -------------------------
+    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
+                   resume_id: str | None = None) -> LiveReply | None:
+        return self.live.live_reply(message, placed=placed, resume_id=resume_id)
+
+    async def acknowledge(self, message: InboundMessage) -> None:
+        await self.reactions.acknowledge(message)
+
+    async def unacknowledge(self, message: InboundMessage) -> None:
+        await self.reactions.unacknowledge(message)
+
+    async def ask_approval(self, approval: Approval, text: str) -> str | None:
+        return await self.approvals.ask_approval(approval, text)
+
+    async def settle_approval(self, approval: Approval, text: str) -> None:
+        await self.approvals.settle_approval(approval, text)
+
+    def reply_parts(self, reply: OutboundReply) -> list[Part]:
+        return self.delivery.reply_parts(reply)
+
+    async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
+                      on_part: PartCallback | None = None) -> None:
+        await self.delivery.deliver(chat_id, reply, skip_parts=skip_parts, on_part=on_part)
+
+    async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
+        return await self.downloads.download(remote, store, limits)
+
+    async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        await self.delivery.send_typing(chat_id, thread_id)

@@ -23,7 +23,6 @@ reported after every part so a restart resumes at the first undelivered part and
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,14 +36,14 @@ from talon.envelope import OutboundReply, conversation_id
 from talon.errors import DeliveryError, MediaPathError, UploadTimedOut
 from talon.media import MarkdownMediaRef, OutboundMedia, outbound_channel_media
 from talon.media.failures import attach_failure_line, display_name, path_refusal_reason
-from talon.render.chunking import split_markdown
 from talon.render.long_reply import REPLY_DOCUMENT_NAME, reply_document
-from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback, utf16_len
+from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback
 from talon.speech.transcribe import probe_file_duration
 
 from channels.base import PartCallback, deliver_parts
 from channels.telegram.api import (
-    TelegramCore,
+    CHANNEL,
+    TelegramApi,
     _int_or_none,
     _refusal_reason,
     _refused_markup,
@@ -62,6 +61,7 @@ from channels.telegram.parts import (
     TextPart,
     plan_parts,
 )
+from channels.telegram.streaming import LiveViews
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,23 @@ _API_NAMES = {"image": "sendPhoto", "animation": "sendAnimation", "video": "send
               "voice": "sendVoice", "audio": "sendAudio", "document": "sendDocument"}
 
 
-class Delivery(TelegramCore):
-    """Replies out: the parts of a reply, each sent (text, files, albums) with its fallbacks."""
+class Delivery:
+    """Replies out: the parts of a reply, each sent (text, files, albums) with its fallbacks; and
+    the typing indicator, kept quiet while the answer is shown live (``live``)."""
+
+    def __init__(self, api: TelegramApi, live: LiveViews) -> None:
+        self.api = api
+        self.live = live
 
     async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:
         # Cosmetic: not while the answer itself is on screen, nor when the chat's budget is short.
-        if self.live_showing(chat_id, thread_id) or not self.budget.try_spend(chat_id):
+        if self.live.showing(chat_id, thread_id) or not self.api.budget.try_spend(chat_id):
             return
         where = {"message_thread_id": int(thread_id)} if thread_id is not None else {}
-        await self.bot.send_chat_action(chat_id=int(chat_id), action=ChatAction.TYPING, **where)
+        await self.api.bot.send_chat_action(chat_id=int(chat_id), action=ChatAction.TYPING, **where)
 
     def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        return plan_parts(reply, self.limits)
+        return plan_parts(reply, self.api.limits)
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
@@ -113,7 +118,7 @@ class Delivery(TelegramCore):
         elif isinstance(part, RetirePart):
             await self._retire(chat_id, part.message_id)
         elif isinstance(part, NoticePart):
-            await self._send_plain(chat_id, part.text)
+            await self.api.send_plain(chat_id, part.text)
         elif isinstance(part, ReplyDocumentPart):
             await self._send_reply_document(chat_id, part)
         else:
@@ -127,15 +132,15 @@ class Delivery(TelegramCore):
             return
         html = markdown_to_telegram_html(markdown)
         try:
-            await self._with_retries(self._paced(
-                chat_id, lambda: self.bot.send_message(chat_id=int(chat_id), text=html, parse_mode=ParseMode.HTML,
+            await self.api.with_retries(self.api.paced(
+                chat_id, lambda: self.api.bot.send_message(chat_id=int(chat_id), text=html, parse_mode=ParseMode.HTML,
                                                        disable_web_page_preview=True, **_where())),
                 "sendMessage")
         except DeliveryError as exc:
             if not _refused_markup(exc):
                 raise
             log.warning("telegram: chat %s refused our HTML (%s); resending as plain text", chat_id, exc)
-            await self._send_plain(chat_id, plain_text_fallback(markdown))
+            await self.api.send_plain(chat_id, plain_text_fallback(markdown))
 
     async def _edit_text(self, chat_id: str, message_id: int, markdown: str) -> None:
         """The last edit of a streamed message: the final text, formatted; plain if Telegram
@@ -144,19 +149,19 @@ class Delivery(TelegramCore):
             await self._retire(chat_id, message_id)
             return
 
-        def edit(text: str, mode: str | None) -> Callable[[], Awaitable[Any]]:
-            return self._paced(chat_id, lambda: self.bot.edit_message_text(
+        def edit(text: str, mode: str | None) -> Callable[[], Awaitable[object]]:
+            return self.api.paced(chat_id, lambda: self.api.bot.edit_message_text(
                 chat_id=int(chat_id), message_id=message_id, text=text, parse_mode=mode,
                 disable_web_page_preview=True))
 
         try:
             try:
-                await self._with_retries(edit(markdown_to_telegram_html(markdown), ParseMode.HTML), "editMessageText")
+                await self.api.with_retries(edit(markdown_to_telegram_html(markdown), ParseMode.HTML), "editMessageText")
             except DeliveryError as exc:
                 if not _refused_markup(exc):
                     raise
                 log.warning("telegram: chat %s refused our HTML (%s); editing in plain text", chat_id, exc)
-                await self._with_retries(edit(plain_text_fallback(markdown), None), "editMessageText")
+                await self.api.with_retries(edit(plain_text_fallback(markdown), None), "editMessageText")
         except DeliveryError as exc:
             if "not modified" in str(exc).lower():
                 return  # the last update already showed exactly this
@@ -168,7 +173,7 @@ class Delivery(TelegramCore):
 
     async def _retire(self, chat_id: str, message_id: int) -> None:
         try:
-            await self._with_retries(self._paced(chat_id, lambda: self.bot.delete_message(
+            await self.api.with_retries(self.api.paced(chat_id, lambda: self.api.bot.delete_message(
                 chat_id=int(chat_id), message_id=message_id)), "deleteMessage")
         except DeliveryError as exc:
             log.warning("telegram: chat=%s: could not delete the streamed message %s: %s", chat_id,
@@ -177,27 +182,20 @@ class Delivery(TelegramCore):
     async def _send_reply_document(self, chat_id: str, part: ReplyDocumentPart) -> None:
         data = reply_document(part.text)
 
-        def call() -> Awaitable[Any]:
-            return self.bot.send_document(
+        def call() -> Awaitable[object]:
+            return self.api.bot.send_document(
                 chat_id=int(chat_id), caption=part.note,
                 document=InputFile(data, filename=REPLY_DOCUMENT_NAME), **_where(),
                 **upload_timeouts(len(data)))
 
         try:
-            await self._with_retries(self._paced(chat_id, call), "sendDocument", upload=True)
+            await self.api.with_retries(self.api.paced(chat_id, call), "sendDocument", upload=True)
         except DeliveryError as exc:
             if not exc.permanent:
                 raise
             log.warning("telegram: chat=%s: the long reply as %s could not be sent: %s", chat_id,
                         REPLY_DOCUMENT_NAME, exc)
-            await self._send_plain(chat_id, attach_failure_line(REPLY_DOCUMENT_NAME, _refusal_reason(exc)))
-
-    async def _send_plain(self, chat_id: str, text: str) -> None:
-        for chunk in split_markdown(text, self.limits.telegram_text_max, utf16_len):
-            await self._with_retries(self._paced(
-                chat_id, functools.partial(self.bot.send_message, chat_id=int(chat_id), text=chunk,
-                                           disable_web_page_preview=True, **_where())),
-                "sendMessage")
+            await self.api.send_plain(chat_id, attach_failure_line(REPLY_DOCUMENT_NAME, _refusal_reason(exc)))
 
     async def _send_media_part(self, chat_id: str, part: MediaPart) -> None:
         failures: list[str] = []
@@ -217,7 +215,7 @@ class Delivery(TelegramCore):
         if caption.strip():  # none of the files went out: the words still must
             await self._send_text(chat_id, caption)
         if failures:
-            await self._send_plain(chat_id, "\n".join(failures))
+            await self.api.send_plain(chat_id, "\n".join(failures))
 
     def _open_media(self, chat_id: str, ref: MarkdownMediaRef, failures: list[str]) -> OutboundMedia | None:
         """Resolve and open one reference, or record why it cannot be sent."""
@@ -226,7 +224,7 @@ class Delivery(TelegramCore):
             target = _send_target.get()
             topic = str(target.thread_id) if target is not None and target.thread_id is not None else None
             # The conversation's own workspace: a forum topic has its own.
-            root = self.settings.workspace_dir(self.name, conversation_id(chat_id, topic))
+            root = self.api.settings.workspace_dir(CHANNEL, conversation_id(chat_id, topic))
             media = outbound_channel_media(ref, "", root)
         except MediaPathError as exc:
             log.warning("telegram: chat=%s: not attaching %r: %s", chat_id, ref.path, exc)
@@ -236,7 +234,7 @@ class Delivery(TelegramCore):
             log.warning("telegram: chat=%s: cannot read %r: %s", chat_id, ref.path, exc)
             failures.append(attach_failure_line(name, "it cannot be read"))
             return None
-        limit = self.limits.telegram_upload_max_bytes
+        limit = self.api.limits.telegram_upload_max_bytes
         reason = None
         if media.size > limit:
             reason = (f"it is {media.size / MB:.1f} MB, over Telegram's {limit / MB:.0f} MB "
@@ -263,7 +261,7 @@ class Delivery(TelegramCore):
         return [photos] + [[m] for m in opened if m not in photos]
 
     def _as_photo(self, media: OutboundMedia) -> bool:
-        return media.kind == "image" and media.size <= self.limits.telegram_photo_max_bytes
+        return media.kind == "image" and media.size <= self.api.limits.telegram_photo_max_bytes
 
     async def _send_unit(self, chat_id: str, unit: list[OutboundMedia], caption: str,
                          failures: list[str]) -> bool:
@@ -318,7 +316,7 @@ class Delivery(TelegramCore):
         return False
 
     async def _with_caption(self, caption: str,
-                            send: Callable[[str | None, str | None], Awaitable[Any]]) -> None:
+                            send: Callable[[str | None, str | None], Awaitable[object]]) -> None:
         """Send with the caption as HTML; if Telegram cannot parse it, once more as plain text."""
         if not caption.strip():
             await send(None, None)
@@ -334,11 +332,11 @@ class Delivery(TelegramCore):
     async def _upload(self, chat_id: str, media: OutboundMedia, kind: str, caption: str | None,
                       parse_mode: str | None) -> None:
         method, field_name = _SENDERS[kind]
-        send = getattr(self.bot, method)
+        send = getattr(self.api.bot, method)
         # Telegram shows a voice note's or audio's length from this, not from the file.
         duration = await asyncio.to_thread(media_seconds, media) if kind in ("voice", "audio") else None
 
-        def call() -> Awaitable[Any]:
+        def call() -> Awaitable[object]:
             media.file.seek(0)  # a failed try may have read part of the file
             kwargs: dict[str, Any] = {"chat_id": int(chat_id), field_name: _input_file(media), **_where(),
                                       **upload_timeouts(media.size)}
@@ -348,11 +346,11 @@ class Delivery(TelegramCore):
                 kwargs.update(caption=caption, parse_mode=parse_mode)
             return send(**kwargs)
 
-        await self._with_retries(self._paced(chat_id, call), _API_NAMES[kind], upload=True)
+        await self.api.with_retries(self.api.paced(chat_id, call), _API_NAMES[kind], upload=True)
 
     async def _upload_album(self, chat_id: str, members: list[OutboundMedia], caption: str | None,
                             parse_mode: str | None) -> None:
-        def call() -> Awaitable[Any]:
+        def call() -> Awaitable[object]:
             items = []
             for index, media in enumerate(members):
                 media.file.seek(0)
@@ -360,10 +358,10 @@ class Delivery(TelegramCore):
                 items.append(InputMediaPhoto(media=_input_file(media, attach=True),
                                              caption=caption if first else None,
                                              parse_mode=parse_mode if first else None))
-            return self.bot.send_media_group(chat_id=int(chat_id), media=items, **_where(),
+            return self.api.bot.send_media_group(chat_id=int(chat_id), media=items, **_where(),
                                              **upload_timeouts(sum(m.size for m in members)))
 
-        await self._with_retries(self._paced(chat_id, call, len(members)), "sendMediaGroup", upload=True)
+        await self.api.with_retries(self.api.paced(chat_id, call, len(members)), "sendMediaGroup", upload=True)
 
 
 def media_seconds(media: OutboundMedia) -> int | None:

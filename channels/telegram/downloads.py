@@ -15,13 +15,16 @@ from talon.envelope import RemoteFile
 from talon.errors import DeliveryError, DownloadError, DownloadTooLarge, MediaError
 
 from channels.base import store_response
-from channels.telegram.api import SEND_TRIES, TelegramCore
+from channels.telegram.api import SEND_TRIES, TelegramApi
 
 
-class Downloads(TelegramCore):
-    """Files a person sent, fetched during the turn: getFile, then a streamed, capped download."""
+class Downloads:
+    """Files a person sent, fetched during the turn: getFile, then a streamed, capped download
+    over ``http`` (the channel's own client, which it closes)."""
 
-    _http: httpx.AsyncClient
+    def __init__(self, api: TelegramApi, http: httpx.AsyncClient) -> None:
+        self.api = api
+        self._http = http
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size,
@@ -34,7 +37,7 @@ class Downloads(TelegramCore):
         if remote.size is not None and remote.size > limits.download_max_bytes:
             return too_large
         try:
-            tg_file = await self._with_retries(lambda: self.bot.get_file(remote.source), "getFile")
+            tg_file = await self.api.with_retries(lambda: self.api.bot.get_file(remote.source), "getFile")
         except DeliveryError as exc:
             text = str(exc)
             if "too big" in text.lower():

@@ -6,6 +6,7 @@ are gathered into one); files are referenced by file_id and downloaded during th
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -19,10 +20,12 @@ from talon.content import InboundKind
 from talon.envelope import InboundMessage, RemoteFile
 from talon.errors import DeliveryError
 
-from channels.telegram.api import TelegramCore, _int_or_none, _send_target, _SendTarget
+from channels.base import BridgeHandle
+from channels.telegram.api import CHANNEL, TelegramApi, _int_or_none, _send_target, _SendTarget
 from channels.telegram.groups import (
     ADMIN_STATUSES,
     GROUP_TYPES,
+    ChatterLog,
     addressed,
     anonymous_admin,
     command_word,
@@ -36,15 +39,20 @@ from channels.telegram.groups import (
     thread_of,
     topic_title,
 )
-from channels.telegram.webhook import _webhook_errors
 
 log = logging.getLogger(__name__)
 
 ALBUM_WAIT_S = 1.2
+# Set while a webhook update is processed (webhook.py); the error handler records handler
+# failures in it, so that the webhook answers 500 and Telegram sends the update again.
+_webhook_errors: contextvars.ContextVar[list[BaseException] | None] = contextvars.ContextVar(
+    "telegram_webhook_errors", default=None)
 
 
 @dataclass
-class _Album:
+class Album:
+    """An album being gathered: Telegram sends one message per item."""
+
     first: TgMessage
     files: list[RemoteFile] = field(default_factory=list)
     caption: str = ""
@@ -54,18 +62,61 @@ class _Album:
     error: BaseException | None = None  # why submitting it failed
 
 
-class Intake(TelegramCore):
-    """Updates in: who may speak, groups, albums, and the InboundMessage handed to the bridge."""
+class Intake:
+    """Updates in: who may speak, groups, albums, and the InboundMessage handed to the bridge
+    (given at start, ``bind``). ``allowed_chats`` are the groups served, ``chatter`` what was
+    said in them that was not for the bot."""
 
-    _unlisted_logged: set[int]
+    def __init__(self, api: TelegramApi, *, allowed_chats: set[int], chatter: ChatterLog) -> None:
+        self.api = api
+        self.allowed_chats = allowed_chats
+        self.chatter = chatter
+        self._bridge: BridgeHandle | None = None
+        self._unlisted_logged: set[int] = set()
+        self._albums: dict[str, Album] = {}
+        self._album_tasks: set[asyncio.Task[None]] = set()  # albums being stored
 
-    async def _on_handler_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+    def bind(self, bridge: BridgeHandle) -> None:
+        self._bridge = bridge
+
+    @property
+    def bound(self) -> bool:
+        """Whether updates can be handed in yet (``start`` gave the bridge)."""
+        return self._bridge is not None
+
+    @property
+    def bridge(self) -> BridgeHandle:
+        if self._bridge is None:
+            raise RuntimeError("the telegram channel has not been started")
+        return self._bridge
+
+    def album(self, chat_id: int, media_group_id: str) -> Album | None:
+        """The album of that chat and group id while it is being gathered."""
+        return self._albums.get(_album_key(chat_id, media_group_id))
+
+    def albums_gathering(self) -> list[Album]:
+        """The albums whose items are still arriving."""
+        return list(self._albums.values())
+
+    async def flush_albums(self) -> None:
+        """At stop: submit what arrived of the albums still being gathered (the inbox keeps them
+        for the next start) rather than dropping them."""
+        await asyncio.gather(*self._album_tasks, return_exceptions=True)
+        for key, album in list(self._albums.items()):
+            if album.timer:
+                album.timer.cancel()
+            try:
+                await self._flush_album(key)
+            except Exception:
+                log.exception("telegram: album %s could not be stored at stop", key)
+
+    async def on_handler_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         log.error("telegram: handler error: %s", context.error, exc_info=context.error)
         failures = _webhook_errors.get()
         if failures is not None and context.error is not None:
             failures.append(context.error)  # the webhook answers 500, so Telegram retries
 
-    async def _on_message(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    async def on_message(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         # An edited message comes the same way; its edit_date marks it (see _submit).
         msg = update.message or update.edited_message
         if msg is None or msg.from_user is None:
@@ -81,10 +132,10 @@ class Intake(TelegramCore):
         if user.is_bot:
             return  # bots do not talk to bots
         identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
-        if not await self._bridge.gate.allowed(self.name, identities):
+        if not await self.bridge.gate.allowed(CHANNEL, identities):
             handle = f" (@{user.username})" if user.username else ""
-            pairing = await self._bridge.gate.request_pairing(
-                self.name, str(user.id), f"@{user.username}" if user.username else user.full_name)
+            pairing = await self.bridge.gate.request_pairing(
+                CHANNEL, str(user.id), f"@{user.username}" if user.username else user.full_name)
             if pairing is None:
                 log.warning(
                     "telegram: message from user %s%s denied; to allow them add %s to "
@@ -94,7 +145,7 @@ class Intake(TelegramCore):
                         "(or add %s to TALON_TELEGRAM_ALLOWED_USERS)", user.id, handle, pairing.code, user.id)
             if pairing.reply is not None:
                 try:
-                    await self.bot.send_message(chat_id=msg.chat.id, text=pairing.reply)
+                    await self.api.bot.send_message(chat_id=msg.chat.id, text=pairing.reply)
                 except TelegramError as exc:
                     log.warning("telegram: could not send the pairing code to user %s: %s", user.id, exc)
             return
@@ -133,9 +184,9 @@ class Intake(TelegramCore):
                 log.debug("telegram: message in unlisted %s %s ignored", chat.type, chat.id)
             return
         files = _remote_files(msg)
-        spoken_to = ((self.settings.telegram_group_trigger == "all"
-                      and not for_another_bot(msg.text or msg.caption or "", self.bot.username))
-                     or addressed(msg, self.bot.id, self.bot.username))
+        spoken_to = ((self.api.settings.telegram_group_trigger == "all"
+                      and not for_another_bot(msg.text or msg.caption or "", self.api.bot.username))
+                     or addressed(msg, self.api.bot.id, self.api.bot.username))
         if msg.media_group_id and msg.edit_date is None:
             self._collect_album(msg, files, addressed=spoken_to)
             return
@@ -151,22 +202,22 @@ class Intake(TelegramCore):
             return
         if not files and not await self._group_command_allowed(msg, text):
             return
-        admin = not files and command_word(text, self.bot.username) == "/stop" and await self._is_admin(msg)
+        admin = not files and command_word(text, self.api.bot.username) == "/stop" and await self._is_admin(msg)
         await self._submit(msg, text, files, sender_admin=admin)
 
     async def _group_command_allowed(self, msg: TgMessage, text: str) -> bool:
         """``/new`` in a group wipes the context of everyone in it: only an administrator, or
         someone allowed in TALON_TELEGRAM_ALLOWED_USERS (or approved by pairing), may."""
-        if command_word(text, self.bot.username) != "/new" or anonymous_admin(msg):
+        if command_word(text, self.api.bot.username) != "/new" or anonymous_admin(msg):
             return True
         user = msg.from_user
         assert user is not None
         identities = [str(user.id)] + ([f"@{user.username}"] if user.username else [])
-        if await self._bridge.gate.allowed(self.name, identities):
+        if await self.bridge.gate.allowed(CHANNEL, identities):
             return True
         try:
-            member = await self._with_retries(
-                lambda: self.bot.get_chat_member(chat_id=msg.chat.id, user_id=user.id), "getChatMember")
+            member = await self.api.with_retries(
+                lambda: self.api.bot.get_chat_member(chat_id=msg.chat.id, user_id=user.id), "getChatMember")
         except DeliveryError as exc:
             log.warning("telegram: chat=%s: cannot tell whether user %s is an administrator (%s); /new refused",
                         msg.chat.id, user.id, exc)
@@ -180,7 +231,7 @@ class Intake(TelegramCore):
             refusal = "Only an administrator of this group can start a new conversation here."
         token = _send_target.set(_SendTarget(thread_id=_int_or_none(thread_of(msg)), reply_to=msg.message_id))
         try:
-            await self._send_plain(str(msg.chat.id), refusal)
+            await self.api.send_plain(str(msg.chat.id), refusal)
         except DeliveryError as exc:
             log.warning("telegram: chat=%s: could not send the /new refusal: %s", msg.chat.id, exc)
         finally:
@@ -194,8 +245,8 @@ class Intake(TelegramCore):
         user = msg.from_user
         assert user is not None
         try:
-            member = await self._with_retries(
-                lambda: self.bot.get_chat_member(chat_id=msg.chat.id, user_id=user.id), "getChatMember")
+            member = await self.api.with_retries(
+                lambda: self.api.bot.get_chat_member(chat_id=msg.chat.id, user_id=user.id), "getChatMember")
         except DeliveryError as exc:
             log.warning("telegram: chat=%s: cannot tell whether user %s is an administrator (%s)",
                         msg.chat.id, user.id, exc)
@@ -204,10 +255,11 @@ class Intake(TelegramCore):
 
     def _collect_album(self, msg: TgMessage, files: list[RemoteFile], *, addressed: bool = True) -> None:
         """Telegram sends an album as one message per item; gather them into one turn."""
-        key = f"{msg.chat.id}:{msg.media_group_id}"
+        assert msg.media_group_id is not None
+        key = _album_key(msg.chat.id, msg.media_group_id)
         album = self._albums.get(key)
         if album is None:
-            album = self._albums[key] = _Album(first=msg, addressed=addressed)
+            album = self._albums[key] = Album(first=msg, addressed=addressed)
         else:
             album.addressed = album.addressed or addressed
             if album.timer:
@@ -247,10 +299,10 @@ class Intake(TelegramCore):
         name, username = sender_of(msg)
         group = msg.chat.type in GROUP_TYPES
         # A command (/status, /new) is answered without the model: the chatter waits for a turn.
-        command = not files and bool(command_word(text, self.bot.username))
-        await self._bridge.submit(
+        command = not files and bool(command_word(text, self.api.bot.username))
+        await self.bridge.submit(
             InboundMessage(
-                channel=self.name,
+                channel=CHANNEL,
                 chat_id=str(msg.chat.id),
                 sender_id=str(msg.sender_chat.id if anonymous_admin(msg) and msg.sender_chat else user.id),
                 sender_name=name,
@@ -275,9 +327,13 @@ class Intake(TelegramCore):
         root = msg.reply_to_message
         if root is None or not is_real_reply(msg):
             return None
-        if root.from_user is not None and root.from_user.id == self.bot.id:
+        if root.from_user is not None and root.from_user.id == self.api.bot.id:
             return "you"
         return label(root)
+
+
+def _album_key(chat_id: int, media_group_id: str) -> str:
+    return f"{chat_id}:{media_group_id}"
 
 
 def _edit_stamp(msg: TgMessage, text: str) -> str | None:

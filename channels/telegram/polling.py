@@ -13,7 +13,7 @@ from telegram.error import TelegramError
 from telegram.request import HTTPXRequest
 
 from channels.base import ChannelHealth
-from channels.telegram.api import ALLOWED_UPDATES, TelegramCore
+from channels.telegram.api import ALLOWED_UPDATES, TelegramApi
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +41,25 @@ class _PollingRequest(HTTPXRequest):
         return result
 
 
-class Polling(TelegramCore):
-    """getUpdates, and the watchdog that restarts it."""
+class Polling:
+    """getUpdates, and the watchdog that restarts it. ``request`` is the transport the
+    application's getUpdates goes through (built with the application, before this)."""
 
-    _poll_request: _PollingRequest
-    _watchdog: "asyncio.Task[None] | None"
-    _watchdog_interval: float
-    _stall_after: float
-    polling_restarts: int
+    def __init__(self, api: TelegramApi, request: _PollingRequest, *, watchdog_interval_s: float,
+                 stall_after_s: float) -> None:
+        self.api = api
+        self._poll_request = request
+        self._watchdog_interval = watchdog_interval_s
+        self._stall_after = stall_after_s
+        self.restarts = 0  # by the watchdog
 
-    async def _start_polling(self) -> None:
-        assert self.app.updater is not None
+    async def start(self) -> None:
+        assert self.api.app.updater is not None
         # start_polling calls deleteWebhook first (drop_pending_updates unset, so pending updates
         # stay), so a webhook left from webhook mode cannot make getUpdates fail with 409.
         self._poll_request.last_ok = time.monotonic()
-        await self.app.updater.start_polling(
-            timeout=self.settings.telegram_poll_timeout_s,
+        await self.api.app.updater.start_polling(
+            timeout=self.api.settings.telegram_poll_timeout_s,
             allowed_updates=list(ALLOWED_UPDATES),
             error_callback=self._on_poll_error,
         )
@@ -66,16 +69,16 @@ class Polling(TelegramCore):
         self._poll_request.last_error = f"{type(exc).__name__}: {exc.message}"
         log.warning("telegram: getUpdates failed (%s); python-telegram-bot retries", exc)
 
-    def _polling_health(self) -> ChannelHealth:
+    def health(self) -> ChannelHealth:
         """Up while getUpdates gets answers: not after several failures in a row, nor when no
         poll came back for longer than the watchdog allows (a hung connection)."""
-        updater = self.app.updater
+        updater = self.api.app.updater
         if updater is None or not updater.running:
             return ChannelHealth(False, "polling is not running (the watchdog restarts it)")
         request = self._poll_request
         if request.failures >= POLL_FAILURES_DOWN:
             return ChannelHealth(False, f"getUpdates failed {request.failures} times in a row at "
-                                        f"{self.settings.telegram_api_base_url} (last: {request.last_error}); "
+                                        f"{self.api.settings.telegram_api_base_url} (last: {request.last_error}); "
                                         "python-telegram-bot retries")
         silent = time.monotonic() - request.last_ok
         if silent >= self._stall_after:
@@ -83,21 +86,21 @@ class Polling(TelegramCore):
                                         "the watchdog restarts polling")
         return ChannelHealth(True, f"polling: last getUpdates answered {silent:.0f}s ago")
 
-    async def _watch_polling(self) -> None:
+    async def watch(self) -> None:
         """Polling must never stop quietly: restart it when it died or has gone silent."""
         while True:
             await asyncio.sleep(self._watchdog_interval)
-            updater = self.app.updater
+            updater = self.api.app.updater
             assert updater is not None
             silent = time.monotonic() - self._poll_request.last_ok
             if updater.running and silent < self._stall_after:
                 continue
             reason = "stopped" if not updater.running else f"silent for {silent:.0f}s"
             log.error("telegram: polling %s; restarting it", reason)
-            self.polling_restarts += 1
+            self.restarts += 1
             try:
                 if updater.running:
                     await updater.stop()
-                await self._start_polling()
+                await self.start()
             except Exception:
                 log.exception("telegram: could not restart polling; will try again")

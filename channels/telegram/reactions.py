@@ -19,7 +19,7 @@ from telegram.constants import ReactionEmoji
 from talon.envelope import InboundMessage
 from talon.errors import ConfigError
 
-from channels.telegram.api import TelegramCore
+from channels.telegram.api import TelegramApi
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +38,22 @@ def check_reaction(emoji: str) -> str:
     return emoji
 
 
-class Reactions(TelegramCore):
-    ack_reaction: str
-    _acknowledged: set[str]
+class Reactions:
+    """The acknowledgement reaction (see the module docstring); ``emoji`` "" for none."""
+
+    def __init__(self, api: TelegramApi, emoji: str) -> None:
+        self.api = api
+        self.ack_reaction = check_reaction(emoji)
+        self._acknowledged: set[str] = set()  # keys of the messages that carry it now
 
     async def acknowledge(self, message: InboundMessage) -> None:
         if not self.ack_reaction or not message.message_id.isdigit() or message.key in self._acknowledged:
             return
-        if not self.budget.try_spend(message.chat_id, calls=2):  # the set, and the clear later
+        if not self.api.budget.try_spend(message.chat_id, calls=2):  # the set, and the clear later
             log.debug("telegram: chat=%s: no budget for the acknowledgement of %s", message.chat_id,
                       message.message_id)
             return
-        await self.bot.set_message_reaction(chat_id=int(message.chat_id), message_id=int(message.message_id),
+        await self.api.bot.set_message_reaction(chat_id=int(message.chat_id), message_id=int(message.message_id),
                                             reaction=self.ack_reaction)
         self._acknowledged.add(message.key)
 
@@ -57,12 +61,12 @@ class Reactions(TelegramCore):
         if message.key not in self._acknowledged:
             return
         self._acknowledged.discard(message.key)
-        blocked = self.budget.blocked_for(message.chat_id)
+        blocked = self.api.budget.blocked_for(message.chat_id)
         if blocked > CLEAR_WAIT_MAX_S:
             log.info("telegram: chat=%s: the reaction on %s stays: Telegram asked to wait %.0fs", message.chat_id,
                      message.message_id, blocked)
             return
         if blocked:
             await asyncio.sleep(blocked)
-        await self.bot.set_message_reaction(chat_id=int(message.chat_id), message_id=int(message.message_id),
+        await self.api.bot.set_message_reaction(chat_id=int(message.chat_id), message_id=int(message.message_id),
                                             reaction=[])

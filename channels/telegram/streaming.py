@@ -36,7 +36,7 @@ from talon.media import extract_markdown_media
 from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback, split_markdown_for_telegram
 
 from channels.live_text import LiveText
-from channels.telegram.api import TelegramCore, _int_or_none, _retry_seconds, is_group_chat
+from channels.telegram.api import TelegramApi, _int_or_none, _retry_seconds, is_group_chat
 from talon.errors import StreamStopped
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,10 @@ def _not_modified(exc: TelegramError) -> bool:
 class TelegramLiveView:
     """One turn's live view in one chat: a draft, or a message edited in place."""
 
-    def __init__(self, channel: "Streaming", message: InboundMessage, *, mode: str,
+    def __init__(self, views: LiveViews, message: InboundMessage, *, mode: str,
                  placed: Callable[[str], Awaitable[None]] | None, resume_id: str | None) -> None:
-        self.channel = channel
+        self.views = views
+        self.api = views.api
         self.chat_id = message.chat_id
         self.conversation = message.conversation_id
         self.mode = mode  # "draft" or "edit"
@@ -61,7 +62,7 @@ class TelegramLiveView:
         self.message_id = _int_or_none(resume_id)
         self._placed = placed
         self.html = True
-        self.text = LiveText(self.show, interval_s=channel.settings.telegram_stream_interval_s)
+        self.text = LiveText(self.show, interval_s=views.api.settings.telegram_stream_interval_s)
 
     @property
     def showing(self) -> bool:
@@ -69,20 +70,20 @@ class TelegramLiveView:
 
     def _fitted(self, markdown: str) -> str:
         body, _ = extract_markdown_media(markdown)
-        chunks = split_markdown_for_telegram(body, self.channel.limits.telegram_text_max)
+        chunks = split_markdown_for_telegram(body, self.api.limits.telegram_text_max)
         return chunks[0] if chunks else ""
 
     async def show(self, markdown: str) -> bool:
         piece = self._fitted(markdown)
         if not plain_text_fallback(piece).strip():
             return True  # nothing a person could read yet (a bare heading mark, a lone image)
-        if not self.channel.budget.try_spend(self.chat_id):
+        if not self.api.budget.try_spend(self.chat_id):
             return False
         text = markdown_to_telegram_html(piece) if self.html else plain_text_fallback(piece)
         try:
             await self._call(text)
         except RetryAfter as exc:
-            self.channel.budget.penalize(self.chat_id, _retry_seconds(exc))
+            self.api.budget.penalize(self.chat_id, _retry_seconds(exc))
             raise StreamStopped(f"Telegram asked to wait {_retry_seconds(exc):.0f}s") from exc
         except BadRequest as exc:
             if _not_modified(exc):
@@ -98,7 +99,7 @@ class TelegramLiveView:
         return True
 
     async def _call(self, text: str) -> None:
-        bot = self.channel.bot
+        bot = self.api.bot
         mode = ParseMode.HTML if self.html else None
         where: dict[str, Any] = {}
         if self.thread_id is not None:
@@ -122,28 +123,34 @@ class TelegramLiveView:
 
     async def close(self) -> None:
         await self.text.close()
-        self.channel._live.pop(self.conversation, None)
+        self.views.closed(self)
 
 
-class Streaming(TelegramCore):
-    """Live views per chat (see the module docstring)."""
+class LiveViews:
+    """The live view of each conversation whose answer is being written (see the module docstring)."""
 
-    _live: dict[str, TelegramLiveView]
+    def __init__(self, api: TelegramApi) -> None:
+        self.api = api
+        self._views: dict[str, TelegramLiveView] = {}  # conversation -> the answer shown as it is written
 
     def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
                    resume_id: str | None = None) -> LiveReply | None:
-        setting = self.settings.telegram_streaming
+        setting = self.api.settings.telegram_streaming
         if setting == "off":
             return None
         mode = "edit" if setting == "edit" or is_group_chat(message.chat_id) or message.is_group else "draft"
         if mode == "draft" and resume_id is not None:
             mode = "edit"  # a message from before a restart is edited, whatever the setting
         view = TelegramLiveView(self, message, mode=mode, placed=placed, resume_id=resume_id)
-        self._live[message.conversation_id] = view
+        self._views[message.conversation_id] = view
         return LiveReply(on_text=view.text.on_text, on_step=view.text.on_step, close=view.close)
 
-    def live_showing(self, chat_id: str, thread_id: str | None = None) -> bool:
+    def closed(self, view: TelegramLiveView) -> None:
+        """``view`` has ended (its turn closed it)."""
+        self._views.pop(view.conversation, None)
+
+    def showing(self, chat_id: str, thread_id: str | None = None) -> bool:
         """Is the answer of this chat (topic) being shown live right now? Then a typing
         indicator would only spend the chat's budget."""
-        view = self._live.get(conversation_id(chat_id, thread_id))
+        view = self._views.get(conversation_id(chat_id, thread_id))
         return view is not None and view.showing and not view.text.stopped
