@@ -117,16 +117,33 @@ async def _run(settings: Settings) -> int:
 
 async def _chat(settings: Settings) -> int:
     from channels.console import ConsoleChannel
-    from talon.runtime import build_runtime
+    from talon.runtime import build_runtime, until_stopped
 
+    # First of all, as for `talon run`: Ctrl-C or SIGTERM during the start (a local model that
+    # loads, a database) ends it, cleanly, through the loop (exit code 130 or 143).
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals: list[int] = []
+
+    def stop_starting(sig: int) -> None:
+        signals.append(sig)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_starting, sig)
     console = ConsoleChannel(media_root=settings.workspace_dir("console", "local"))
     # The console's acknowledgement is no courtesy to save calls on: it says at once which earlier
     # message a resumed answer is for (TALON_ACK_DELAY is for the platforms' Bot API calls).
     runtime = build_runtime(settings.model_copy(update={"ack_delay_s": 0.0}), [console])
-    try:
+
+    async def started() -> bool:
         await runtime.start()
+        return True
+
+    try:
+        if await until_stopped(stop, started()) is None:
+            return 128 + signals[0]
         # From here Ctrl-C is the console's: the first one during an answer stops it.
-        loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, console.interrupt)
         loop.add_signal_handler(signal.SIGTERM, console.quit, 128 + signal.SIGTERM)
         await console.finished.wait()

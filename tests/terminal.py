@@ -6,6 +6,7 @@ checked. Output is collected by a thread; ``wait_for`` polls it with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_", "ANTHROPIC_"))}
     env.update({"TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
-                "TALON_MODEL_MAX_RETRIES": "0", "TALON_SPEECH_WARMUP": "false",
+                "TALON_MODEL_MAX_RETRIES": "0", "TALON_SPEECH_WARMUP": "false", "PYTHONFAULTHANDLER": "1",
                 "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     env.update(extra)
     return env
@@ -83,7 +84,17 @@ class ChatTerminal:
         os.write(self.master, b"\x04")
 
     def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout=timeout)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Where it hangs: Python's fault handler (PYTHONFAULTHANDLER) prints every thread's
+            # stack on SIGABRT, into the output shown here.
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self._reader.join(5)
+            raise AssertionError(f"talon chat did not exit within {timeout} s; output:\n{self.output}") from None
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -69,7 +69,7 @@ def llama() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def llama_long() -> Iterator[str]:
     """A server whose replies always run to the requested length (end-of-text ignored)."""
-    with llama_server("2048", "ignore-eos") as url:
+    with llama_server("4096", "ignore-eos") as url:
         yield url
 
 
@@ -175,9 +175,28 @@ async def _tokens_per_second(llama: str) -> float:
 async def test_a_generation_longer_than_the_timeout_streams_and_completes(tg: FakeTelegram, llama_long: str,
                                                                          tmp_path: Path) -> None:
     llama = llama_long
-    idle_timeout = 3.0
+    # The same question once with a generous timeout: the server keeps its prompt, and the time to
+    # its first token (prompt reading, slow on a loaded machine) sets the idle timeout tested here.
+    (tmp_path / "warm").mkdir()
+    warm = build_runtime(llama_settings(tmp_path / "warm", tg, llama, TALON_MODEL_MAX_OUTPUT=8,
+                                        TALON_MODEL_MAX_RETRIES=0), [])
+    await warm.agent.discover()
+    first: list[float] = []
+
+    async def first_text(delta: str) -> None:
+        if not first:
+            first.append(time.monotonic())
+
+    asked = time.monotonic()
+    try:
+        await warm.agent.run_turn(ChatKey("console", "warm"), Message.user(LONG_STORY), "warm-1", on_text=first_text)
+    finally:
+        await warm.agent.aclose()
+        await warm.inbox.close()
+        await warm.bridge.gate.close()
+    idle_timeout = max(3.0, 2 * ((first[0] if first else time.monotonic()) - asked))
     # Long enough to take about four times the timeout at the speed this machine has right now.
-    reply_tokens = min(1200, max(64, int(await _tokens_per_second(llama) * idle_timeout * 4)))
+    reply_tokens = min(2000, max(64, int(await _tokens_per_second(llama) * idle_timeout * 4)))
     settings = llama_settings(tmp_path, tg, llama, TALON_MODEL_TIMEOUT=idle_timeout,
                               TALON_MODEL_MAX_OUTPUT=reply_tokens, TALON_MODEL_MAX_RETRIES=0)
     runtime = build_runtime(settings, [])
@@ -191,8 +210,7 @@ async def test_a_generation_longer_than_the_timeout_streams_and_completes(tg: Fa
 
     started = time.monotonic()
     try:
-        result = await runtime.agent.run_turn(_chat(), Message.user("Tell me a long story about a lighthouse."),
-                                              "long-1", on_text=on_text)
+        result = await runtime.agent.run_turn(_chat(), Message.user(LONG_STORY), "long-1", on_text=on_text)
     finally:
         await runtime.agent.aclose()
         await runtime.inbox.close()
@@ -206,6 +224,9 @@ async def test_a_generation_longer_than_the_timeout_streams_and_completes(tg: Fa
     # The text flowed all along: no silence as long as the timeout between the first and last chunk.
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     assert max(gaps) < idle_timeout and arrivals[-1] - arrivals[0] > idle_timeout / 2
+
+
+LONG_STORY = "Tell me a long story about a lighthouse."
 
 
 def _chat() -> ChatKey:

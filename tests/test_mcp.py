@@ -170,7 +170,9 @@ async def test_git_server_with_workspace_sees_its_own_chat_only_and_stops_when_i
         while True:
             for process in mcp_children("mcp-server-git"):
                 with contextlib.suppress(psutil.NoSuchProcess):
-                    servers.add(" ".join(process.cmdline()))
+                    # A process caught as it exits (a zombie) shows an empty command line.
+                    if command := " ".join(process.cmdline()):
+                        servers.add(command)
             await asyncio.sleep(0.05)
 
     sampler = asyncio.create_task(sample())
