@@ -2,7 +2,8 @@
 
 Run: ``python benchmarks/bench_burst.py`` (about five minutes; ``--seconds 20`` for a shorter
 burst at the same rates). The real Telegram channel (python-telegram-bot against the fake Bot API)
-with its defaults (drafts in private chats, the 👀 reaction, typing) and a fast fake model that
+with its defaults (drafts in private chats, the 👀 reaction, typing; all of them at once for every
+message, ``TALON_ACK_DELAY=0``, the harshest case) and a fast fake model that
 answers at once, so what is measured is Talon's pacing, not the model. ``TALON_BUSY_MODE=queue``:
 every message gets an answer of its own.
 
@@ -45,7 +46,10 @@ async def burst(chat: int, per_minute: int, seconds: float) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             settings = make_settings(Path(tmp), tg.base_url, llm.base_url, TALON_BUSY_MODE="queue",
                                      TALON_TELEGRAM_ALLOWED_CHATS=str(GROUP), TALON_MODEL_DISCOVERY=False,
-                                     TALON_TELEGRAM_POLL_TIMEOUT=1)
+                                     TALON_TELEGRAM_POLL_TIMEOUT=1,
+                                     # The signs of work at once for every message (the harshest
+                                     # case): with the default 1 s, these instant answers have none.
+                                     TALON_ACK_DELAY=0)
             channel = TelegramChannel(settings)
             runtime = build_runtime(settings, [channel])
             await runtime.start()
