@@ -111,7 +111,8 @@ _E2E_FILES = frozenset({
     "test_cli_process.py", "test_console.py", "test_pg_stores.py", "test_migrate.py",
     "test_scaleout_ops.py", "test_scaleout_whatsapp.py", "test_speech.py", "test_tts.py",
     "test_voice_replies.py", "test_typecheck.py", "test_startup.py", "test_live_crash.py",
-    "test_tool_races.py", "test_agent_long_conversation.py",
+    "test_tool_races.py", "test_agent_long_conversation.py", "test_mcp.py", "test_control_process.py",
+    "test_scheduler_restart.py", "test_shell_sandbox.py", "test_console_stop.py", "test_local_model.py",
 })
 _E2E_FIXTURES = frozenset({"pg_url", "pg_server", "transcriber"})
 _E2E_TESTS = frozenset({
@@ -120,6 +121,18 @@ _E2E_TESTS = frozenset({
     "test_a_1_mb_reply_is_a_few_messages_and_reply_md_on_whatsapp",
     "test_another_chat_is_answered_while_a_catastrophic_grep_runs",
     "test_sigterm_during_a_long_grep_stops_talon_within_its_stop_grace",  # `talon run` as a process
+    # `talon run` / `talon doctor` as processes (tests/test_stop_and_health.py)
+    "test_run_stops_on_a_signal_while_the_bot_api_cannot_be_reached",
+    "test_run_stops_on_sigterm_while_waiting_for_the_database",
+    "test_run_with_a_missing_database_names_it_and_calls_nothing_missing",
+    "test_a_busy_port_is_named_with_its_problem_not_called_missing",
+    "test_doctor_checks_the_bot_token_with_getme",
+    "test_doctor_checks_the_twilio_credentials_with_the_account_fetch",
+    "test_doctor_reads_the_env_file_of_the_config_directory_and_says_so",
+    "test_every_trick_is_refused_in_a_network_namespace_of_its_own",  # a probe process in a namespace
+    # 2,000 bodies per webhook: heavy
+    "test_the_telegram_webhook_answers_no_malformed_body_with_a_500",
+    "test_the_twilio_webhook_answers_no_malformed_body_with_a_500",
 })
 
 
