@@ -333,7 +333,8 @@ class Agent:
             budget = self.budget
             need = math.ceil(estimate_tools(specs) * self.token_scale)
             fits = need <= (budget.window - budget.max_output) // 2
-            if not fits:
+            said = next(iter(self._tools_fit.values()), True)  # the last decision, said when it changes
+            if not fits and said:
                 log.warning("the model's context window (%s tokens) is too small for the definitions of its "
                             "%d tools (~%s tokens): requests go without tools; a model with a larger window "
                             "(or TALON_LOCAL_CONTEXT for a local one) can use them", f"{budget.window:,}",
