@@ -29,6 +29,18 @@ class InboxItem:
     live_message: str | None = None
 
 
+# The columns the durable inboxes (SQLite, PostgreSQL) read an item from, in ``item_from_row``'s order.
+INBOX_COLUMNS = "seq, payload, attempts, delivered_parts, live_message_id"
+
+
+def item_from_row(row: tuple[object, ...]) -> InboxItem:
+    seq, payload, attempts, delivered, live = row
+    return InboxItem(seq=int(seq),  # type: ignore[call-overload]
+                     message=InboundMessage.model_validate_json(str(payload)),
+                     attempts=int(attempts), delivered_parts=int(delivered),  # type: ignore[call-overload]
+                     live_message=str(live) if live is not None else None)
+
+
 class InboxStore(Protocol):
     """What the bridge needs of an inbox."""
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from talon.envelope import InboundMessage
-from talon.storage.inbox import InboxItem
+from talon.storage.inbox import INBOX_COLUMNS, InboxItem, item_from_row
 from talon.storage.sqlite import SqliteRunner
 
 _SCHEMA = """
@@ -28,15 +28,6 @@ CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(status, seq);
 """
 # Added later; databases made before get the column at open.
 _LIVE_COLUMN = "ALTER TABLE inbox ADD COLUMN live_message_id TEXT"
-_COLUMNS = "seq, payload, attempts, delivered_parts, live_message_id"
-
-
-def _item(row: tuple[object, ...]) -> InboxItem:
-    seq, payload, attempts, delivered, live = row
-    return InboxItem(seq=int(seq),  # type: ignore[call-overload]
-                     message=InboundMessage.model_validate_json(str(payload)),
-                     attempts=int(attempts), delivered_parts=int(delivered),  # type: ignore[call-overload]
-                     live_message=str(live) if live is not None else None)
 
 
 class SqliteInbox:
@@ -69,13 +60,13 @@ class SqliteInbox:
 
     async def pending(self) -> list[InboxItem]:
         rows = await self.db.run(lambda c: c.execute(
-            f"SELECT {_COLUMNS} FROM inbox WHERE status='pending' ORDER BY seq").fetchall())
-        return [_item(r) for r in rows]
+            f"SELECT {INBOX_COLUMNS} FROM inbox WHERE status='pending' ORDER BY seq").fetchall())
+        return [item_from_row(r) for r in rows]
 
     async def begin_attempt(self, key: str) -> InboxItem | None:
         row = await self.db.run(lambda c: c.execute(
-            f"UPDATE inbox SET attempts = attempts + 1 WHERE key=? RETURNING {_COLUMNS}", (key,)).fetchone())
-        return _item(row) if row else None
+            f"UPDATE inbox SET attempts = attempts + 1 WHERE key=? RETURNING {INBOX_COLUMNS}", (key,)).fetchone())
+        return item_from_row(row) if row else None
 
     async def give_back_attempt(self, key: str) -> None:
         await self.db.run(lambda c: c.execute(

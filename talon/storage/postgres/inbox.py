@@ -6,19 +6,10 @@ from __future__ import annotations
 import time
 
 from talon.envelope import InboundMessage
-from talon.storage.inbox import InboxItem
+from talon.storage.inbox import INBOX_COLUMNS, InboxItem, item_from_row
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.postgres.leases import ACQUIRE
 
-_COLUMNS = "seq, payload, attempts, delivered_parts, live_message_id"
-
-
-def _item(row: tuple[object, ...]) -> InboxItem:
-    seq, payload, attempts, delivered, live = row
-    return InboxItem(seq=int(seq),  # type: ignore[call-overload]
-                     message=InboundMessage.model_validate_json(str(payload)),
-                     attempts=int(attempts), delivered_parts=int(delivered),  # type: ignore[call-overload]
-                     live_message=str(live) if live is not None else None)
 
 
 class PgInbox:
@@ -61,9 +52,9 @@ class PgInbox:
             "WITH next AS (SELECT seq FROM talon_inbox WHERE channel = %s AND chat_id = %s AND status = 'pending' "
             "  ORDER BY seq LIMIT 1) "
             "UPDATE talon_inbox t SET attempts = t.attempts + CASE WHEN t.seq = ANY(%s) THEN 0 ELSE 1 END "
-            f"FROM next WHERE t.seq = next.seq RETURNING {', '.join('t.' + c for c in _COLUMNS.split(', '))}",
+            f"FROM next WHERE t.seq = next.seq RETURNING {', '.join('t.' + c for c in INBOX_COLUMNS.split(', '))}",
             (channel, chat_id, tried))
-        return _item(row) if row else None
+        return item_from_row(row) if row else None
 
     async def finish(self, key: str, delivered_parts: int, lease: str, holder: str) -> bool:
         row = await self.db.fetchone(
@@ -81,15 +72,15 @@ class PgInbox:
         return await self.db.fetchone("SELECT 1 FROM talon_inbox WHERE key = %s", (key,)) is not None
 
     async def pending(self) -> list[InboxItem]:
-        rows = await self.db.fetchall(f"SELECT {_COLUMNS} FROM talon_inbox WHERE status = 'pending' ORDER BY seq")
-        return [_item(r) for r in rows]
+        rows = await self.db.fetchall(f"SELECT {INBOX_COLUMNS} FROM talon_inbox WHERE status = 'pending' ORDER BY seq")
+        return [item_from_row(r) for r in rows]
 
     async def next_pending(self, channel: str, chat_id: str) -> InboxItem | None:
         row = await self.db.fetchone(
-            f"SELECT {_COLUMNS} FROM talon_inbox "
+            f"SELECT {INBOX_COLUMNS} FROM talon_inbox "
             "WHERE channel = %s AND chat_id = %s AND status = 'pending' ORDER BY seq LIMIT 1",
             (channel, chat_id))
-        return _item(row) if row else None
+        return item_from_row(row) if row else None
 
     async def pending_chats(self, channels: list[str], limit: int) -> list[tuple[str, str]]:
         rows = await self.db.fetchall(
@@ -102,8 +93,8 @@ class PgInbox:
 
     async def begin_attempt(self, key: str) -> InboxItem | None:
         row = await self.db.fetchone(
-            f"UPDATE talon_inbox SET attempts = attempts + 1 WHERE key = %s RETURNING {_COLUMNS}", (key,))
-        return _item(row) if row else None
+            f"UPDATE talon_inbox SET attempts = attempts + 1 WHERE key = %s RETURNING {INBOX_COLUMNS}", (key,))
+        return item_from_row(row) if row else None
 
     async def give_back_attempt(self, key: str) -> None:
         await self.db.execute(
