@@ -103,10 +103,16 @@ async def running_telegram(settings: Settings, **channel_kw: object) -> AsyncIte
         await runtime.stop()
 
 
-# `pytest -m "not e2e"` is the fast subset. End to end (or heavy), and so left out of it: files
-# named *_e2e.py, files that start Talon or another program as a process, a real server
-# (llama.cpp, PostgreSQL) or load real speech models, tests that ask for PostgreSQL or a real
-# transcriber, and a few heavy tests named here. A name that no longer exists marks nothing.
+# Three tiers, each test in exactly one (docs/development.md):
+# - `e2e`: files named *_e2e.py, files that start Talon or another program as a process, a real
+#   server (llama.cpp, PostgreSQL) or load real speech models, tests that ask for PostgreSQL
+#   (the fixture, or a store parametrized "postgres") or a real transcriber, and a few heavy tests
+#   named here;
+# - `slow`: in-process, but Talon's runtime against the loopback fakes (the fake model server,
+#   Bot API, Twilio or web site fixtures), or a test named in _SLOW_TESTS (real timeouts, big media,
+#   scans of the whole source tree);
+# - `unit`: everything else; `pytest -m unit` runs in seconds.
+# A name that no longer exists marks nothing.
 _E2E_FILES = frozenset({
     "test_cli_process.py", "test_console.py", "test_pg_stores.py", "test_migrate.py",
     "test_scaleout_ops.py", "test_scaleout_whatsapp.py", "test_speech.py", "test_tts.py",
@@ -136,9 +142,55 @@ _E2E_TESTS = frozenset({
 })
 
 
+# Fixtures that run Talon's channels and agent in-process against loopback fakes.
+_SLOW_FIXTURES = frozenset({"llm", "tg", "twilio", "settings", "site"})
+# In-process tests that take a measurable time of their own (about 0.3 s or more alone): real
+# timeouts and retry waits, big images and video frames, whole-tree scans, fuzzers.
+_SLOW_TESTS = frozenset({
+    "test_a_slow_stream_longer_than_the_timeout_completes",
+    "test_silence_past_the_timeout_fails_once_and_is_not_repeated",
+    "test_anthropic_overloaded_is_retried_and_logged",
+    "test_rate_limit_waits_out_retry_after_and_says_so",
+    "test_a_call_past_its_total_cap_stops_and_is_not_repeated",
+    "test_big_photo_is_downscaled_not_dropped",
+    "test_large_alpha_image_falls_back_to_jpeg_within_bytes",
+    "test_byte_limit_steps_quality_then_size",
+    "test_exif_rotated_photo_comes_out_upright",
+    "test_big_frames_are_downscaled_and_share_the_byte_budget",
+    "test_a_large_screenshot_reaches_claude",
+    "test_image_under_the_byte_limit_still_fits_it_once_base64_encoded",
+    "test_every_tool_call_has_a_wall_clock_limit_enforced_from_outside",
+    "test_live_text_paces_updates_and_a_tool_preamble_is_replaced",
+    "test_live_text_retries_a_dropped_update_and_stops_for_good_after_stream_stopped",
+    "test_clients_that_hang_up_mid_body_get_one_short_warning_no_traceback",
+    "test_a_conversation_sends_the_same_bodies_with_and_without_the_caches",
+    "test_discovery_of_a_server_that_hangs_is_bounded",
+    "test_no_private_attribute_is_read_from_outside",
+    "test_no_exception_class_statement_outside_talon_errors",
+    "test_shell_runs_in_the_workspace_without_secrets_times_out_and_caps",
+    "test_never_unbalanced_on_random_markup",
+    "test_broken_and_encrypted_pdfs_give_notices",
+    "test_delay_lets_requests_overlap",
+    "test_read_file_of_one_huge_line_stays_in_bounded_memory",
+    "test_build_provider_picks_adapter_and_profile",
+})
+
+
+def _is_e2e(item: pytest.Item) -> bool:
+    if (item.path.name in _E2E_FILES or "_e2e" in item.path.name
+            or getattr(item, "originalname", item.name) in _E2E_TESTS
+            or _E2E_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        return True
+    callspec = getattr(item, "callspec", None)  # a store fixture parametrized over the backends
+    return callspec is not None and "postgres" in callspec.params.values()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        name = item.path.name
-        if (name in _E2E_FILES or "_e2e" in name or getattr(item, "originalname", item.name) in _E2E_TESTS
-                or _E2E_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        if item.get_closest_marker("e2e") is not None or _is_e2e(item):
             item.add_marker(pytest.mark.e2e)
+        elif (getattr(item, "originalname", item.name) in _SLOW_TESTS
+              or _SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.slow)
+        else:
+            item.add_marker(pytest.mark.unit)
