@@ -202,9 +202,9 @@ class Runtime:
                 log.exception("stopping channel %s failed", channel.name)
         await self.agent.aclose()
         if self.transcriber is not None:
-            self.transcriber.close()
+            await self.transcriber.aclose()
         if self.synthesizer is not None:
-            self.synthesizer.close()
+            await self.synthesizer.aclose()
         if self.stores is not None:
             await self.stores.aclose()
         else:

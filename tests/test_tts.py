@@ -211,7 +211,7 @@ async def test_the_openai_speech_api_is_asked_for_pcm_and_encoded_here(tmp_path:
             assert synth.can_speak("ja")  # the API speaks every language
             note = await synth.synthesize("Hola. ¿Qué tal?", language="es", max_seconds=30)
         finally:
-            synth.close()
+            await synth.aclose()  # its HTTP client too, inside this test's loop
         [request] = llm.speech_requests
     assert request == {"model": "gpt-4o-mini-tts", "voice": "nova", "input": "Hola. ¿Qué tal?",
                        "response_format": "pcm"}

@@ -212,6 +212,9 @@ class SpeechEngine(ABC):
     def warm_up(self) -> None:
         """Load what is slow to load; a no-op for remote engines."""
 
+    async def aclose(self) -> None:
+        """Let go of what it holds open (an HTTP client); a no-op for local engines."""
+
     @property
     def languages(self) -> list[str]:
         return []
@@ -312,6 +315,9 @@ class OpenAISpeechEngine(SpeechEngine):
         self.model = model
         self.voice = voice
 
+    async def aclose(self) -> None:
+        await self._client.close()
+
     def can_speak(self, language: str | None) -> bool:
         return True
 
@@ -403,7 +409,16 @@ class Synthesizer:
         )
 
     def close(self) -> None:
+        """The worker threads only: for a synthesizer that never ran in an event loop."""
         self._pool.close()
+
+    async def aclose(self) -> None:
+        """Everything, the engine's HTTP client included: what a running Talon calls at its stop."""
+        try:
+            if self.engine is not None:
+                await self.engine.aclose()
+        finally:
+            self._pool.close()
 
     def _require(self) -> SpeechEngine:
         if self.engine is None:

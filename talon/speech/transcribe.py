@@ -429,6 +429,9 @@ class SpeechBackend(ABC):
     def warm_up(self) -> None:
         """Load what is slow to load; a no-op for remote backends."""
 
+    async def aclose(self) -> None:
+        """Let go of what it holds open (an HTTP client); a no-op for local backends."""
+
 
 class _LocalBackend(SpeechBackend):
     """A model in this process: loaded once, on first use, by whichever thread gets there first."""
@@ -541,6 +544,9 @@ class OpenAIAPIBackend(SpeechBackend):
         self._client = client
         self.model = model
 
+    async def aclose(self) -> None:
+        await self._client.close()
+
     async def recognize(self, audio: DecodedAudio, offload: Offload[Any]) -> _Recognized:
         import openai
 
@@ -627,7 +633,16 @@ class Transcriber:
         )
 
     def close(self) -> None:
+        """The worker threads only: for a transcriber that never ran in an event loop (doctor)."""
         self._pool.close()
+
+    async def aclose(self) -> None:
+        """Everything, the backend's HTTP client included: what a running Talon calls at its stop."""
+        try:
+            if self.backend is not None:
+                await self.backend.aclose()
+        finally:
+            self._pool.close()
 
     def _require_backend(self) -> SpeechBackend:
         if self.backend is None:
