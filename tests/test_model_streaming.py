@@ -344,3 +344,21 @@ async def test_a_call_past_its_total_cap_stops_and_is_not_repeated(setup: Setup)
         await p.aclose()
     assert len(fake.requests) == 1
     assert "took too long" in apology(caught.value)
+
+
+async def test_a_refusal_at_a_small_window_retries_with_a_smaller_request(setup: Setup) -> None:
+    # A 1,024-token local model refuses a fitted request (its tokenizer is denser than the
+    # estimate). The retry "under a smaller budget" must really be smaller: a floor of 1,024 tokens
+    # once made it the same request again, and the chat got an apology (seen with llama.cpp).
+    # The refusal states no count here, so only the smaller budget can make the retry smaller.
+    refusal = "the request exceeds the available context size (1024 tokens), try increasing it"
+    async with FakeOpenAI() as fake:
+        fake.queue(FakeOpenAI.error(400, refusal, type="exceed_context_size_error"), "ok")
+        p = provider(fake, setup, model="local")
+        agent = setup.agent(p, profile=ModelProfile(1024, 64, False, known=False))
+        result = await agent.run_turn(CHAT, Message.user("please summarize: " + "minutes of the meeting " * 2000), "t1")
+        await p.aclose()
+    assert result.text == "ok"
+    sizes = [len(str(r.json["messages"])) for r in fake.requests]
+    assert len(sizes) == 2
+    assert sizes[1] < sizes[0] * 0.9, sizes  # the summarized retry is fitted to a smaller window

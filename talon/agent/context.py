@@ -624,8 +624,17 @@ def default_pipeline() -> ContextPipeline:
 
 def shrink_budget(budget: ContextBudget, profile: ModelProfile, factor: float,
                   policy: ContextPolicy | None = None) -> ContextBudget:
-    """The budget of a window ``factor`` times as large (after the provider refused a request)."""
-    smaller = replace(profile, context_window=max(1024, int(profile.context_window * factor)))
-    return ContextBudget.for_profile(smaller, policy)
+    """The budget of a window ``factor`` times as large (after the provider refused a request).
+
+    A large window shrinks to no less than 1,024 tokens; one of 1,024 or less shrinks all the
+    same (a floor above the window itself would give the refused request's budget again)."""
+    window = profile.context_window
+    target = int(window * factor)
+    if window > _SHRINK_FLOOR:
+        target = max(_SHRINK_FLOOR, target)
+    return ContextBudget.for_profile(replace(profile, context_window=target), policy)
+
+
+_SHRINK_FLOOR = 1024
 
 
