@@ -19,7 +19,7 @@ from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
 from talon.agent.sandbox import SandboxLimits
 from talon.agent.tools import ToolRegistry
-from talon.agent.workspace import Workspace
+from talon.agent.workspace import Workspace, WorkspacePolicy
 from talon.agent.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
@@ -226,7 +226,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     sessions = stores.sessions
     local = local_model_server(settings)  # not started yet: Runtime.start does that
     provider = build_provider(settings, store, local=local)
-    workspace = Workspace(settings.media_root)
+    workspace = Workspace(settings.media_root, WorkspacePolicy(settings.workspace_max, settings.protected_globs))
     summary_provider = (
         build_provider(settings, store, settings.summary_model, local=local)
         if settings.summary_model and settings.summary_model != settings.model else None
