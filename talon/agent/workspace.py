@@ -16,8 +16,9 @@ Two more rules hold for writes (``WorkspacePolicy``, from the settings):
   the workspace; a glob without ``/`` matches a path component at any depth (``.git`` protects
   ``.git/config`` and ``sub/.git/hooks/x``), one with ``/`` matches from the workspace's top, one
   component per component (``docs/*.md``). The check is made on the path as given and on the
-  path with every link resolved (``g -> .git`` then ``g/config`` is refused), and a protected
-  name that is itself a link to elsewhere protects where it leads. Reading is not affected;
+  path with every link resolved (``g -> .git`` then ``g/config`` is refused), and a link with a
+  protected plain name (``.git -> stuff``) in a directory on the way to the file protects where
+  it leads (``stuff/config`` is refused). Reading is not affected;
 - the workspace's size (``TALON_WORKSPACE_MAX``): a write that would take the disk space the
   workspace uses (every file and directory below it, each inode once, as ``du`` counts it)
   past the limit is refused; a write that shrinks a file is always allowed, so a full
