@@ -353,9 +353,9 @@ def _probe(sandbox: Sandbox) -> str | None:
 @lru_cache(maxsize=1)
 def _warn_memory_per_process() -> None:
     log.warning(
-        "no memory cgroup can be made here: TALON_SHELL_MAX_MEMORY limits each process of a shell "
-        "command (its address space), not the command as a whole, so a command with several "
-        "processes can use more. Give Talon a writable memory cgroup (cgroup v1 memory or v2 "
+        "no memory cgroup can be made here, so the shell's memory limit is per process: "
+        "TALON_SHELL_MAX_MEMORY limits the address space of each process of a command, not the "
+        "command as a whole, and a command with several processes can use more. Give Talon a writable memory cgroup (cgroup v1 memory or v2 "
         "memory.max) to limit the whole command.")
 
 
