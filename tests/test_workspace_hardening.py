@@ -96,8 +96,9 @@ async def test_configured_protected_paths(tmp_path: Path) -> None:
     assert not is_error  # only what the globs name
     is_error, _ = await call(tools, "write_file", path="deep/secrets/a.key", content="ok")
     assert not is_error  # a rule with '/' is anchored at the workspace's top
-    assert Settings(TALON_PROTECTED_PATHS=".git, build/*").protected_globs == (".git", "build/*")  # type: ignore[call-arg]
-    assert Settings().protected_globs == (".git",)  # type: ignore[call-arg]
+    configured: dict[str, object] = {"TALON_PROTECTED_PATHS": ".git, build/*"}
+    assert Settings(_env_file=None, **configured).protected_globs == (".git", "build/*")  # type: ignore[call-arg, arg-type]
+    assert Settings(_env_file=None).protected_globs == (".git",)  # type: ignore[call-arg]
 
 
 async def test_writes_past_the_workspace_limit_are_refused_and_shrinking_is_allowed(tmp_path: Path) -> None:
