@@ -40,6 +40,8 @@ import struct
 import sys
 from dataclasses import dataclass
 
+from talon.errors import ConversionCut
+
 __all__ = ["ConversionCut", "HtmlConverter", "html_to_text", "plain_text_prefix"]
 
 log = logging.getLogger(__name__)
@@ -100,14 +102,6 @@ def plain_text_prefix(data: bytes, charset: str | None, limit: int = PLAIN_PREFI
         parser.close()
     lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
     return "\n".join(line for line in lines if line)
-
-
-class ConversionCut(Exception):  # noqa: N818 - a result, not a failure of Talon
-    """The page was too large or complex to convert within the worker's limits."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
