@@ -143,12 +143,14 @@ class HtmlConverter:
         return f"{self.limits.memory / 1_000_000:,.0f} MB"
 
     async def _spawn(self) -> _Worker:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-        if os.environ.get("PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        # None of Talon's environment (tokens, keys); only where to find this very Talon.
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(path)}
         cpu = max(1, int(self.limits.seconds + 0.999))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "talon.agent.html_worker", str(self.limits.memory), str(cpu),
+            # -P: the working directory is not on sys.path.
+            sys.executable, "-P", "-m", "talon.agent.html_worker", str(self.limits.memory), str(cpu),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             env=env, cwd="/", start_new_session=True,
         )
@@ -198,7 +200,8 @@ class HtmlConverter:
             code = await proc.wait()
             why = ("CPU time" if code == -signal.SIGXCPU else
                    "memory" if code in (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGABRT) else f"exit {code}")
-            log.info("web_fetch: the converter of %s ended (%s)", url[:200], why)
+            log.log(logging.INFO if why in ("CPU time", "memory") else logging.WARNING,
+                    "web_fetch: the converter of %s ended (%s)", url[:200], why)
             if why == "CPU time":
                 raise ConversionCut(f"converting it needed more than {self.limits.seconds:g} s of CPU time "
                                     "(TALON_WEB_CONVERT_SECONDS)") from None

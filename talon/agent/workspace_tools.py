@@ -6,11 +6,17 @@ path opened one directory at a time without following links (``talon.agent.benea
 file flipped into a symlink after the check is refused, not followed. Output is bounded by the
 call's ``ToolContext.max_output_chars``; anything cut says how to see the rest. Blocking file
 work runs in a worker thread so one slow disk or large PDF does not stall other chats; grep
-matches with RE2 (linear time, and it releases the GIL).
+matches with RE2 (linear time, and it releases the GIL). ``write_file`` and ``edit_file`` never
+write into a protected path (``.git`` by default) nor past the workspace's size limit (both in
+``talon.agent.workspace``).
 
 The shell is off unless ``TALON_SHELL_TOOL`` is set. Each command runs in a fresh bubblewrap
 sandbox (``talon.agent.sandbox``) that sees only the chat's workspace (writable) and the system's
-programs, with a timeout that kills the whole sandbox and capped output. Without a working bwrap
+programs, with a timeout that kills the whole sandbox and capped output. The workspace's size
+limit (``TALON_WORKSPACE_MAX``) holds for the shell this way: what is left of it is the command's
+file-size limit, the usage is measured while it runs (a command that takes the workspace past
+the limit is killed and told so) and after it; a full workspace's commands can make no file grow
+(deleting works). A command the kernel stopped at its memory cgroup's limit says so. Without a working bwrap
 the shell is refused at start unless ``TALON_SHELL_UNSANDBOXED=true``, which runs it bare with a
 minimal environment.
 """
