@@ -44,15 +44,32 @@ async def shell(tools: ToolRegistry, command: str, timeout: float = 60.0) -> tup
 
 
 # Three processes of about 100 MB each (each under the per-process limit of 200 MB), together
-# over the command's 200 MB. Each touches its memory, then waits for the others to have theirs
-# (a file per process in /tmp), so all three hold it at once.
-GREEDY = ("import os, sys, time\n"
-          "block = b'x' * 95_000_000\n"
-          "open(f'/tmp/ready-{sys.argv[1]}', 'w').close()\n"
-          "deadline = time.monotonic() + 20\n"
-          "while len([n for n in os.listdir('/tmp') if n.startswith('ready-')]) < 3 and time.monotonic() < deadline:\n"
-          "    time.sleep(0.05)\n"
-          "print('held', sys.argv[1], flush=True)\n")
+# over the command's 200 MB. They start together, each touches its memory and says "held" only
+# once all three hold theirs at the same time; a sibling killed meanwhile ends the wait.
+GREEDY = """import os, time
+open(f'/tmp/start-{os.getpid()}', 'w').close()
+deadline = time.monotonic() + 20
+def listed(prefix):
+    return [int(n[len(prefix):]) for n in os.listdir('/tmp') if n.startswith(prefix)]
+def gone(pid):
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as fh:
+            return fh.read() == b''
+    except OSError:
+        return True
+while len(listed('start-')) < 3 and time.monotonic() < deadline:
+    time.sleep(0.02)
+block = b'x' * 95_000_000
+open(f'/tmp/ready-{os.getpid()}', 'w').close()
+while time.monotonic() < deadline:
+    if len(listed('ready-')) == 3:
+        print('held', flush=True)
+        break
+    if any(gone(pid) for pid in listed('start-')):
+        print('a sibling is gone', flush=True)
+        break
+    time.sleep(0.05)
+"""
 
 
 @needs_memory_cgroup
@@ -65,7 +82,7 @@ async def test_several_processes_together_cannot_pass_the_commands_memory_limit(
     is_error, out = await shell(tools, "for i in 1 2 3; do python3 greedy.py $i & done; wait; echo finished")
     assert is_error, out
     assert "out of memory" in out and "TALON_SHELL_MAX_MEMORY" in out and "200.0 MB" in out, out
-    assert out.count("held") < 3, out  # never all three at once
+    assert "held" not in out, out  # never all three at once
     # One process alone, under the limit, runs as usual.
     is_error, out = await shell(tools, "python3 -c \"b = b'x' * 60_000_000; print('fine')\"")
     assert not is_error and "fine" in out and "out of memory" not in out, out
