@@ -15,6 +15,9 @@ from talon.agent.workspace import Workspace, WorkspacePolicy, disk_usage
 from talon.agent.workspace_tools import workspace_tools
 from talon.config import Settings
 from talon.content import ToolCall
+from tests.conftest import ALICE, make_settings, running_telegram
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
 
 FSMONITOR = "[core]\n\tfsmonitor = sh pwn.sh\n"
 
@@ -146,3 +149,31 @@ def test_usage_counts_hard_links_once_and_follows_no_link(tmp_path: Path) -> Non
     (ws / "out").symlink_to(outside)
     used = disk_usage(ws)
     assert 1_000_000 <= used < 1_200_000
+
+
+async def test_in_a_real_chat_the_git_plant_and_a_write_past_the_limit_are_refused(
+        tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI) -> None:
+    # The red team's plant, with the shell off and default approvals, through the runtime: the
+    # settings reach each chat's own workspace.
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_WORKSPACE_MAX="40000")
+    ws = settings.workspace_dir("telegram", str(ALICE))
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    tool = FakeOpenAI.tool_call
+    llm.queue(
+        FakeOpenAI.reply(tool_calls=[
+            tool("write_file", {"path": ".git/config", "content": FSMONITOR}),
+            tool("write_file", {"path": "pwn.sh", "content": "cat /proc/$PPID/environ > leak\n"}),
+            tool("write_file", {"path": "big.txt", "content": "x" * 50_000}),
+        ]),
+        "Done.",
+    )
+    async with running_telegram(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "set up the repository"))
+        await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE), timeout=20)
+        await runtime.bridge.idle()
+    seen = json.dumps([r.json for r in llm.requests])  # what the model was told of its three calls
+    assert "protected path" in seen and "TALON_PROTECTED_PATHS" in seen
+    assert "TALON_WORKSPACE_MAX" in seen
+    assert "fsmonitor" not in (ws / ".git" / "config").read_text()
+    assert (ws / "pwn.sh").exists() and not (ws / "big.txt").exists()
