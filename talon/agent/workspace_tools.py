@@ -16,9 +16,9 @@ programs, with a timeout that kills the whole sandbox and capped output. The wor
 limit (``TALON_WORKSPACE_MAX``) holds for the shell this way: what is left of it is the command's
 file-size limit, the usage is measured while it runs (a command that takes the workspace past
 the limit is killed and told so) and after it; a full workspace's commands can make no file grow
-(deleting works). A command the kernel stopped at its memory cgroup's limit says so. Without a working bwrap
-the shell is refused at start unless ``TALON_SHELL_UNSANDBOXED=true``, which runs it bare with a
-minimal environment.
+(deleting works). A command the kernel stopped at its memory cgroup's limit says so. Without a
+working bwrap the shell is refused at start unless ``TALON_SHELL_UNSANDBOXED=true``, which runs it
+bare with a minimal environment.
 """
 
 from __future__ import annotations
@@ -695,12 +695,12 @@ class ShellTool(WorkspaceTool):
         # the workspace past the limit is killed) and measured again after it.
         limit = workspace.policy.max_bytes
         used_before = await asyncio.to_thread(workspace.usage) if limit else 0
-        room = max(0, limit - used_before) if limit else None
+        allowance = max(0, limit - used_before) if limit else None
         notes: list[str] = []
-        if room == 0:
+        if allowance == 0:
             notes.append(f"[{workspace.full_notice(used_before)}; in this command no file can grow]")
         if self.sandbox is not None:
-            argv = self.sandbox.argv(workspace.real_root, command, cgroup=cgroup, max_file_size=room)
+            argv = self.sandbox.argv(workspace.real_root, command, cgroup=cgroup, max_file_size=allowance)
             env = {"PATH": SANDBOX_PATH}
         else:
             argv = ["/bin/sh", "-c", command]
@@ -796,8 +796,7 @@ class ShellTool(WorkspaceTool):
             used_after = await asyncio.to_thread(workspace.usage)
             if used_after > limit:
                 is_error = True
-                if not filled:
-                    notes.append(f"[{workspace.full_notice(used_after)}]")
+                notes.append(f"[{workspace.full_notice(used_after)}]")
         lead = "\n".join([f"[{status}]", *notes])
         return ToolResult.text(f"{lead}\n{shown}" if shown else f"{lead} (no output)", is_error=is_error)
 
