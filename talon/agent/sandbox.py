@@ -355,8 +355,8 @@ def _warn_memory_per_process() -> None:
     log.warning(
         "no memory cgroup can be made here, so the shell's memory limit is per process: "
         "TALON_SHELL_MAX_MEMORY limits the address space of each process of a command, not the "
-        "command as a whole, and a command with several processes can use more. Give Talon a writable memory cgroup (cgroup v1 memory or v2 "
-        "memory.max) to limit the whole command.")
+        "command as a whole, and a command with several processes can use more. Give Talon a "
+        "writable memory cgroup (cgroup v1 memory or v2 memory.max) to limit the whole command.")
 
 
 def find_sandbox(limits: SandboxLimits | None = None) -> Sandbox:

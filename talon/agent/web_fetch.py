@@ -396,9 +396,10 @@ class WebFetchTool(Tool):
                 shown = min(len(data), PLAIN_PREFIX_BYTES)
                 text = await asyncio.to_thread(plain_text_prefix, data, page.charset)
                 is_error = True
+                whole = " (that is the whole page)" if shown == len(data) else ""
                 lead = (f"Error: the page at {url} ({_size(len(data))}) was too large or complex to turn into "
                         f"readable text: {cut_short.reason}. Below is only the plain text of its first "
-                        f"{_size(shown)}, without links or layout{' (that is the whole page)' if shown == len(data) else ''}.")
+                        f"{_size(shown)}, without links or layout{whole}.")
                 attrs["converted"] = "no (plain text of the start)"
         elif mime.startswith("text/") or mime in _TEXT_TYPES or mime.endswith(("+json", "+xml")):
             text = data.decode(page.charset or "utf-8", "replace")

@@ -187,8 +187,8 @@ class Workspace:
     def full_notice(self, used: int) -> str:
         """What the agent is told when the workspace is at or over its limit."""
         return (f"the workspace is full: it uses {human_bytes(used)} and its limit is "
-                f"{human_bytes(self.policy.max_bytes)} (TALON_WORKSPACE_MAX); writes that make it larger are refused until files are "
-                "deleted or made smaller")
+                f"{human_bytes(self.policy.max_bytes)} (TALON_WORKSPACE_MAX); writes that make it larger "
+                "are refused until files are deleted or made smaller")
 
     def check_room(self, where: Resolved, size: int) -> None:
         """Refuse (``ToolError``) writing ``size`` bytes at ``where`` when the workspace would
@@ -208,9 +208,9 @@ class Workspace:
         after = used - replacing + adding
         if after > limit:
             raise ToolError(
-                f"{where.shown!r} was not written: the workspace would use {human_bytes(after)}, over its limit "
-                f"of {human_bytes(limit)} (TALON_WORKSPACE_MAX; it uses {human_bytes(used)} now). Delete files that are "
-                "no longer needed or make them smaller, or write less.")
+                f"{where.shown!r} was not written: the workspace would use {human_bytes(after)}, over its "
+                f"limit of {human_bytes(limit)} (TALON_WORKSPACE_MAX; it uses {human_bytes(used)} now). "
+                "Delete files that are no longer needed or make them smaller, or write less.")
 
     def _check_protected(self, path: str, lexical: Path, real: Path, root: Path) -> None:
         policy = self.policy
