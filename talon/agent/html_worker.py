@@ -95,7 +95,10 @@ class _PlainText(html.parser.HTMLParser):
 def plain_text_prefix(data: bytes, charset: str | None, limit: int = PLAIN_PREFIX_BYTES) -> str:
     """The plain text of the first ``limit`` bytes of a page: tags, scripts and styles dropped.
     Linear and bounded by ``limit``, so it may run in Talon's process (in a thread)."""
-    head = data[:limit].decode(charset or "utf-8", "replace")
+    try:
+        head = data[:limit].decode(charset or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know
+        head = data[:limit].decode("utf-8", "replace")
     parser = _PlainText()
     with contextlib.suppress(Exception):  # a broken prefix still gives what was read so far
         parser.feed(head)
@@ -268,7 +271,10 @@ def main(argv: list[str]) -> int:
         _cpu_allowance(cpu)
         answer: dict[str, object]
         try:
-            html: str | bytes = data.decode(header["charset"], "replace") if header.get("charset") else data
+            html: str | bytes = data
+            if header.get("charset"):
+                with contextlib.suppress(LookupError):  # unknown: trafilatura reads the page's own
+                    html = data.decode(header["charset"], "replace")
             answer = {"text": html_to_text(html, str(header.get("url", "")))}
         except MemoryError:
             answer = {"error": "memory"}
