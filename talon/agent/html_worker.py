@@ -145,6 +145,10 @@ class HtmlConverter:
     def _size(self) -> str:
         return f"{self.limits.memory / 1_000_000:,.0f} MB"
 
+    def _limits(self) -> str:
+        return (f"the limits are {self.limits.seconds:g} s (TALON_WEB_CONVERT_SECONDS) and {self._size()} "
+                "(TALON_WEB_CONVERT_MEMORY)")
+
     async def _spawn(self) -> _Worker:
         # None of Talon's environment (tokens, keys); only where to find this very Talon.
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -182,7 +186,8 @@ class HtmlConverter:
         if answer.get("error") == "memory":
             raise ConversionCut(f"converting it needed more than {self._size()} of memory "
                                 "(TALON_WEB_CONVERT_MEMORY)")
-        raise ConversionCut(f"the converter failed: {str(answer.get('error'))[:300]}")
+        # lxml reports some failed allocations as parse errors: the limits are named too.
+        raise ConversionCut(f"the converter failed ({str(answer.get('error'))[:300]}); {self._limits()}")
 
     async def _ask(self, worker: _Worker, data: bytes, charset: str | None, url: str) -> dict[str, object]:
         proc = worker.proc
@@ -209,9 +214,9 @@ class HtmlConverter:
                 raise ConversionCut(f"converting it needed more than {self.limits.seconds:g} s of CPU time "
                                     "(TALON_WEB_CONVERT_SECONDS)") from None
             raise ConversionCut(f"the converter stopped ({why}); the page is probably too large "
-                                f"(the limits are {self.limits.seconds:g} s and {self._size()})") from None
+                                f"({self._limits()})") from None
         if not isinstance(answer, dict):
-            raise ConversionCut("the converter gave no readable answer")
+            raise ConversionCut(f"the converter gave no readable answer ({self._limits()})")
         return answer
 
     async def aclose(self) -> None:
