@@ -125,6 +125,13 @@ class Settings(BaseSettings):
     shell_max_memory: int = Field(default=4_000_000_000, ge=64 * MB, validation_alias=_env("TALON_SHELL_MAX_MEMORY"))
     shell_cpu_seconds: int = Field(default=300, ge=1, validation_alias=_env("TALON_SHELL_CPU_SECONDS"))
     shell_max_file_size: int = Field(default=1_000_000_000, ge=MB, validation_alias=_env("TALON_SHELL_MAX_FILE_SIZE"))
+    # Disk space one workspace may use (talon.agent.workspace): writes of the file tools past it
+    # are refused, and the shell's commands are bounded by it; 0 = no limit.
+    workspace_max: int = Field(default=1_000_000_000, ge=0, validation_alias=_env("TALON_WORKSPACE_MAX"))
+    # Paths of a workspace the agent's file tools never write (comma-separated globs; a name
+    # without "/" matches at any depth): .git by default, so a planted .git/config cannot make
+    # git run a command.
+    protected_paths: str = Field(default=".git", validation_alias=_env("TALON_PROTECTED_PATHS"))
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 
@@ -140,6 +147,11 @@ class Settings(BaseSettings):
     web_allow_hosts: str = Field(default="", validation_alias=_env("TALON_WEB_ALLOW_HOSTS"))
     web_max_bytes: int = Field(default=5 * MB, gt=0, validation_alias=_env("TALON_WEB_MAX_BYTES"))
     web_timeout_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_WEB_TIMEOUT"))
+    # Turning a fetched HTML page into text runs in a worker process with these limits
+    # (talon.agent.html_worker): wall clock and CPU seconds per page, and the worker's memory.
+    web_convert_seconds: float = Field(default=10.0, gt=0, le=300,
+                                       validation_alias=_env("TALON_WEB_CONVERT_SECONDS"))
+    web_convert_memory: int = Field(default=512 * MB, ge=128 * MB, validation_alias=_env("TALON_WEB_CONVERT_MEMORY"))
 
     # --- context management (shares of the model's window) ------------------------------------
     context_trigger: float = Field(default=0.85, gt=0.1, le=0.98,
@@ -441,6 +453,10 @@ class Settings(BaseSettings):
     @property
     def web_allowlist(self) -> list[str]:
         return _csv(self.web_allow_hosts)
+
+    @property
+    def protected_globs(self) -> tuple[str, ...]:
+        return tuple(_csv(self.protected_paths))
     @property
     def zone(self) -> ZoneInfo:
         """``TALON_TIMEZONE`` as a zone; ConfigError for a name the system does not know."""

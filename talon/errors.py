@@ -49,6 +49,7 @@
     ├── PairingError                `talon pair`: no live request has that code
     ├── McpUnavailable              an MCP server is not running (failed to start, exited, hung)
     ├── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
+    ├── ConversionCut               web_fetch's HTML-to-text worker hit its time or memory limit
     ├── SandboxUnavailable          no trustworthy bwrap sandbox can start here (says why)
     └── CapReached                  a usage cap is reached: the model call is not made (``.scope``)
 
@@ -345,6 +346,15 @@ class McpUnavailable(TalonError):
 
 class WebFetchRefused(TalonError):
     """A URL ``web_fetch`` will not fetch; ``str(exc)`` names the rule (the host's own network...)."""
+
+
+class ConversionCut(TalonError):
+    """A fetched page was too large or complex to turn into text within the converter's limits
+    (talon.agent.html_worker); ``reason`` names the limit."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class SandboxUnavailable(TalonError):

@@ -19,7 +19,7 @@ from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
 from talon.agent.sandbox import SandboxLimits
 from talon.agent.tools import ToolRegistry
-from talon.agent.workspace import Workspace
+from talon.agent.workspace import Workspace, WorkspacePolicy
 from talon.agent.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
@@ -201,6 +201,10 @@ class Runtime:
             except Exception:
                 log.exception("stopping channel %s failed", channel.name)
         await self.agent.aclose()
+        for tool in list(self.agent.tools.tools.values()):
+            closer = getattr(tool, "aclose", None)
+            if closer is not None:  # e.g. web_fetch's converter processes
+                await closer()
         if self.transcriber is not None:
             await self.transcriber.aclose()
         if self.synthesizer is not None:
@@ -222,7 +226,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     sessions = stores.sessions
     local = local_model_server(settings)  # not started yet: Runtime.start does that
     provider = build_provider(settings, store, local=local)
-    workspace = Workspace(settings.media_root)
+    workspace = Workspace(settings.media_root, WorkspacePolicy(settings.workspace_max, settings.protected_globs))
     summary_provider = (
         build_provider(settings, store, settings.summary_model, local=local)
         if settings.summary_model and settings.summary_model != settings.model else None
@@ -302,10 +306,12 @@ def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStor
     """Add ``web_fetch`` (unless TALON_WEB_FETCH=false) and the MCP servers' tools to ``tools``;
     the MCP manager, when any server is configured (ConfigError for an invalid MCP config)."""
     if settings.web_fetch:
+        from talon.agent.html_worker import ConvertLimits
         from talon.agent.web_fetch import WebFetchTool
 
         tools.add(WebFetchTool(store=store, limits=settings.limits(), allow_hosts=settings.web_allowlist,
-                               max_bytes=settings.web_max_bytes, timeout_s=settings.web_timeout_s))
+                               max_bytes=settings.web_max_bytes, timeout_s=settings.web_timeout_s,
+                               convert=ConvertLimits(settings.web_convert_seconds, settings.web_convert_memory)))
     servers = settings.mcp_servers()
     if not servers:
         return None

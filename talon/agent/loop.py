@@ -352,7 +352,8 @@ class Agent:
         root = self.workspaces(chat)
         known = self._chat_workspaces.get(root)
         if known is None:
-            workspace = Workspace(root)
+            # Each chat's workspace obeys the same policy (size limit, protected paths).
+            workspace = Workspace(root, self.workspace.policy if self.workspace is not None else None)
             known = (workspace, Memory(workspace, max_chars=self.memory_chars))
             self._chat_workspaces[root] = known
         return known

@@ -23,7 +23,16 @@ Limits on processes, address space, CPU time and file size are set inside the sa
 ``prlimit`` before the command starts, as hard limits it cannot raise. The kernel does not apply a
 process-count rlimit to processes whose host uid is root, so when Talon runs as root every
 command also gets a pids cgroup of its own with the same limit (where a pids cgroup can be made;
-otherwise a warning at start says the process limit does not hold).
+otherwise a warning at start says the process limit does not hold). An address-space limit
+holds per process only, so every command also gets a memory cgroup of its own limited to
+``TALON_SHELL_MAX_MEMORY`` for all its processes together (cgroup v1 ``memory.limit_in_bytes``,
+or v2 ``memory.max``; swap included where accounted): past it the kernel kills a process of the
+command, and the shell tool says so. Where no memory cgroup can be made, a warning at start says
+the memory limit is per process. A launcher (the host's ``/bin/sh``) writes its own pid into
+the command's cgroups and then becomes bwrap, so nothing of the command runs outside them.
+
+The file-size limit is the smaller of ``TALON_SHELL_MAX_FILE_SIZE`` and what is left of the
+workspace's size limit (``TALON_WORKSPACE_MAX``), as the shell tool passes it for each command.
 
 ``bwrap`` and ``prlimit`` are looked up ONCE, when the shell tool is built at start, in the
 system's own directories (never on ``PATH``), and each must be owned by root in directories only
@@ -37,6 +46,7 @@ kills every process in the namespace, ``setsid`` or not.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -50,8 +60,8 @@ from pathlib import Path
 
 from talon.errors import SandboxUnavailable
 
-__all__ = ["SANDBOX_PATH", "SANDBOX_WORKDIR", "Sandbox", "SandboxLimits", "find_sandbox", "remove_cgroup",
-           "trusted_program"]
+__all__ = ["SANDBOX_PATH", "SANDBOX_WORKDIR", "CommandCgroup", "Sandbox", "SandboxLimits", "find_sandbox",
+           "remove_cgroup", "trusted_program"]
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +84,9 @@ class SandboxLimits:
     """Per-command limits (TALON_SHELL_MAX_PROCS, _MAX_MEMORY, _CPU_SECONDS, _MAX_FILE_SIZE)."""
 
     max_procs: int = 256  # processes and threads of one command, all together
-    max_memory: int = 4_000_000_000  # address space of each process, bytes
+    # Memory of the whole command (a memory cgroup, where one can be made) and address space of
+    # each of its processes, bytes.
+    max_memory: int = 4_000_000_000
     cpu_seconds: int = 300  # CPU time of each process
     max_file_size: int = 1_000_000_000  # largest file a command may write, bytes
 
@@ -115,11 +127,13 @@ def trusted_program(name: str, dirs: tuple[str, ...] = SYSTEM_DIRS) -> str:
     raise SandboxUnavailable(f"{name} is not installed in {', '.join(dirs)}")
 
 
-# --- a pids cgroup per command, for Talon running as root ----------------------------------------
+# --- cgroups per command: pids (for root) and memory (for the whole command) --------------------
 
 
-def _pids_cgroup_parent() -> Path | None:
-    """A directory where this process may make pids cgroups (v1 ``pids`` or v2 with ``pids``)."""
+def _cgroup_parent(controller: str) -> Path | None:
+    """A directory where this process may make cgroups with ``controller`` (``pids``, ``memory``):
+    its own cgroup in the v1 hierarchy of that controller, or in the v2 hierarchy when the
+    controller is available there (enabled for children if need be)."""
     try:
         own = Path("/proc/self/cgroup").read_text().splitlines()
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -128,23 +142,23 @@ def _pids_cgroup_parent() -> Path | None:
     paths = {}
     for line in own:
         _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(",") or [""]:
-            paths[controller] = path
+        for name in controllers.split(",") or [""]:
+            paths[name] = path
     for line in mounts:
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 5 or len(tail) < 3:
             continue
         fstype, options = tail[0], tail[2].split(",")
-        if fstype == "cgroup" and "pids" in options and "pids" in paths:
-            base = Path(fields[4]) / paths["pids"].lstrip("/")
+        if fstype == "cgroup" and controller in options and controller in paths:
+            base = Path(fields[4]) / paths[controller].lstrip("/")
         elif fstype == "cgroup2" and "" in paths:
             base = Path(fields[4]) / paths[""].lstrip("/")
             try:
-                if "pids" not in (base / "cgroup.controllers").read_text().split():
+                if controller not in (base / "cgroup.controllers").read_text().split():
                     continue
-                if "pids" not in (base / "cgroup.subtree_control").read_text().split():
-                    (base / "cgroup.subtree_control").write_text("+pids")
+                if controller not in (base / "cgroup.subtree_control").read_text().split():
+                    (base / "cgroup.subtree_control").write_text(f"+{controller}")
             except OSError:
                 continue
         else:
@@ -159,6 +173,55 @@ def _pids_cgroup_parent() -> Path | None:
     return None
 
 
+def _pids_cgroup_parent() -> Path | None:
+    return _cgroup_parent("pids")
+
+
+def _is_v2(group: Path) -> bool:
+    return (group / "cgroup.controllers").exists()
+
+
+@dataclass(frozen=True)
+class CommandCgroup:
+    """The cgroups of one command: a pids cgroup (root only) and a memory cgroup, each a
+    directory (one directory for both on cgroup v2 when they share a hierarchy)."""
+
+    dirs: tuple[Path, ...]
+    memory: Path | None = None
+
+    @property
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    def oom_kills(self) -> int:
+        """How many of the command's processes the kernel killed at the memory limit."""
+        if self.memory is None:
+            return 0
+        name = "memory.events" if _is_v2(self.memory) else "memory.oom_control"
+        try:
+            for line in (self.memory / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+
+def _limit_memory(group: Path, limit: int) -> None:
+    """The memory limit of a cgroup, swap included where the kernel accounts it."""
+    if _is_v2(group):
+        (group / "memory.max").write_text(str(limit))
+        swap = group / "memory.swap.max"
+        if swap.exists():
+            swap.write_text("0")
+        return
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    memsw = group / "memory.memsw.limit_in_bytes"  # only with swap accounting; after the limit above
+    if memsw.exists():
+        memsw.write_text(str(limit))
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """A bwrap found and tried at start, and the limits every command gets."""
@@ -167,12 +230,18 @@ class Sandbox:
     prlimit: str
     limits: SandboxLimits
     # Root only: where each command gets a pids cgroup (see the module docstring), and the
-    # host's /bin/sh that moves itself into it before it becomes bwrap.
+    # host's /bin/sh that moves itself into its cgroups before it becomes bwrap.
     pids_cgroup: Path | None = None
     launcher: str | None = None
+    # Where each command gets a memory cgroup limited to ``limits.max_memory`` for all its
+    # processes together; None where none can be made (the limit is then per process only).
+    memory_cgroup: Path | None = None
 
-    def argv(self, workspace: Path, command: str, *, cgroup: Path | None = None) -> list[str]:
-        """The command line that runs ``/bin/sh -c command`` inside the sandbox."""
+    def argv(self, workspace: Path, command: str, *, cgroup: CommandCgroup | Path | None = None,
+             max_file_size: int | None = None) -> list[str]:
+        """The command line that runs ``/bin/sh -c command`` inside the sandbox (in ``cgroup``,
+        from ``new_cgroup``; a ``Path`` is one cgroup directory). ``max_file_size`` lowers the
+        file-size limit for this command (the workspace's remaining room)."""
         argv = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all",
                 "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
                 "--disable-userns", "--cap-drop", "ALL", "--clearenv", "--hostname", "talon-sandbox"]
@@ -185,6 +254,7 @@ class Sandbox:
             if os.path.exists(entry):
                 argv += ["--ro-bind", entry, entry]
         limits = self.limits
+        fsize = limits.max_file_size if max_file_size is None else max(0, min(max_file_size, limits.max_file_size))
         argv += [
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
             "--bind", os.fspath(workspace), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
@@ -192,31 +262,53 @@ class Sandbox:
             "--setenv", "LANG", "C.UTF-8", "--setenv", "LC_ALL", "C.UTF-8", "--setenv", "TERM", "dumb",
             # Hard limits (soft = hard): nothing inside can raise them without CAP_SYS_RESOURCE.
             self.prlimit, f"--nproc={limits.max_procs}", f"--as={limits.max_memory}",
-            f"--cpu={limits.cpu_seconds}", f"--fsize={limits.max_file_size}", "--",
+            f"--cpu={limits.cpu_seconds}", f"--fsize={fsize}", "--",
             "/bin/sh", "-c", command,
         ]
-        if cgroup is not None and self.launcher is not None:
-            # The shell writes its own pid into the cgroup and then becomes bwrap, so no process
-            # of the sandbox ever exists outside it.
-            return [self.launcher, "-c", 'echo $$ > "$0" && exec "$@"', os.fspath(cgroup / "cgroup.procs"), *argv]
+        procs = ([cgroup / "cgroup.procs"] if isinstance(cgroup, Path)
+                 else cgroup.procs_files if cgroup is not None else [])
+        if procs and self.launcher is not None:
+            # The shell writes its own pid into each cgroup and then becomes bwrap, so no process
+            # of the sandbox ever exists outside them ($0 is how many cgroup.procs files follow).
+            script = ('n=$0; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
+                      'exec "$@"')
+            return [self.launcher, "-c", script, str(len(procs)), *map(os.fspath, procs), *argv]
         return argv
 
-    def new_cgroup(self) -> Path | None:
-        """A fresh pids cgroup for one command (root only); give it back to ``remove_cgroup``."""
-        if self.pids_cgroup is None:
-            return None
-        group = self.pids_cgroup / f"talon-shell-{secrets.token_hex(8)}"
-        group.mkdir()
+    def new_cgroup(self) -> CommandCgroup | None:
+        """Fresh cgroups for one command: pids (root only) and memory, where they can be made;
+        give them back to ``remove_cgroup``."""
+        made: list[Path] = []
+        memory: Path | None = None
+        name = f"talon-shell-{secrets.token_hex(8)}"
         try:
-            (group / "pids.max").write_text(str(self.limits.max_procs))
+            if self.pids_cgroup is not None:
+                group = self.pids_cgroup / name
+                group.mkdir()
+                made.append(group)
+                (group / "pids.max").write_text(str(self.limits.max_procs))
+            if self.memory_cgroup is not None:
+                group = self.memory_cgroup / name
+                if group not in made:  # cgroup v2: the same directory as the pids one
+                    group.mkdir()
+                    made.append(group)
+                _limit_memory(group, self.limits.max_memory)
+                memory = group
         except BaseException:
-            group.rmdir()
+            for group in reversed(made):
+                with contextlib.suppress(OSError):
+                    group.rmdir()
             raise
-        return group
+        return CommandCgroup(tuple(made), memory) if made else None
 
 
-def remove_cgroup(group: Path) -> None:
-    """Remove a command's cgroup once its last process is gone (blocking, up to 5 s)."""
+def remove_cgroup(group: CommandCgroup | Path) -> None:
+    """Remove a command's cgroups once their last process is gone (blocking, up to 5 s each)."""
+    for directory in group.dirs if isinstance(group, CommandCgroup) else (group,):
+        _remove_dir(directory)
+
+
+def _remove_dir(group: Path) -> None:
     # The sandbox's processes die with its PID namespace's init; rmdir succeeds once the kernel
     # has reaped them (a few milliseconds after the kill).
     deadline = time.monotonic() + 5.0
@@ -258,6 +350,15 @@ def _probe(sandbox: Sandbox) -> str | None:
     return None
 
 
+@lru_cache(maxsize=1)
+def _warn_memory_per_process() -> None:
+    log.warning(
+        "no memory cgroup can be made here, so the shell's memory limit is per process: "
+        "TALON_SHELL_MAX_MEMORY limits the address space of each process of a command, not the "
+        "command as a whole, and a command with several processes can use more. Give Talon a "
+        "writable memory cgroup (cgroup v1 memory or v2 memory.max) to limit the whole command.")
+
+
 def find_sandbox(limits: SandboxLimits | None = None) -> Sandbox:
     """The sandbox every shell command of this process runs in; ``SandboxUnavailable`` says why
     none can start here. Called once, when the shell tool is built."""
@@ -273,14 +374,27 @@ def find_sandbox(limits: SandboxLimits | None = None) -> Sandbox:
     cgroup = launcher = None
     if os.geteuid() == 0:
         cgroup = _pids_cgroup_parent()
-        launcher = trusted_program("sh") if cgroup is not None else None
         if cgroup is None:
             log.warning(
                 "Talon runs as root and cannot make a pids cgroup here: the kernel does not apply "
                 "TALON_SHELL_MAX_PROCS to root's processes, so the shell sandbox has no process "
                 "limit. Run Talon as a normal user, or give it a writable pids cgroup.")
-    sandbox = Sandbox(bwrap=bwrap, prlimit=prlimit, limits=limits, pids_cgroup=cgroup, launcher=launcher)
+    memory = _cgroup_parent("memory")
+    if memory is None:
+        _warn_memory_per_process()
+    if cgroup is not None or memory is not None:
+        launcher = trusted_program("sh")
+    sandbox = Sandbox(bwrap=bwrap, prlimit=prlimit, limits=limits, pids_cgroup=cgroup, launcher=launcher,
+                      memory_cgroup=memory)
     problem = _probe(sandbox)
+    if problem is not None and memory is not None:
+        # A memory cgroup that cannot be used must not cost the shell: per-process limits then.
+        without = dataclasses.replace(sandbox, memory_cgroup=None,
+                                      launcher=sandbox.launcher if cgroup is not None else None)
+        if _probe(without) is None:
+            log.warning("the memory cgroup under %s cannot be used (%s)", memory, problem)
+            _warn_memory_per_process()
+            return without
     if problem is not None:
         raise SandboxUnavailable(problem)
     return sandbox

@@ -19,8 +19,11 @@ redirect (at most 5):
 The body is read streamed up to ``TALON_WEB_MAX_BYTES`` and the whole fetch, redirects included,
 is bounded by ``TALON_WEB_TIMEOUT``. Each fetch has a session of its own with no cookie jar, no
 proxy from the environment and no credentials: nothing of Talon's is sent. HTML becomes readable
-markdown through trafilatura (scripts, styles and navigation gone), other text is returned as
-is, images as images, anything else as a notice. The result is marked untrusted web content.
+markdown through trafilatura (scripts, styles and navigation gone) in a worker process with CPU,
+memory and time limits (``talon.agent.html_worker``: ``TALON_WEB_CONVERT_SECONDS``,
+``TALON_WEB_CONVERT_MEMORY``); a page cut by them is returned as the plain text of its start,
+with an error saying which limit cut it. Other text is returned as is, images as images,
+anything else as a notice. The result is marked untrusted web content.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
+from talon.agent.html_worker import (PLAIN_PREFIX_BYTES, ConversionCut, ConvertLimits, HtmlConverter,
+                                     html_to_text, plain_text_prefix)
 from talon.agent.tools import Tool, ToolContext, ToolResult
 from talon.agent.untrusted import cut, image_from_bytes, untrusted_block
 from talon.storage.attachments import AttachmentStore
@@ -46,7 +51,7 @@ from talon.config import Limits
 from talon.content import ContentBlock, TextBlock
 from talon.errors import ToolError, WebFetchRefused
 
-__all__ = ["GuardedResolver", "WebFetchTool", "address_problem", "check_url"]
+__all__ = ["GuardedResolver", "WebFetchTool", "address_problem", "check_url", "html_to_text"]
 
 log = logging.getLogger(__name__)
 
@@ -249,16 +254,18 @@ def _size(n: int) -> str:
     return f"{n:,} bytes" if n < 10_000 else (f"{n / 1000:.0f} KB" if n < 1_000_000 else f"{n / 1_000_000:.1f} MB")
 
 
-def html_to_text(html: str | bytes, url: str) -> str:
-    """Readable markdown of a page (trafilatura); its plain text when no main content is found."""
-    import trafilatura
+@dataclass(frozen=True)
+class _Body:
+    """A fetched response, read: what ``_result`` turns into the tool's answer."""
 
-    text = trafilatura.extract(html, url=url, output_format="markdown", include_links=True,
-                               include_tables=True, include_comments=False, favor_recall=True,
-                               with_metadata=True)
-    if not text:
-        text = trafilatura.html2txt(html)
-    return text or ""
+    data: bytes
+    mime: str
+    url: str
+    status: int
+    reason: str
+    charset: str | None
+    hops: tuple[str, ...]
+    truncated: bool
 
 
 class WebFetchTool(Tool):
@@ -274,15 +281,18 @@ class WebFetchTool(Tool):
     }
 
     def __init__(self, *, store: AttachmentStore | None, limits: Limits, allow_hosts: Iterable[str] = (),
-                 max_bytes: int = 5_000_000, timeout_s: float = 30.0) -> None:
+                 max_bytes: int = 5_000_000, timeout_s: float = 30.0,
+                 convert: ConvertLimits | None = None) -> None:
         self.store = store
         self.limits = limits
         self.allow_hosts = tuple(h for h in (normalize_host(h) for h in allow_hosts) if h)
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
+        self.converter = HtmlConverter(convert)
 
     def time_limit(self, args: dict[str, Any], default: float) -> float:
-        return self.timeout_s + 10.0  # its own cap, then turning the page into text
+        # Its own cap, then turning the page into text (the converter's own cap), then a margin.
+        return self.timeout_s + self.converter.limits.seconds + 10.0
 
     async def run(self, args: dict[str, Any]) -> ToolResult:
         return await self.invoke(args, ToolContext())
@@ -293,7 +303,7 @@ class WebFetchTool(Tool):
             raise ToolError("missing required argument 'url' (an http:// or https:// URL)")
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._fetch(raw)
+                fetched = await self._fetch(raw)
         except WebFetchRefused as exc:
             log.info("web_fetch refused %s: %s", raw[:200], exc)
             return ToolResult.text(f"Error: not fetched: {exc}", is_error=True)
@@ -306,8 +316,9 @@ class WebFetchTool(Tool):
                 return ToolResult.text(f"Error: not fetched: {cause}", is_error=True)
             return ToolResult.text(f"Error: {raw[:200]} could not be fetched: {type(exc).__name__}: {exc}",
                                    is_error=True)
+        return await self._result(fetched)
 
-    async def _fetch(self, raw: str) -> ToolResult:
+    async def _fetch(self, raw: str) -> _Body:
         target = check_url(raw, self.allow_hosts)
         hops: list[str] = []
         connector = aiohttp.TCPConnector(resolver=GuardedResolver(self.allow_hosts), use_dns_cache=False,
@@ -334,8 +345,8 @@ class WebFetchTool(Tool):
                         continue
                     return await self._answer(resp, target, hops)
 
-    async def _answer(self, resp: aiohttp.ClientResponse, target: Target, hops: list[str]) -> ToolResult:
-        started = time.monotonic()
+    async def _answer(self, resp: aiohttp.ClientResponse, target: Target, hops: list[str]) -> _Body:
+        """The response's body, read up to TALON_WEB_MAX_BYTES (within the fetch's timeout)."""
         body = bytearray()
         truncated = False
         async for chunk in resp.content.iter_chunked(65536):
@@ -349,15 +360,23 @@ class WebFetchTool(Tool):
         mime = _mime(resp.headers.get("Content-Type")) or _sniff(data)
         if mime in ("application/octet-stream", "binary/octet-stream"):
             mime = _sniff(data) if _sniff(data) != "application/octet-stream" else mime
-        url = str(resp.url)
-        attrs = {"url": url, "status": str(resp.status), "type": mime}
-        notes = [f"(redirected from {hops[0]})"] if hops else []
-        if truncated:
+        return _Body(data=data, mime=mime, url=str(resp.url), status=resp.status, reason=resp.reason or "",
+                     charset=resp.charset, hops=tuple(hops), truncated=truncated)
+
+    async def _result(self, page: _Body) -> ToolResult:
+        """What the model gets: the page as text (HTML converted in a limited worker), an image
+        or a notice."""
+        started = time.monotonic()
+        data, mime, url = page.data, page.mime, page.url
+        attrs = {"url": url, "status": str(page.status), "type": mime}
+        notes = [f"(redirected from {page.hops[0]})"] if page.hops else []
+        if page.truncated:
             notes.append(f"(only the first {_size(self.max_bytes)} were read: TALON_WEB_MAX_BYTES)")
-        is_error = resp.status >= 400
+        is_error = page.status >= 400
+        lead = ""
         content: list[ContentBlock] = []
         if mime in _IMAGE_TYPES:
-            if truncated:
+            if page.truncated:
                 return ToolResult.text(f"Error: the image at {url} is larger than {_size(self.max_bytes)} "
                                        "(TALON_WEB_MAX_BYTES); not shown", is_error=True)
             if self.store is None:
@@ -370,23 +389,38 @@ class WebFetchTool(Tool):
             text = f"Image from {url} ({mime}, {_size(len(data))}, {block.ref.width}x{block.ref.height})"
             return ToolResult(content=[TextBlock(text=" ".join([text, *notes])), block], is_error=is_error)
         if mime in _HTML:
-            # Without a charset in the header, trafilatura reads the page's own <meta charset>.
-            html: str | bytes = data.decode(resp.charset, "replace") if resp.charset else data
-            text = await asyncio.to_thread(html_to_text, html, url)
+            # Never in Talon's process: a worker with CPU, memory and time limits (html_worker).
+            try:
+                text = await self.converter.convert(data, page.charset, url)
+            except ConversionCut as cut_short:
+                shown = min(len(data), PLAIN_PREFIX_BYTES)
+                text = await asyncio.to_thread(plain_text_prefix, data, page.charset)
+                is_error = True
+                whole = " (that is the whole page)" if shown == len(data) else ""
+                lead = (f"Error: the page at {url} ({_size(len(data))}) was too large or complex to turn into "
+                        f"readable text: {cut_short.reason}. Below is only the plain text of its first "
+                        f"{_size(shown)}, without links or layout{whole}.")
+                attrs["converted"] = "no (plain text of the start)"
         elif mime.startswith("text/") or mime in _TEXT_TYPES or mime.endswith(("+json", "+xml")):
-            text = data.decode(resp.charset or "utf-8", "replace")
+            text = data.decode(page.charset or "utf-8", "replace")
         else:
             return ToolResult.text(
-                f"{url} is {mime} ({_size(len(data))}{' or more' if truncated else ''}), which web_fetch does "
+                f"{url} is {mime} ({_size(len(data))}{' or more' if page.truncated else ''}), which web_fetch does "
                 "not turn into text (it reads web pages, plain text, JSON, XML and images).", is_error=is_error)
         text, omitted = cut(text)
         if omitted:
             notes.append(f"(the text was cut: {omitted:,} more characters)")
         attrs["chars"] = str(len(text))
         block_text = untrusted_block("WEB CONTENT", attrs, text or "(no text)", f"Content of the web page {url}")
-        if is_error:
-            block_text = f"HTTP {resp.status} {resp.reason or ''} from {url}\n" + block_text
+        if page.status >= 400:
+            block_text = f"HTTP {page.status} {page.reason} from {url}\n" + block_text
+        if lead:
+            block_text = f"{lead}\n{block_text}"
         content.append(TextBlock(text="\n".join([block_text, *notes])))
-        log.info("web_fetch %s: %s, %s, %s in %.1fs", url, resp.status, mime, _size(len(data)),
+        log.info("web_fetch %s: %s, %s, %s in %.1fs", url, page.status, mime, _size(len(data)),
                  time.monotonic() - started)
         return ToolResult(content=content, is_error=is_error)
+
+    async def aclose(self) -> None:
+        """Stop the converter's worker processes (at shutdown)."""
+        await self.converter.aclose()

@@ -6,13 +6,19 @@ path opened one directory at a time without following links (``talon.agent.benea
 file flipped into a symlink after the check is refused, not followed. Output is bounded by the
 call's ``ToolContext.max_output_chars``; anything cut says how to see the rest. Blocking file
 work runs in a worker thread so one slow disk or large PDF does not stall other chats; grep
-matches with RE2 (linear time, and it releases the GIL).
+matches with RE2 (linear time, and it releases the GIL). ``write_file`` and ``edit_file`` never
+write into a protected path (``.git`` by default) nor past the workspace's size limit (both in
+``talon.agent.workspace``).
 
 The shell is off unless ``TALON_SHELL_TOOL`` is set. Each command runs in a fresh bubblewrap
 sandbox (``talon.agent.sandbox``) that sees only the chat's workspace (writable) and the system's
-programs, with a timeout that kills the whole sandbox and capped output. Without a working bwrap
-the shell is refused at start unless ``TALON_SHELL_UNSANDBOXED=true``, which runs it bare with a
-minimal environment.
+programs, with a timeout that kills the whole sandbox and capped output. The workspace's size
+limit (``TALON_WORKSPACE_MAX``) holds for the shell this way: what is left of it is the command's
+file-size limit, the usage is measured while it runs (a command that takes the workspace past
+the limit is killed and told so) and after it; a full workspace's commands can make no file grow
+(deleting works). A command the kernel stopped at its memory cgroup's limit says so. Without a
+working bwrap the shell is refused at start unless ``TALON_SHELL_UNSANDBOXED=true``, which runs it
+bare with a minimal environment.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ import re2
 
 from talon.agent import file_readers
 from talon.agent.beneath import dir_beneath
-from talon.agent.sandbox import SANDBOX_PATH, Sandbox, SandboxLimits, find_sandbox, remove_cgroup
+from talon.agent.sandbox import SANDBOX_PATH, CommandCgroup, Sandbox, SandboxLimits, find_sandbox, remove_cgroup
 from talon.agent.tools import Tool, ToolContext, ToolRegistry, ToolResult
-from talon.agent.workspace import Resolved, Workspace
+from talon.agent.workspace import Resolved, Workspace, human_bytes
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, ImageBlock, TextBlock
@@ -61,6 +67,7 @@ GREP_LINE_CHARS = 300
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv"}
 SHELL_DEFAULT_TIMEOUT_S = 60.0
 SHELL_MAX_TIMEOUT_S = 600.0
+WORKSPACE_WATCH_S = 1.0  # how often a running command's workspace usage is measured (at least)
 
 
 async def _off_loop(fn: Callable[[], T]) -> T:
@@ -681,10 +688,19 @@ class ShellTool(WorkspaceTool):
             if cgroup is not None:
                 await asyncio.to_thread(remove_cgroup, cgroup)
 
-    async def _run(self, command: str, workspace: Workspace, cgroup: Path | None, timeout: float,
+    async def _run(self, command: str, workspace: Workspace, cgroup: CommandCgroup | None, timeout: float,
                    cap: int) -> ToolResult:
+        # The workspace's size limit (TALON_WORKSPACE_MAX): what is left of it becomes this
+        # command's file-size limit, the usage is watched while it runs (a command that takes
+        # the workspace past the limit is killed) and measured again after it.
+        limit = workspace.policy.max_bytes
+        used_before = await asyncio.to_thread(workspace.usage) if limit else 0
+        allowance = max(0, limit - used_before) if limit else None
+        notes: list[str] = []
+        if allowance == 0:
+            notes.append(f"[{workspace.full_notice(used_before)}; in this command no file can grow]")
         if self.sandbox is not None:
-            argv = self.sandbox.argv(workspace.real_root, command, cgroup=cgroup)
+            argv = self.sandbox.argv(workspace.real_root, command, cgroup=cgroup, max_file_size=allowance)
             env = {"PATH": SANDBOX_PATH}
         else:
             argv = ["/bin/sh", "-c", command]
@@ -702,6 +718,11 @@ class ShellTool(WorkspaceTool):
         tail = bytearray()
         total = 0
         half = cap // 2
+        filled: list[int] = []  # the usage that made the watcher kill the command
+
+        def kill() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
         async def pump() -> None:
             nonlocal total, tail
@@ -716,50 +737,68 @@ class ShellTool(WorkspaceTool):
                 if len(tail) > half:
                     tail = tail[-half:]
 
+        async def watch() -> None:
+            pause = WORKSPACE_WATCH_S
+            while True:
+                await asyncio.sleep(pause)
+                started = time.monotonic()
+                used = await asyncio.to_thread(workspace.usage)
+                # A large workspace takes longer to measure: measure less often, not all the time.
+                pause = max(WORKSPACE_WATCH_S, 5 * (time.monotonic() - started))
+                if used > limit and used > used_before:  # cleaning up a full workspace is fine
+                    filled.append(used)
+                    kill()
+                    return
+
         timed_out = False
         reader = asyncio.create_task(pump())
+        watcher = asyncio.create_task(watch()) if limit else None
         try:
             await asyncio.wait_for(proc.wait(), timeout)
-        except asyncio.CancelledError:  # the turn was stopped (/stop): the command goes with it
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            reader.cancel()
-            raise
         except TimeoutError:
             timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill()
             await proc.wait()
         except asyncio.CancelledError:
-            # The turn was stopped (turn timeout, tool limit, SIGTERM): the command goes with it.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            # The turn was stopped (/stop, turn timeout, tool limit, SIGTERM): the command goes with it.
+            kill()
             reader.cancel()
             raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
         try:
             await asyncio.wait_for(reader, 5.0)
         except TimeoutError:
             # A background child still holds the output open; it does not outlive the call.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill()
         shown = head.decode("utf-8", "replace")
         omitted = total - len(head) - len(tail)
         if omitted > 0:
             shown += f"\n[... {omitted:,} bytes of output omitted ...]\n"
         if tail:
             shown += tail.decode("utf-8", "replace")
-        status = (
-            f"timed out after {timeout:g}s; the command and its children were killed"
-            if timed_out else f"exit code {proc.returncode}"
-        )
-        return ToolResult.text(f"[{status}]\n{shown}" if shown else f"[{status}] (no output)",
-                               is_error=timed_out or proc.returncode != 0)
+        is_error = timed_out or proc.returncode != 0
+        if filled:
+            status = (f"killed: it took the workspace to {human_bytes(filled[0])}, over its limit of "
+                      f"{human_bytes(limit)} (TALON_WORKSPACE_MAX)")
+        elif timed_out:
+            status = f"timed out after {timeout:g}s; the command and its children were killed"
+        else:
+            status = f"exit code {proc.returncode}"
+        oom = await asyncio.to_thread(cgroup.oom_kills) if cgroup is not None else 0
+        if oom and self.sandbox is not None:
+            is_error = True
+            notes.append(f"[out of memory: the command's processes together reached its memory limit of "
+                         f"{human_bytes(self.sandbox.limits.max_memory)} (TALON_SHELL_MAX_MEMORY); the kernel "
+                         f"killed {oom} of them]")
+        if limit:
+            used_after = await asyncio.to_thread(workspace.usage)
+            if used_after > limit:
+                is_error = True
+                notes.append(f"[{workspace.full_notice(used_after)}]")
+        lead = "\n".join([f"[{status}]", *notes])
+        return ToolResult.text(f"{lead}\n{shown}" if shown else f"{lead} (no output)", is_error=is_error)
 
 
 def workspace_tools(
