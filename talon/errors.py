@@ -282,6 +282,11 @@ class ToolError(TalonError):
     """A tool failure the agent should read and can act on (bad path, missing file...)."""
 
 
+class ApprovalNotShown(TalonError):
+    """A channel could not show a call waiting for approval whole (too long for a message, and the
+    file with all of it could not be sent): it cannot be approved (talon.control.approvals)."""
+
+
 class DeliveryError(TalonError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
