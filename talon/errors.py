@@ -38,6 +38,7 @@
     │   ├── SendAgain               it adjusted itself to the server: send the request again now
     │   └── Retryable               a transient failure (``.error``): wait ``.delay`` and try again
     ├── ToolError                   a tool failure the agent reads and can act on (bad path...)
+    ├── ApprovalNotShown            a call waiting for approval could not be shown whole: it is refused
     ├── DeliveryError               a reply or file could not be delivered to the chat (``.permanent``)
     │   ├── UploadTimedOut          a Telegram upload timed out twice (it may have arrived)
     │   └── TwilioRefused           Twilio answered with an error retrying will not fix

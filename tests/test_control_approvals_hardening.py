@@ -5,11 +5,19 @@ out of sight, a call too long for a message, "Always in this chat" from a plain 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
 
 from talon.content import ToolCall
 from talon.control.approvals import ApprovalPolicy, call_digest, describe_call, visible
+from talon.storage.approvals import Approval, MemoryApprovalStore
 from tests.conftest import ALICE, BOB, running_telegram
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import Call, FakeTelegram
@@ -227,3 +235,117 @@ def test_a_turn_begun_before_the_mcp_servers_are_up_still_gates_their_calls(tmp_
     assert control.approvals.policy.kind_of("mcp__my_gated__echo", "my_gated") is None
     assert control.approvals.policy.kind_of("mcp__a__b__echo", "a__b") is None
     assert ApprovalPolicy.parse("mcp:a__b").kind_of("mcp__a__b__echo", "a__b") == "mcp"
+
+
+# --- the stores: keyed by (turn, call id, digest); grants listed and revoked; older databases ----
+@pytest_asyncio.fixture(params=["memory", "embedded", "postgres"])
+async def approval_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryApprovalStore()
+        return
+    if request.param == "embedded":
+        from talon.storage.embedded.control import SqliteApprovalStore, open_control_db
+
+        runner = open_control_db(tmp_path / "control.sqlite3")
+        try:
+            yield SqliteApprovalStore(runner)
+        finally:
+            runner.close()
+        return
+    from talon.storage.postgres.control import PgApprovalStore
+    from talon.storage.postgres.db import AsyncDatabase
+    from talon.storage.postgres.schema import migrate_schema
+
+    db = AsyncDatabase(request.getfixturevalue("pg_url"), max_size=2)
+    await db.open()
+    try:
+        await migrate_schema(db)
+        yield PgApprovalStore(db)
+    finally:
+        await db.close()
+
+
+def approval(id: str, command: str, *, call_id: str = "call_1", group: bool = False) -> Approval:
+    arguments = json.dumps({"command": command})
+    return Approval(id=id, channel="telegram", chat_id="g", platform_chat="g", thread_id=None, requester="alice",
+                    turn_id="turn-1", call_id=call_id, tool="shell", kind="shell", summary=command, created=1.0,
+                    expires=100.0, digest=call_digest("shell", arguments), in_group=group)
+
+
+async def test_a_store_keys_approvals_by_turn_call_and_digest(approval_store: Any) -> None:
+    first = await approval_store.add(approval("a1", "echo harmless", group=True))
+    assert first.id == "a1" and first.in_group is True
+    assert await approval_store.decide("a1", "approved", "telegram:alice", 2.0)
+    # The resumed turn asking about the same call finds the decision.
+    again = await approval_store.add(approval("a2", "echo harmless", group=True))
+    assert again.id == "a1" and again.status == "approved"
+    # The same call id with other arguments is another approval, pending.
+    other = await approval_store.add(approval("a3", "echo EVIL > evil.txt", group=True))
+    assert other.id == "a3" and other.status == "pending" and other.digest != first.digest
+    assert [a.id for a in await approval_store.pending("telegram", "g")] == ["a3"]
+    assert (await approval_store.get("a3")).in_group is True
+
+
+async def test_a_store_lists_and_revokes_standing_grants(approval_store: Any) -> None:
+    assert await approval_store.grants("telegram", "g") == []
+    await approval_store.allow_always("telegram", "g", "shell", "telegram:carol (Carol)", 10.0)
+    await approval_store.allow_always("telegram", "g", "write_file", "telegram:carol (Carol)", 20.0)
+    await approval_store.allow_always("telegram", "other", "shell", "telegram:dan", 5.0)
+    assert [g.tool for g in await approval_store.grants("telegram", "g")] == ["shell", "write_file"]
+    assert await approval_store.revoke("telegram", "g", "shell") == 1
+    assert not await approval_store.always_allowed("telegram", "g", "shell")
+    assert await approval_store.always_allowed("telegram", "g", "write_file")
+    assert await approval_store.revoke("telegram", "g") == 1
+    assert await approval_store.grants("telegram", "g") == []
+    assert await approval_store.always_allowed("telegram", "other", "shell")  # another chat's stays
+
+
+def test_an_embedded_control_database_of_the_first_version_is_upgraded_at_open(tmp_path: Path) -> None:
+    from talon.storage.embedded.control import SqliteApprovalStore, open_control_db
+
+    path = tmp_path / "control.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE approvals (
+            id TEXT PRIMARY KEY, channel TEXT NOT NULL, chat_id TEXT NOT NULL, platform_chat TEXT NOT NULL,
+            thread_id TEXT, requester TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
+            tool TEXT NOT NULL, kind TEXT NOT NULL, summary TEXT NOT NULL, created REAL NOT NULL,
+            expires REAL NOT NULL, status TEXT NOT NULL, decided_by TEXT NOT NULL, decided_at REAL,
+            prompt_id TEXT, UNIQUE (turn_id, call_id));
+        INSERT INTO approvals VALUES ('old1', 'telegram', 'g', 'g', NULL, 'alice', 'turn-1', 'call_1', 'shell',
+            'shell', 'echo harmless', 1.0, 100.0, 'approved', 'telegram:alice', 2.0, '7');
+    """)
+    old.close()
+    runner = open_control_db(path)
+    try:
+        store = SqliteApprovalStore(runner)
+        kept = asyncio.run(store.get("old1"))
+        assert kept is not None and kept.status == "approved" and kept.digest == ""
+        # An approval of the old key decides no call: a call (with its digest) is asked about anew.
+        fresh = asyncio.run(store.add(approval("n1", "echo harmless")))
+        assert fresh.id == "n1" and fresh.status == "pending"
+    finally:
+        runner.close()
+
+
+async def test_a_postgres_schema_of_version_6_gets_the_digest_key(pg_url: str) -> None:
+    from talon.storage.postgres.control import PgApprovalStore
+    from talon.storage.postgres.db import AsyncDatabase
+    from talon.storage.postgres.schema import migrate_schema
+
+    db = AsyncDatabase(pg_url, max_size=2)
+    await db.open()
+    try:
+        assert await migrate_schema(db, target=6) == (0, 6)
+        await db.execute("INSERT INTO talon_approvals (id, channel, chat_id, platform_chat, thread_id, requester, "
+                         "turn_id, call_id, tool, kind, summary, created, expires, status, decided_by) VALUES "
+                         "('old1', 'telegram', 'g', 'g', NULL, 'alice', 'turn-1', 'call_1', 'shell', 'shell', "
+                         "'echo harmless', 1.0, 100.0, 'approved', 'telegram:alice')")
+        assert await migrate_schema(db) == (6, 7)
+        store = PgApprovalStore(db)
+        kept = await store.get("old1")
+        assert kept is not None and kept.status == "approved" and kept.digest == "" and kept.in_group is False
+        fresh = await store.add(approval("n1", "echo harmless"))
+        assert fresh.id == "n1" and fresh.status == "pending"
+    finally:
+        await db.close()
