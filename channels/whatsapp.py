@@ -695,10 +695,11 @@ class WhatsAppChannel(Channel):
                                            "here (no TALON_PUBLIC_BASE_URL)")
                 url = await self.links.add_bytes(text.encode("utf-8"), name, "text/plain")
                 await self._send(chat, body="", media_url=url, what=name)
-                await self._send(chat, body=(
-                    f"{chunks[0]}…\n\n[This call is too long for WhatsApp messages ({len(text):,} characters): "
-                    f"ALL of it is in the file {name} just sent. Read it before you answer: yes covers exactly "
-                    "what is in it. Reply yes or no.]"), what="an approval prompt")
+                note = (f"…\n\n[This call is too long for WhatsApp messages ({len(text):,} characters): ALL of "
+                        f"it is in the file {name} just sent. Read it before you answer: yes covers exactly what "
+                        "is in it. Reply yes or no.]")
+                head = text[:self.limits.whatsapp_body_max - len(note)]
+                await self._send(chat, body=head + note, what="an approval prompt")
         except TwilioRefused as exc:
             raise ApprovalNotShown(f"WhatsApp refused a part of the prompt: {exc}") from exc
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -349,3 +350,49 @@ async def test_a_postgres_schema_of_version_6_gets_the_digest_key(pg_url: str) -
         assert fresh.id == "n1" and fresh.status == "pending"
     finally:
         await db.close()
+
+
+# --- WhatsApp: plain text, in parts, or the whole as a file ------------------------------------
+async def test_on_whatsapp_a_padded_command_shows_unformatted_and_a_long_call_comes_as_a_file(
+        tmp_path: Path, llm: FakeOpenAI) -> None:
+    from tests.fakes.twilio import FakeTwilio
+    from tests.test_whatsapp import ALICE as WA_ALICE
+    from tests.test_whatsapp import post, running, wa_settings
+
+    padded = "ls **-la**" + " " * 700 + "; echo HIDDEN > hidden.txt"
+    medium = "echo " + " ".join(f"w{i}" for i in range(700))  # about 3,900 characters: three messages
+    huge = "echo " + " ".join(f"word{i}" for i in range(2000))  # past five messages: a file
+    llm.queue(FakeOpenAI.tool_call("shell", {"command": padded}), "No.",
+              FakeOpenAI.tool_call("shell", {"command": medium}), "No again.",
+              FakeOpenAI.tool_call("shell", {"command": huge}), "Not that either.")
+    async with FakeTwilio() as twilio:
+        settings = wa_settings(tmp_path, twilio, llm, TALON_APPROVAL="shell", TALON_SHELL_TOOL="true",
+                               TALON_SHELL_UNSANDBOXED="true", TALON_MODEL_DISCOVERY="false")
+        async with running(settings) as (runtime, channel):
+            for ask, answer in (("list", "No."), ("medium", "No again."), ("huge", "Not that either.")):
+                await post(channel, twilio.inbound_params(WA_ALICE, ask), sign_with=twilio)
+                await until_sent(twilio, WA_ALICE, lambda bodies: any("Reply yes" in b for b in bodies[-1:])
+                                 or any("Reply yes or no.]" in b for b in bodies[-1:]))
+                await post(channel, twilio.inbound_params(WA_ALICE, "no"), sign_with=twilio)
+                await until_sent(twilio, WA_ALICE, lambda bodies, answer=answer: answer in bodies)
+                await runtime.bridge.idle()
+        sent = twilio.sent(to=WA_ALICE)
+    bodies = [m.body for m in sent]
+    first = bodies[0]
+    assert first.startswith("Approval needed: the agent wants to run a shell command:")
+    assert "ls **-la**⟨700 spaces⟩; echo HIDDEN > hidden.txt" in first  # exactly, not reformatted
+    parts = [b for b in bodies if b.startswith("(part ")]
+    assert [p.split(")", 1)[0] for p in parts] == ["(part 1 of 3", "(part 2 of 3", "(part 3 of 3"]
+    assert medium in "".join(p.split(")\n", 1)[1] for p in parts)
+    assert all(len(b) <= 1600 for b in bodies)
+    [document] = [m for m in sent if m.media_urls]
+    assert "approval-" in document.media_urls[0]
+    assert any("too long for WhatsApp messages" in b and "ALL of it is in the file approval-" in b for b in bodies)
+    assert not (settings.workspace_dir("whatsapp", WA_ALICE) / "hidden.txt").exists()
+
+
+async def until_sent(twilio: Any, to: str, done: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done([m.body for m in twilio.sent(to=to)]):
+        assert time.monotonic() < deadline, [m.body[:80] for m in twilio.sent(to=to)]
+        await asyncio.sleep(0.02)
