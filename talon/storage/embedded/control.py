@@ -15,6 +15,18 @@ from talon.storage.approvals import Approval, Grant, Status
 from talon.storage.sqlite import SqliteRunner
 from talon.storage.usage import GrantUnit, UsageRecord, UsageTotals
 
+# Approvals are keyed by (turn, call id, digest): see talon.storage.approvals.
+_APPROVALS_TABLE = """
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY, channel TEXT NOT NULL, chat_id TEXT NOT NULL, platform_chat TEXT NOT NULL,
+    thread_id TEXT, requester TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
+    tool TEXT NOT NULL, kind TEXT NOT NULL, summary TEXT NOT NULL, created REAL NOT NULL,
+    expires REAL NOT NULL, status TEXT NOT NULL, decided_by TEXT NOT NULL, decided_at REAL,
+    prompt_id TEXT, digest TEXT NOT NULL DEFAULT '', in_group INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (turn_id, call_id, digest)
+);
+"""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
     id INTEGER PRIMARY KEY, at REAL NOT NULL, channel TEXT NOT NULL, chat_id TEXT NOT NULL,
@@ -28,14 +40,7 @@ CREATE TABLE IF NOT EXISTS usage_grants (
     id INTEGER PRIMARY KEY, channel TEXT NOT NULL, person TEXT NOT NULL, unit TEXT NOT NULL,
     amount REAL NOT NULL, at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS approvals (
-    id TEXT PRIMARY KEY, channel TEXT NOT NULL, chat_id TEXT NOT NULL, platform_chat TEXT NOT NULL,
-    thread_id TEXT, requester TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
-    tool TEXT NOT NULL, kind TEXT NOT NULL, summary TEXT NOT NULL, created REAL NOT NULL,
-    expires REAL NOT NULL, status TEXT NOT NULL, decided_by TEXT NOT NULL, decided_at REAL,
-    prompt_id TEXT, digest TEXT NOT NULL DEFAULT '', in_group INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (turn_id, call_id, digest)
-);
+""" + _APPROVALS_TABLE + """
 CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (channel, chat_id, status);
 CREATE TABLE IF NOT EXISTS approval_always (
     channel TEXT NOT NULL, chat_id TEXT NOT NULL, tool TEXT NOT NULL, decided_by TEXT NOT NULL,
@@ -68,13 +73,11 @@ def _rebuild_v1_approvals(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
     if not columns or "digest" in columns:
         return
-    table = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS approvals"):]
-    table = table[:table.index(");") + 2]
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute("ALTER TABLE approvals RENAME TO approvals_v1")
         conn.execute("DROP INDEX IF EXISTS approvals_pending")
-        conn.execute(table)
+        conn.execute(_APPROVALS_TABLE)
         conn.execute(f"INSERT INTO approvals ({_V1_APPROVAL_COLUMNS}) SELECT {_V1_APPROVAL_COLUMNS} FROM approvals_v1")
         conn.execute("DROP TABLE approvals_v1")
         conn.execute("COMMIT")
