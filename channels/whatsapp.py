@@ -36,6 +36,12 @@ means the same thing after a restart; progress is reported after every part.
   logged with an explanation and end the delivery of this reply with a permanent DeliveryError
   (the bridge then closes the message); other refusals skip the one part.
   Delivery failures Twilio reports later arrive on the status callback and are logged the same way.
+
+Approval prompts (``ask_approval``) go as plain text, never reformatted, so what is shown is the
+call exactly as ``talon.control.approvals`` wrote it: in parts of at most 1600 characters marked
+"(part i of n)" up to ``TALON_WHATSAPP_REPLY_MAX_MESSAGES`` parts; longer, the first part and the
+whole prompt as ``approval-<id>.txt`` (a media link). When neither can be sent (no public URL for
+files, or Twilio refused a part) the channel raises ``ApprovalNotShown`` and the call is refused.
 """
 
 from __future__ import annotations
@@ -59,12 +65,14 @@ from twilio.http.async_http_client import AsyncTwilioHttpClient
 from twilio.request_validator import RequestValidator
 from twilio.rest import Client
 
+from talon.storage.approvals import Approval
 from talon.storage.attachments import AttachmentStore
 from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.config import Limits, Settings, normalize_whatsapp_number
 from talon.content import AttachmentRef, InboundFile, InboundKind
 from talon.envelope import InboundMessage, OutboundReply, RemoteFile
 from talon.errors import (
+    ApprovalNotShown,
     ConfigError,
     DeliveryError,
     DownloadError,
@@ -665,6 +673,37 @@ class WhatsAppChannel(Channel):
         raise DownloadError(f"download of {name} failed")
 
     # --- outbound -----------------------------------------------------------------------------
+    async def ask_approval(self, approval: Approval, text: str) -> str | None:
+        """The whole prompt as plain text (see the module docstring); ``ApprovalNotShown`` when it
+        cannot all be shown."""
+        text = f"{text}\nReply yes to allow it or no to refuse (or /approve, /deny)."
+        chat = approval.platform_chat
+        room = self.limits.whatsapp_body_max - 24  # "(part 12 of 12)\n"
+        chunks = [text[i:i + room] for i in range(0, len(text), room)] or [""]
+        try:
+            if len(chunks) == 1:
+                await self._send(chat, body=text, what="an approval prompt")
+            elif len(chunks) <= self.limits.whatsapp_reply_max_messages:
+                for n, chunk in enumerate(chunks, 1):
+                    await self._send(chat, body=f"(part {n} of {len(chunks)})\n{chunk}",
+                                     what=f"approval prompt part {n}")
+            else:
+                name = f"approval-{approval.id}.txt"
+                if self.links is None:
+                    raise ApprovalNotShown(f"it is {len(text):,} characters, more than "
+                                           f"{len(chunks) - 1} WhatsApp messages, and files cannot be sent "
+                                           "here (no TALON_PUBLIC_BASE_URL)")
+                url = await self.links.add_bytes(text.encode("utf-8"), name, "text/plain")
+                await self._send(chat, body="", media_url=url, what=name)
+                note = (f"…\n\n[This call is too long for WhatsApp messages ({len(text):,} characters): ALL of "
+                        f"it is in the file {name} just sent. Read it before you answer: yes covers exactly what "
+                        "is in it. Reply yes or no.]")
+                head = text[:self.limits.whatsapp_body_max - len(note)]
+                await self._send(chat, body=head + note, what="an approval prompt")
+        except TwilioRefused as exc:
+            raise ApprovalNotShown(f"WhatsApp refused a part of the prompt: {exc}") from exc
+        return None
+
     def reply_parts(self, reply: OutboundReply) -> list[Part]:
         return plan_parts(reply, self.limits, can_attach=self.links is not None)
 

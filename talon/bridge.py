@@ -58,7 +58,8 @@ MAX_ATTEMPTS = 3
 SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
-COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny"})
+COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
+                       "/approvals"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -815,7 +816,7 @@ class Bridge:
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
-                    "/tasks lists scheduled tasks.")
+                    "/tasks lists scheduled tasks; /approvals lists the tools allowed without asking.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
@@ -839,6 +840,10 @@ class Bridge:
             if self.control is None:
                 return "Usage is not recorded here."
             return await self.control.usage_text(message, chat.chat_id)
+        if word == "/approvals":
+            if self.control is None:
+                return "Approvals are not used here."
+            return await self.control.approvals.grants_command(message.channel, chat.chat_id, message.text)
         if word in ("/approve", "/deny"):
             # A waiting approval takes these at once (see submit); here nothing was waiting.
             return "Nothing is waiting for approval in this chat."

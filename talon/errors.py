@@ -38,6 +38,7 @@
     │   ├── SendAgain               it adjusted itself to the server: send the request again now
     │   └── Retryable               a transient failure (``.error``): wait ``.delay`` and try again
     ├── ToolError                   a tool failure the agent reads and can act on (bad path...)
+    ├── ApprovalNotShown            a call waiting for approval could not be shown whole: it is refused
     ├── DeliveryError               a reply or file could not be delivered to the chat (``.permanent``)
     │   ├── UploadTimedOut          a Telegram upload timed out twice (it may have arrived)
     │   └── TwilioRefused           Twilio answered with an error retrying will not fix
@@ -281,6 +282,11 @@ class Retryable(ProviderSignal):
 
 class ToolError(TalonError):
     """A tool failure the agent should read and can act on (bad path, missing file...)."""
+
+
+class ApprovalNotShown(TalonError):
+    """A channel could not show a call waiting for approval whole (too long for a message, and the
+    file with all of it could not be sent): it cannot be approved (talon.control.approvals)."""
 
 
 class DeliveryError(TalonError):

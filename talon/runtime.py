@@ -270,6 +270,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
 
     control = Control.from_settings(settings, stores.usage, stores.approvals)
     control.metrics.tool_names = control.approvals.tool_names = lambda: tools.tools
+    # mcp:<server> in TALON_APPROVAL is matched by the server a tool belongs to (McpTool.server).
+    control.approvals.server_of = lambda name: getattr(tools.tools.get(name), "server", None)
     bridge_kw = dict(
         agent=agent,
         inbox=inbox,

@@ -76,8 +76,11 @@ class Control:
         async def approve(call: ToolCall) -> str | None:
             return await self.approvals.gate(call, origin, prompter)
 
+        # Whenever a kind is named, not only when a tool of it exists now: MCP servers add their
+        # tools once they are up, which may be after this turn began (the gate asks only when the
+        # call's kind is named).
         return TurnHooks(guard=self.guard(message.channel, chat_id, message.sender_id),
-                         approve=approve if self.approvals.enabled else None,
+                         approve=approve if self.approvals.policy.kinds else None,
                          tool_done=self.metrics.tool)
 
     def guard(self, channel: str, chat_id: str, person: str) -> CallGuard:

@@ -219,9 +219,11 @@ _GRANTS = ("channel, person, unit, amount, at", "%s::text, %s::text, %s::text, %
 
 async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
     """Usage records, grants, approvals (with their decisions) and "always" approvals."""
-    from talon.storage.embedded.control import APPROVAL_COLUMNS
+    from talon.storage.embedded.control import APPROVAL_COLUMNS, APPROVAL_MARKS, approval_of, approval_row, open_control_db
 
     report = StoreReport("control (usage, approvals)")
+    if path.is_file():  # a database of an older Talon gets the current columns first (as at Talon's start)
+        await asyncio.to_thread(lambda: open_control_db(path).close())
     read = await asyncio.to_thread(
         _read_sqlite, path, f"SELECT {_USAGE[0]} FROM usage ORDER BY id",
         f"SELECT {_GRANTS[0]} FROM usage_grants ORDER BY id", f"SELECT {APPROVAL_COLUMNS} FROM approvals",
@@ -238,8 +240,9 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
                                   f"(SELECT 1 FROM {table} WHERE {same})", (*row, *row))
                 report.copied += max(cur.rowcount, 0)
         for row in approvals:
-            await cur.execute(f"INSERT INTO talon_approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 17)}) "
-                              "ON CONFLICT DO NOTHING", row)
+            await cur.execute(f"INSERT INTO talon_approvals ({APPROVAL_COLUMNS}) VALUES "
+                              f"({', '.join(['%s'] * APPROVAL_MARKS)}) ON CONFLICT DO NOTHING",
+                              approval_row(approval_of(row)))
             report.copied += max(cur.rowcount, 0)
         for row in always:
             await cur.execute("INSERT INTO talon_approval_always (channel, chat_id, tool, decided_by, at) "

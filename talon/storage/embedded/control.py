@@ -6,13 +6,26 @@ features (caps, /usage, approvals), so they share one file and one thread.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 from typing import Any
 
-from talon.storage.approvals import Approval, Status
+from talon.storage.approvals import Approval, Grant, Status
 from talon.storage.sqlite import SqliteRunner
 from talon.storage.usage import GrantUnit, UsageRecord, UsageTotals
+
+# Approvals are keyed by (turn, call id, digest): see talon.storage.approvals.
+_APPROVALS_TABLE = """
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY, channel TEXT NOT NULL, chat_id TEXT NOT NULL, platform_chat TEXT NOT NULL,
+    thread_id TEXT, requester TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
+    tool TEXT NOT NULL, kind TEXT NOT NULL, summary TEXT NOT NULL, created REAL NOT NULL,
+    expires REAL NOT NULL, status TEXT NOT NULL, decided_by TEXT NOT NULL, decided_at REAL,
+    prompt_id TEXT, digest TEXT NOT NULL DEFAULT '', in_group INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (turn_id, call_id, digest)
+);
+"""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -27,13 +40,7 @@ CREATE TABLE IF NOT EXISTS usage_grants (
     id INTEGER PRIMARY KEY, channel TEXT NOT NULL, person TEXT NOT NULL, unit TEXT NOT NULL,
     amount REAL NOT NULL, at REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS approvals (
-    id TEXT PRIMARY KEY, channel TEXT NOT NULL, chat_id TEXT NOT NULL, platform_chat TEXT NOT NULL,
-    thread_id TEXT, requester TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
-    tool TEXT NOT NULL, kind TEXT NOT NULL, summary TEXT NOT NULL, created REAL NOT NULL,
-    expires REAL NOT NULL, status TEXT NOT NULL, decided_by TEXT NOT NULL, decided_at REAL,
-    prompt_id TEXT, UNIQUE (turn_id, call_id)
-);
+""" + _APPROVALS_TABLE + """
 CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (channel, chat_id, status);
 CREATE TABLE IF NOT EXISTS approval_always (
     channel TEXT NOT NULL, chat_id TEXT NOT NULL, tool TEXT NOT NULL, decided_by TEXT NOT NULL,
@@ -41,17 +48,42 @@ CREATE TABLE IF NOT EXISTS approval_always (
 );
 """
 
-APPROVAL_COLUMNS = ("id, channel, chat_id, platform_chat, thread_id, requester, turn_id, call_id, tool, kind, "
-                    "summary, created, expires, status, decided_by, decided_at, prompt_id")
+# The columns of the first version (approvals keyed by (turn, call id) alone); a database made
+# then is rebuilt at open with the digest and in_group columns (its old rows get digest '', which
+# no call has, so a call they were for is asked about again).
+_V1_APPROVAL_COLUMNS = ("id, channel, chat_id, platform_chat, thread_id, requester, turn_id, call_id, tool, "
+                        "kind, summary, created, expires, status, decided_by, decided_at, prompt_id")
+APPROVAL_COLUMNS = _V1_APPROVAL_COLUMNS + ", digest, in_group"
+APPROVAL_MARKS = len(APPROVAL_COLUMNS.split(","))
 
 
 def approval_row(a: Approval) -> tuple[object, ...]:
     return (a.id, a.channel, a.chat_id, a.platform_chat, a.thread_id, a.requester, a.turn_id, a.call_id,
-            a.tool, a.kind, a.summary, a.created, a.expires, a.status, a.decided_by, a.decided_at, a.prompt_id)
+            a.tool, a.kind, a.summary, a.created, a.expires, a.status, a.decided_by, a.decided_at, a.prompt_id,
+            a.digest, bool(a.in_group))
 
 
 def approval_of(row: tuple[object, ...]) -> Approval:
-    return Approval(*row)  # type: ignore[arg-type]  # the columns are in the dataclass's order
+    approval = Approval(*row)  # type: ignore[arg-type]  # the columns are in the dataclass's order
+    return dataclasses.replace(approval, in_group=bool(approval.in_group))
+
+
+def _rebuild_v1_approvals(conn: sqlite3.Connection) -> None:
+    """A database made before approvals had a digest: the table again, with the new key."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
+    if not columns or "digest" in columns:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE approvals RENAME TO approvals_v1")
+        conn.execute("DROP INDEX IF EXISTS approvals_pending")
+        conn.execute(_APPROVALS_TABLE)
+        conn.execute(f"INSERT INTO approvals ({_V1_APPROVAL_COLUMNS}) SELECT {_V1_APPROVAL_COLUMNS} FROM approvals_v1")
+        conn.execute("DROP TABLE approvals_v1")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def usage_where(since: float, channel: str | None, chat_id: str | None, person: str | None,
@@ -78,6 +110,7 @@ def totals_of(row: tuple[Any, ...] | None) -> UsageTotals:
 
 
 def _setup(conn: sqlite3.Connection) -> None:
+    _rebuild_v1_approvals(conn)
     conn.executescript(_SCHEMA)
 
 
@@ -122,9 +155,9 @@ class SqliteApprovalStore:
     async def add(self, approval: Approval) -> Approval:
         def add(conn: sqlite3.Connection) -> Approval:
             conn.execute(f"INSERT OR IGNORE INTO approvals ({APPROVAL_COLUMNS}) VALUES "
-                         f"({', '.join('?' * 17)})", approval_row(approval))
-            row = conn.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE turn_id = ? AND call_id = ?",
-                               (approval.turn_id, approval.call_id)).fetchone()
+                         f"({', '.join('?' * APPROVAL_MARKS)})", approval_row(approval))
+            row = conn.execute(f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE turn_id = ? AND call_id = ? "
+                               "AND digest = ?", (approval.turn_id, approval.call_id, approval.digest)).fetchone()
             return approval_of(row)
 
         return await self.runner.run(add)
@@ -160,3 +193,15 @@ class SqliteApprovalStore:
             "SELECT 1 FROM approval_always WHERE channel = ? AND chat_id = ? AND tool = ?",
             (channel, chat_id, tool)).fetchone())
         return row is not None
+
+    async def grants(self, channel: str, chat_id: str) -> list[Grant]:
+        rows = await self.runner.run(lambda conn: conn.execute(
+            "SELECT channel, chat_id, tool, decided_by, at FROM approval_always WHERE channel = ? AND chat_id = ? "
+            "ORDER BY at, tool", (channel, chat_id)).fetchall())
+        return [Grant(*row) for row in rows]
+
+    async def revoke(self, channel: str, chat_id: str, tool: str | None = None) -> int:
+        cur = await self.runner.run(lambda conn: conn.execute(
+            "DELETE FROM approval_always WHERE channel = ? AND chat_id = ? AND (? IS NULL OR tool = ?)",
+            (channel, chat_id, tool, tool)))
+        return int(cur.rowcount)

@@ -1,10 +1,11 @@
-"""Usage and approvals in PostgreSQL (schema script 5), through the async pool."""
+"""Usage and approvals in PostgreSQL (schema scripts 6 and 7), through the async pool."""
 
 from __future__ import annotations
 
-from talon.storage.approvals import Approval, Status
+from talon.storage.approvals import Approval, Grant, Status
 from talon.storage.embedded.control import (
     APPROVAL_COLUMNS,
+    APPROVAL_MARKS,
     USAGE_SUMS,
     approval_of,
     approval_row,
@@ -50,11 +51,11 @@ class PgApprovalStore:
 
     async def add(self, approval: Approval) -> Approval:
         await self.db.execute(
-            f"INSERT INTO talon_approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * 17)}) "
+            f"INSERT INTO talon_approvals ({APPROVAL_COLUMNS}) VALUES ({', '.join(['%s'] * APPROVAL_MARKS)}) "
             "ON CONFLICT DO NOTHING", approval_row(approval))
         row = await self.db.fetchone(
-            f"SELECT {APPROVAL_COLUMNS} FROM talon_approvals WHERE turn_id = %s AND call_id = %s",
-            (approval.turn_id, approval.call_id))
+            f"SELECT {APPROVAL_COLUMNS} FROM talon_approvals WHERE turn_id = %s AND call_id = %s AND digest = %s",
+            (approval.turn_id, approval.call_id, approval.digest))
         assert row is not None  # inserted, or there already
         return approval_of(row)
 
@@ -87,3 +88,17 @@ class PgApprovalStore:
             "SELECT 1 FROM talon_approval_always WHERE channel = %s AND chat_id = %s AND tool = %s",
             (channel, chat_id, tool))
         return row is not None
+
+    async def grants(self, channel: str, chat_id: str) -> list[Grant]:
+        rows = await self.db.fetchall(
+            "SELECT channel, chat_id, tool, decided_by, at FROM talon_approval_always WHERE channel = %s "
+            "AND chat_id = %s ORDER BY at, tool", (channel, chat_id))
+        return [Grant(str(r[0]), str(r[1]), str(r[2]), str(r[3]), float(r[4])) for r in rows]
+
+    async def revoke(self, channel: str, chat_id: str, tool: str | None = None) -> int:
+        if tool is None:
+            return int(await self.db.execute(
+                "DELETE FROM talon_approval_always WHERE channel = %s AND chat_id = %s", (channel, chat_id)) or 0)
+        return int(await self.db.execute(
+            "DELETE FROM talon_approval_always WHERE channel = %s AND chat_id = %s AND tool = %s",
+            (channel, chat_id, tool)) or 0)

@@ -138,6 +138,15 @@ MIGRATIONS: tuple[str, ...] = (
         at DOUBLE PRECISION NOT NULL, PRIMARY KEY (channel, chat_id, tool)
     );
     """,
+    # 7: an approval is for one exact call: the digest of its tool and arguments is part of its key
+    # (a call id used again with other arguments is asked about anew), and whether it was asked in
+    # a group (who may grant "always in this chat").
+    """
+    ALTER TABLE talon_approvals ADD COLUMN digest TEXT NOT NULL DEFAULT '',
+        ADD COLUMN in_group BOOLEAN NOT NULL DEFAULT FALSE;
+    ALTER TABLE talon_approvals DROP CONSTRAINT talon_approvals_turn_id_call_id_key;
+    ALTER TABLE talon_approvals ADD CONSTRAINT talon_approvals_turn_call_digest UNIQUE (turn_id, call_id, digest);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
