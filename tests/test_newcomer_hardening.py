@@ -1,0 +1,127 @@
+"""The newcomer's defects (issue 27, part 8), as the trial met them.
+
+- With the default ``TALON_MEDIA_ROOT=./media_root`` a file the agent made never arrived on
+  WhatsApp: Twilio's fetch of the media link got 404 "no such file in the media root" (the
+  relative root was joined twice). The root is now made absolute once, when the settings are
+  read; a file the agent writes is sent on WhatsApp (fetched as Twilio would) and on Telegram.
+- ``talon doctor`` passed a ``$1/day`` cap that ``talon run`` refuses.
+- Talon's own notices (``[stopped by the person ...]``) were sent back to the model as the
+  assistant's words, and the demo model echoed them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+import pytest_asyncio
+
+from channels.media_links import MediaLinks
+from channels.whatsapp import WhatsAppChannel
+from talon.config import Settings
+from talon.runtime import build_runtime
+from talon.storage.media_links import MemoryMediaLinks
+from tests.conftest import ALICE, TOKEN
+from tests.conftest import running_telegram
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+from tests.fakes.twilio import FakeTwilio
+
+PUBLIC = "https://talon.example.test"
+WA_ALICE = "+15550001111"
+REPORT = "city,rain_mm\nBerlin,42\nLisbon,7\n"
+
+
+def write_then_send(llm: FakeOpenAI) -> None:
+    """The model writes report.csv with its tool, then sends it with a markdown link."""
+    def respond(request: dict[str, Any]) -> Any:
+        if request["messages"][-1]["role"] == "tool":
+            return "Here is the report: ![report](report.csv)"
+        return FakeOpenAI.tool_call("write_file", {"path": "report.csv", "content": REPORT})
+    llm.default_responder = respond
+
+
+def relative_root_settings(**values: object) -> Settings:
+    """Settings as a newcomer has them: TALON_MEDIA_ROOT not set, so ./media_root (the cwd is the
+    test's own directory)."""
+    settings = Settings(_env_file=None, **values)  # type: ignore[arg-type]
+    assert Settings.model_fields["media_root"].default == Path("./media_root")
+    return settings
+
+
+@pytest_asyncio.fixture
+async def twilio() -> AsyncIterator[FakeTwilio]:
+    async with FakeTwilio() as fake:
+        yield fake
+
+
+async def test_a_file_the_agent_makes_is_sent_on_whatsapp_with_the_default_relative_media_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, twilio: FakeTwilio, llm: FakeOpenAI) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_then_send(llm)
+    settings = relative_root_settings(
+        OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="test-key", TALON_MODEL="openai:fake-model",
+        TALON_MODEL_MAX_RETRIES=0, TALON_DATA_DIR=str(tmp_path / "data"), TWILIO_ACCOUNT_SID=twilio.account_sid,
+        TWILIO_AUTH_TOKEN=twilio.auth_token, TWILIO_WHATSAPP_FROM=twilio.whatsapp_from,
+        TWILIO_API_BASE_URL=twilio.base_url, TALON_PUBLIC_BASE_URL=PUBLIC, TALON_HTTP_HOST="127.0.0.1",
+        TALON_HTTP_PORT=0, TALON_WHATSAPP_ALLOWED_NUMBERS=f"whatsapp:{WA_ALICE}")
+    channel = WhatsAppChannel(settings, retry_base_s=0.01, media_drain_s=0.0)
+    runtime = build_runtime(settings, [channel])
+    await runtime.start()
+    try:
+        params = twilio.inbound_params(WA_ALICE, "make me the rain report")
+        async with aiohttp.ClientSession() as session:
+            hook = settings.whatsapp_webhook_path
+            headers = {"X-Twilio-Signature": twilio.sign(PUBLIC + hook, params)}
+            async with session.post(channel.http.local_url + hook, data=params, headers=headers) as resp:
+                assert resp.status == 200
+            sent = await twilio.wait_for_messages(2, to=WA_ALICE)
+            [media] = [m for m in sent if m.media_urls]
+            # Twilio fetches the link from Talon's server (the public host maps to it).
+            async with session.get(channel.http.local_url + urlsplit(media.media_urls[0]).path) as resp:
+                status, body = resp.status, await resp.read()
+    finally:
+        await runtime.stop()
+    assert (status, body) == (200, REPORT.encode())
+    assert settings.media_root == tmp_path / "media_root"  # made absolute once, when read
+    assert (tmp_path / "media_root").is_dir() and not (tmp_path / "media_root" / "media_root").exists()
+
+
+async def test_a_file_the_agent_makes_is_sent_on_telegram_with_the_default_relative_media_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tg: FakeTelegram, llm: FakeOpenAI) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_then_send(llm)
+    settings = relative_root_settings(
+        TELEGRAM_BOT_TOKEN=TOKEN, TELEGRAM_API_BASE_URL=tg.base_url, OPENAI_BASE_URL=llm.base_url,
+        OPENAI_API_KEY="test-key", TALON_MODEL="openai:fake-model", TALON_DATA_DIR=str(tmp_path / "data"),
+        TALON_TELEGRAM_ALLOWED_USERS=str(ALICE), TALON_TELEGRAM_POLL_TIMEOUT=1, TALON_MODEL_MAX_RETRIES=0,
+        TALON_ACK_DELAY=0)
+    async with running_telegram(settings):
+        tg.push_update(tg.text_message(ALICE, "make me the rain report", user_id=ALICE))
+        [call] = await tg.wait_for("sendDocument", lambda c: True, timeout=20)
+    [upload] = call.files.values()
+    assert upload.data == REPORT.encode() and upload.filename == "report.csv"
+
+
+async def test_media_links_made_with_a_relative_root_are_served(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link table is given the root as configured: relative, it still finds the file."""
+    monkeypatch.chdir(tmp_path)
+    workspace = tmp_path / "media_root" / "whatsapp" / "x"
+    workspace.mkdir(parents=True)
+    (workspace / "a.txt").write_text("hello")
+    links = MediaLinks(MemoryMediaLinks(), Path("media_root"), PUBLIC, 60.0)
+    with open(workspace / "a.txt", "rb") as fh:
+        url = await links.add_file(Path("media_root/whatsapp/x/a.txt"), fh, "a.txt", "text/plain",
+                                   root=Path("media_root/whatsapp/x"))
+    app = web.Application()
+    app.router.add_get(MediaLinks.route, links.handle)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        async with client.get(urlsplit(url).path) as resp:
+            assert (resp.status, await resp.read()) == (200, b"hello")
