@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -125,3 +128,65 @@ async def test_media_links_made_with_a_relative_root_are_served(tmp_path: Path,
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         async with client.get(urlsplit(url).path) as resp:
             assert (resp.status, await resp.read()) == (200, b"hello")
+
+
+# --- talon doctor runs the checks talon run makes ------------------------------------------------
+
+def doctor_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI,
+               **extra: str) -> dict[str, str]:
+    env = {"TALON_MODEL": "openai:gpt-fake", "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key",
+           "TELEGRAM_BOT_TOKEN": TOKEN, "TELEGRAM_API_BASE_URL": tg.base_url,
+           "TALON_TELEGRAM_ALLOWED_USERS": "42", "TALON_TRANSCRIBER": "off", "TALON_MODEL_MAX_RETRIES": "0",
+           "TALON_DATA_DIR": str(tmp_path / "data"), "TALON_MEDIA_ROOT": str(tmp_path / "media_root"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "TALON_SPEECH_WARMUP": "false",
+           "TALON_MODEL_DISCOVERY": "false", **extra}
+    monkeypatch.chdir(tmp_path)
+    for name in list(os.environ):
+        if name.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_", "ANTHROPIC_")):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return {**{k: v for k, v in os.environ.items()}, **env}
+
+
+def doctor_rows(out: str) -> dict[str, str]:
+    return {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in out.splitlines() if "  " in line}
+
+
+MONEY_CAP = ("TALON_LIMIT_PER_PERSON sets an amount of money, but the model 'gpt-fake' has no known price: set it "
+             "in TALON_PRICES")
+
+
+@pytest.fixture
+def sync_fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
+    with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
+        yield tg, llm
+
+
+def test_doctor_refuses_the_money_cap_that_run_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        sync_fakes: tuple[FakeTelegram, FakeOpenAI]) -> None:
+    from talon.cli import main
+
+    tg, llm = sync_fakes
+    doctor_env(monkeypatch, tmp_path, tg, llm)
+    assert main(["doctor"]) == 0, capsys.readouterr()  # everything else is fine
+    capsys.readouterr()
+    monkeypatch.setenv("TALON_LIMIT_PER_PERSON", "$1/day")
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr()
+    rows = doctor_rows(out.out)
+    assert rows["control settings"].startswith(f"INVALID: {MONEY_CAP}"), out.out
+    assert "problems with control settings" in out.err
+
+
+@pytest.mark.e2e
+def test_run_refuses_the_same_money_cap_before_it_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_fakes: tuple[FakeTelegram, FakeOpenAI]) -> None:
+    tg, llm = sync_fakes
+    env = doctor_env(monkeypatch, tmp_path, tg, llm, TALON_LIMIT_PER_PERSON="$1/day")
+    result = subprocess.run([sys.executable, "-m", "talon.cli", "run"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"talon: cannot start: {MONEY_CAP}" in result.stderr
+    assert [c.method for c in tg.calls] == []  # refused before any channel started
