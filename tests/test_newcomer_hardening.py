@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,10 +28,13 @@ import pytest_asyncio
 
 from channels.media_links import MediaLinks
 from channels.whatsapp import WhatsAppChannel
+from talon.agent.context import STOPPED_NOTE, TALON_NOTICE, conversation_view
 from talon.config import Settings
+from talon.content import Message
 from talon.runtime import build_runtime
 from talon.storage.media_links import MemoryMediaLinks
-from tests.conftest import ALICE, TOKEN
+from talon.storage.sessions import ChatKey
+from tests.conftest import ALICE, TOKEN, make_settings
 from tests.conftest import running_telegram
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -190,3 +194,67 @@ def test_run_refuses_the_same_money_cap_before_it_starts(
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"talon: cannot start: {MONEY_CAP}" in result.stderr
     assert [c.method for c in tg.calls] == []  # refused before any channel started
+
+
+# --- Talon's notices are never the assistant's words in the model's request -----------------------
+
+ANSWER = ("Tides come from the pull of the moon and, less, the sun. The water bulges towards the moon and on "
+          "the far side too, so most coasts see two highs a day. Spring tides are the big ones. ") * 2
+
+
+def assistant_texts(request: dict[str, Any]) -> list[str]:
+    out = []
+    for message in request["messages"]:
+        if message["role"] == "assistant":
+            content = message.get("content") or ""
+            out.append(content if isinstance(content, str) else json.dumps(content))
+    return out
+
+
+async def test_the_stop_notice_reaches_the_model_as_talons_note_not_as_its_own_words(
+        tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI) -> None:
+    llm.chunk_delay = 0.5  # a long answer, streamed: the person stops it half way
+    llm.queue(ANSWER, "Fresh answer.")
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAM_INTERVAL=0.3,
+                             TALON_MODEL_DISCOVERY=False)
+    async with running_telegram(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "tell me about tides", user_id=ALICE))
+        await tg.wait_for("sendMessageDraft", lambda c: True, timeout=15)
+        tg.push_update(tg.text_message(ALICE, "/stop", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "Stopped.", timeout=10)
+        llm.chunk_delay = 0.0
+        tg.push_update(tg.text_message(ALICE, "and now?", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "Fresh answer.", timeout=10)
+        session = await runtime.sessions.load(ChatKey("telegram", str(ALICE)))
+    [cut] = [m for m in session if m.meta.get("interrupted")]
+    assert cut.text.endswith(STOPPED_NOTE)  # the person's transcript keeps it
+    partial = cut.text[:-len(STOPPED_NOTE)].strip()
+    assert partial and partial in ANSWER
+    request = llm.requests[-1].json
+    said = assistant_texts(request)
+    assert said == [partial], said  # the model's own words, and nothing of Talon's
+    assert all("stopped by the person" not in text for text in said)
+    asked = json.dumps(request["messages"])
+    assert "Note from Talon, not written by you" in asked and "stopped by the person" in asked
+
+
+def test_every_notice_of_talons_leaves_the_assistants_words_in_the_view() -> None:
+    """The three notices Talon writes into assistant messages (a stop, the step limit, an empty
+    reply), and a log written before notices were marked: none is the assistant's in the view."""
+    step_limit = "I stopped after 30 steps without finishing (the step limit is 30). Tell me how to continue."
+    empty = "The model returned an empty reply. Please ask again or rephrase."
+    log = [
+        Message.user("one"), Message.assistant(f"Half an answer\n\n{STOPPED_NOTE}", interrupted=True,
+                                               **{TALON_NOTICE: STOPPED_NOTE}),
+        Message.user("two"), Message.assistant(step_limit, **{TALON_NOTICE: step_limit}),
+        Message.user("three"), Message.assistant(empty, **{TALON_NOTICE: empty}),
+        Message.user("four"), Message.assistant(STOPPED_NOTE, interrupted=True),  # an older log
+        Message.user("five"),
+    ]
+    view = conversation_view(log)
+    assistant = [m.text for m in view if m.role == "assistant"]
+    assert assistant == ["Half an answer"]
+    notes = [m.text for m in view if m.role == "user" and m.text.startswith("[Note from Talon")]
+    assert len(notes) == 4 and "step limit" in notes[1] and "empty reply" in notes[2]
+    assert [m.text for m in view if m.role == "user" and not m.text.startswith("[Note")] == [
+        "one", "two", "three", "four", "five"]
