@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from talon.agent.memory import MEMORY_CLOSE, memory_block
 from talon.agent.tools import ToolContext
@@ -167,15 +168,8 @@ async def page_url() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/notes.txt", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/notes.txt"
-    finally:
-        await runner.cleanup()
+    async with TestServer(app, host="127.0.0.1") as server:
+        yield f"http://127.0.0.1:{server.port}/notes.txt"
 
 
 async def test_a_web_page_full_of_lookalikes_reaches_the_model_with_only_its_own_markers(page_url: str) -> None:
