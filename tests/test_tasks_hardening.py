@@ -28,11 +28,12 @@ from talon.ports import Channel
 from talon.runtime import Runtime
 from talon.scheduler import Scheduler, SchedulerSettings
 from talon.scheduler import when as w
-from talon.storage.tasks import ACTIVE, CANCELLED, FAILED, PAUSED, MemoryTaskStore
+from talon.storage.tasks import ACTIVE, CANCELLED, FAILED, PAUSED, MemoryTaskStore, Task, TaskStore
 from tests.conftest import ALICE, make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.test_scheduler_units import store  # noqa: F401  (the three task stores)
 
 NOW = 1_796_126_400.0  # Tue 1 Dec 2026 12:00 UTC
 GROUP = -1001234567890
@@ -363,3 +364,18 @@ async def test_a_chain_through_the_agent_is_held_to_the_minimum_and_only_cancel_
         assert len(runs) == before
         assert all(t.status != ACTIVE for t in await store.for_chat("telegram", str(ALICE), None))
     assert "None of them will run again." in done.params["text"]
+
+
+# --- the store lists a chat's tasks of every topic (what the chain's spacing reads) -----------------
+
+async def test_the_store_lists_a_chats_tasks_of_every_topic(store: TaskStore) -> None:
+    def made(task_id: str, thread: str | None, chat: str = str(GROUP)) -> Task:
+        return Task(id=task_id, channel="telegram", chat_id=chat, thread_id=thread, owner_id="1", text=task_id,
+                    kind=w.ONCE, spec="", timezone="UTC", next_run=NOW, created=NOW)
+
+    for task_id, thread in (("a", None), ("b", "7"), ("c", "8")):
+        assert await store.add(made(task_id, thread), max_active=10)
+    assert await store.add(made("d", None, chat="42"), max_active=10)
+    assert [t.id for t in await store.for_chat("telegram", str(GROUP), "7")] == ["b"]
+    assert [t.id for t in await store.for_chat("telegram", str(GROUP), None)] == ["a"]
+    assert sorted(t.id for t in await store.for_chat("telegram", str(GROUP), "7", any_thread=True)) == ["a", "b", "c"]
