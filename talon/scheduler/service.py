@@ -239,6 +239,8 @@ class Scheduler:
         parts = [f"- {task.id}: {text!r} ({w.describe(task.kind, task.spec)})"]
         if task.status == ACTIVE and task.next_run is not None:
             parts.append(f"next {w.local_time(task.next_run, zone)}")
+        elif task.status == PAUSED and task.last_reason.startswith(ACCESS_REVOKED):
+            parts.append("PAUSED: access revoked (the last run says why)")
         elif task.status == PAUSED:
             parts.append(f"PAUSED after {task.failures} failed runs in a row")
         elif not _in_flight(task):
