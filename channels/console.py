@@ -108,6 +108,12 @@ class ConsoleChannel(Channel):
     name = "console"
     gated = False
 
+    def serves(self, conversation: InboundMessage) -> str | None:
+        """The console serves its one conversation, the machine's user at the terminal."""
+        if conversation.is_group:
+            return "the console has no groups"
+        return None
+
     def __init__(self, *, chat_id: str = "local", stdin: TextIO | None = None,
                  stdout: TextIO | None = None, media_root: Path | None = None) -> None:
         self.chat_id = chat_id

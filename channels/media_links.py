@@ -48,7 +48,7 @@ class MediaLinks:
 
     def __init__(self, store: MediaLinkStore, media_root: Path, public_base_url: str, ttl_s: float) -> None:
         self.store = store
-        self.media_root = Path(media_root)
+        self.media_root = Path(media_root).resolve()  # absolute: stored paths are relative to it
         self.public_base_url = public_base_url.rstrip("/")
         self.ttl_s = ttl_s
         self._mine: set[str] = set()  # tokens made here, for wait_fetched at stop
@@ -59,7 +59,7 @@ class MediaLinks:
     async def add_file(self, path: Path, file: BinaryIO, name: str, mime: str, *, root: Path | None = None) -> str:
         """A link to ``path``, which the caller opened through the checks of ``root`` (the chat's
         workspace; default the media root) as ``file``; it is checked there again when fetched."""
-        media = self.media_root.resolve()
+        media = self.media_root
         relative = str(Path(path).resolve().relative_to(media))
         workspace = str(Path(root).resolve().relative_to(media)) if root is not None else None
         token = await self.store.add_file(name, mime, relative, workspace, _identity(file.fileno()), self.ttl_s)

@@ -431,6 +431,13 @@ class WhatsAppChannel(Channel):
         self._pairing_sends: set[asyncio.Task[None]] = set()
         self._state = "not started"  # "up" between start and stop (health)
 
+    def serves(self, conversation: InboundMessage) -> str | None:
+        """Every WhatsApp conversation here is one person's (Twilio's WhatsApp has no groups); who
+        may use the bot is the access gate's question (TALON_WHATSAPP_ALLOWED_NUMBERS, pairing)."""
+        if conversation.is_group:
+            return "WhatsApp group chats are not served"
+        return None
+
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, bridge: BridgeHandle) -> None:
         self._bridge = bridge

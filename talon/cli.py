@@ -153,21 +153,15 @@ async def _chat(settings: Settings) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from talon.preflight import start_problems
+
     settings = _load_settings()
     _setup_logging(settings.log_level, _secrets(settings))
-    missing: list[str] = []
-    problems: list[str] = []
-    try:
-        settings.check_model()
-    except ConfigError as exc:
-        problems.append(str(exc))
-        missing += exc.missing
-    if not (settings.telegram_configured() or settings.whatsapp_configured()):
-        problems.append("no channel configured: set TELEGRAM_BOT_TOKEN (Telegram) or "
-                        "TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM (WhatsApp)")
-        missing += ["TELEGRAM_BOT_TOKEN, or TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM"]
+    # The checks `talon doctor` runs too (talon.preflight): what one passes, the other accepts.
+    problems = start_problems(settings)
     if problems:
-        return _fail("; ".join(problems), missing, settings)
+        return _fail("; ".join(str(p.error) for p in problems),
+                     [name for p in problems for name in p.error.missing], settings)
     try:
         return asyncio.run(_run(settings))
     except ConfigError as exc:
@@ -302,6 +296,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from talon.control.doctor import control_rows
 
     rows += control_rows(settings)
+    # Every check `talon run` makes before it starts (talon.preflight): a refusal there is a
+    # problem here, named by its area, whether or not a row above showed it already.
+    from talon.preflight import NO_CHANNEL, start_problems
+
+    shown = {value for _, value in rows}
+    for problem in start_problems(settings):
+        if problem.error is NO_CHANNEL:  # `talon chat` needs none; the rows above say which is set
+            rows.append((problem.area, "none: `talon run` needs Telegram or WhatsApp; `talon chat` works "
+                                       "without"))
+            continue
+        value = f"INVALID: {problem.error}"
+        if value not in shown and f"MISSING: {problem.error}" not in shown:
+            rows.append((problem.area, value))
     rows.append(("media root", str(settings.media_root.resolve())))
     rows.append(("data dir", str(settings.data_dir.resolve())))
     if settings.database_url:  # many workers: the shared stores

@@ -7,6 +7,7 @@ to the stages that need it; nothing reads limits from module globals.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from talon.errors import ConfigError
@@ -161,8 +162,17 @@ class Settings(BaseSettings):
     context_image_turns: int = Field(default=3, ge=0, validation_alias=_env("TALON_CONTEXT_IMAGE_TURNS"))
 
     # --- storage -----------------------------------------------------------------------------
-    media_root: Path = Field(default=Path("./media_root"), validation_alias=_env("TALON_MEDIA_ROOT"))
+    media_root: Path = Field(default=Path("./media_root"), validate_default=True,
+                             validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
+
+    @field_validator("media_root")
+    @classmethod
+    def _absolute_media_root(cls, value: Path) -> Path:
+        """The media root made absolute once, when the settings are read (at start): every part
+        (the agent's tools, outbound checks, WhatsApp's media links) then joins paths to the same
+        absolute root, never a relative one to a path already under it."""
+        return Path(os.path.abspath(value.expanduser()))
     # chat: one workspace per conversation under the media root; shared: the media root for all.
     workspace: Literal["chat", "shared"] = Field(default="chat", validation_alias=_env("TALON_WORKSPACE"))
     # Many workers (talon.scaleout): unset keeps the embedded stores in TALON_DATA_DIR.

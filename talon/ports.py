@@ -100,6 +100,14 @@ class Channel(abc.ABC):
     # against it again before each run. The console's one person is the machine's user: no gate.
     gated: bool = True
 
+    @abc.abstractmethod
+    def serves(self, conversation: InboundMessage) -> str | None:
+        """Whether this channel still serves the conversation ``conversation`` was said in (a
+        scheduled task's origin, asked before each run): None when it does, else why not, in
+        words for the log (a group no longer listed). Every channel answers from its own
+        configuration now, never from a copy made when the task was scheduled; the person's own
+        access (the gate) is checked separately where ``gated``."""
+
     def health(self) -> ChannelHealth:
         """Whether messages can arrive and replies leave now, from the channel's own state (never a
         network call: /healthz is asked often). Platform channels say more; this default is for

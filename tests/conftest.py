@@ -173,6 +173,8 @@ _SLOW_TESTS = frozenset({
     "test_delay_lets_requests_overlap",
     "test_read_file_of_one_huge_line_stays_in_bounded_memory",
     "test_build_provider_picks_adapter_and_profile",
+    "test_doctor_refuses_the_money_cap_that_run_refuses",  # doctor in-process against the fakes
+    "test_a_web_page_full_of_lookalikes_reaches_the_model_with_only_its_own_markers",
 })
 
 

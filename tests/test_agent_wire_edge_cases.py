@@ -83,8 +83,10 @@ async def test_an_empty_model_reply_still_answers_the_user(tmp_path: Path) -> No
         assert again.replayed and again.text == result.text
         await agent.run_turn(CHAT, Message.user("next"), "t2")
         await provider.aclose()
-    assistant = [m for m in fake.requests[1].json["messages"] if m["role"] == "assistant"]
-    assert assistant and assistant[0]["content"] == result.text
+    # Later requests carry it as Talon's note, never as the assistant's words (issue 27).
+    messages = fake.requests[1].json["messages"]
+    assert not [m for m in messages if m["role"] == "assistant"]
+    assert "Note from Talon" in str(messages) and "output limit" in str(messages)
 
 
 async def test_an_empty_anthropic_reply_still_answers_the_user(tmp_path: Path) -> None:

@@ -64,14 +64,19 @@ def test_stop_during_a_streamed_answer_stops_it_and_is_not_echoed_into_it(tmp_pa
         assert "you> /stop\n" in out  # it is shown on a line of its own
         assert "word599" not in out
         term.type("what now?")
-        term.wait_for("echo: what now?", 30, after=start)
+        typed = term.wait_for("you> what now?", 10, after=start) + len("you> what now?")
+        # The fake echoes the last user message: Talon's note on the stop comes first in it.
+        term.wait_for("what now?", 30, after=typed)
         assert "Nothing to stop" not in term.output
         term.ctrl_d()
         assert term.wait(30) == 0
     finally:
         term.close()
-    # The model is told the answer was stopped, with what was said so far.
-    assert "[stopped by the person before the answer was finished]" in str(slow_llm.requests[-1].json["messages"])
+    # The model is told the answer was stopped, with what was said so far: as a note from Talon,
+    # never as the assistant's own words (issue 27).
+    messages = slow_llm.requests[-1].json["messages"]
+    assert "stopped by the person before the answer was finished" in str(messages)
+    assert not any("stopped by the person" in str(m) for m in messages if m["role"] == "assistant")
 
 
 def test_first_ctrl_c_stops_the_answer_and_a_second_quits(tmp_path: Path, slow_llm) -> None:

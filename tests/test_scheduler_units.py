@@ -243,6 +243,9 @@ class Chan:
         self.sent: list[tuple[str, OutboundReply]] = []
         self.refuse = False
 
+    def serves(self, conversation: InboundMessage) -> str | None:
+        return None
+
     async def deliver(self, chat_id: str, reply: OutboundReply, **kw: object) -> None:
         if self.refuse:
             raise DeliveryError("Forbidden: bot was blocked by the user", permanent=True)

@@ -312,6 +312,9 @@ class RecordingChannel(Channel):
 
     async def stop(self) -> None: ...
 
+    def serves(self, conversation: InboundMessage) -> str | None:
+        return None
+
     def reply_parts(self, reply: OutboundReply) -> list[str]:
         return ([f"text:{reply.text}"] if reply.text else []) + [f"media:{m.path}" for m in reply.media] + [
             f"notice:{n}" for n in reply.notices]

@@ -105,6 +105,14 @@ class TelegramChannel(Channel):
             self.webhook = Webhook(self.api, self.intake, self.http, owns_http=http is None,
                                    check_s=webhook_check_s)
 
+    def serves(self, conversation: InboundMessage) -> str | None:
+        """A group (or a topic of one) is served while it is in TALON_TELEGRAM_ALLOWED_CHATS, as
+        the intake has it now; a private chat always (the person passes the access gate)."""
+        if conversation.is_group and not self.intake.serves_group(conversation.chat_id):
+            return (f"the group {conversation.chat_id} is no longer served (not in "
+                    "TALON_TELEGRAM_ALLOWED_CHATS)")
+        return None
+
     @property
     def budget(self) -> SendBudget:
         """The per-chat send budget every part spends (replaceable before ``start``)."""

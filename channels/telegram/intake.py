@@ -79,6 +79,13 @@ class Intake:
     def bind(self, bridge: BridgeHandle) -> None:
         self._bridge = bridge
 
+    def serves_group(self, chat_id: str) -> bool:
+        """Whether the group ``chat_id`` is one this intake takes messages from (listed)."""
+        try:
+            return int(chat_id) in self.allowed_chats
+        except ValueError:
+            return False
+
     @property
     def bound(self) -> bool:
         """Whether updates can be handed in yet (``start`` gave the bridge)."""

@@ -21,6 +21,11 @@ be sent, in order of cost:
 ``clip_trailing_tool_results`` is the recovery used when a provider refuses a request as too long
 anyway (our estimate was low): the newest tool results shrink to previews and the call is retried.
 
+The view itself (``conversation_view``) already differs from the log in one way besides the
+summary: an assistant message holding a notice Talon wrote (``TALON_NOTICE``: a stopped answer's
+note, the step limit, an empty reply) becomes the model's own words only, and the notice a
+user-side note from Talon after it, so a model never reads Talon's words as its own.
+
 Private bookkeeping travels in ``Message.meta`` under keys starting with ``_`` (log position,
 summary marker); the agent strips ``meta`` before a request is built, so none of it reaches a
 model. Steps never edit a message in place: messages are shared with the session cache.
@@ -51,6 +56,11 @@ log = logging.getLogger(__name__)
 
 IDX = "_idx"  # position of the message in the session log
 SUMMARY = "_summary"  # marks the synthetic summary message at the head of a view
+NOTE = "_talon_note"  # marks a note from Talon made in the view out of a Talon notice
+# In an assistant message of the log: the text in it that Talon wrote for the person (a notice
+# such as STOPPED_NOTE, appended to the model's words or the whole message), not the model.
+TALON_NOTICE = "talon_notice"
+STOPPED_NOTE = "[stopped by the person before the answer was finished]"
 
 WRITE_TOOLS = frozenset({"write_file", "edit_file"})
 
@@ -193,9 +203,62 @@ def conversation_view(history: Sequence[Message], copies: DerivedCache | None = 
         message = history[i]
         if failed and message.meta.get("turn_id") in failed:
             continue  # a turn the server refused for good (see Agent.run_turn)
-        if not is_checkpoint(message):
+        if is_checkpoint(message):
+            continue
+        notice = talon_notice(message)
+        if notice is None:
             view.append(copy(message, (IDX, i), {**message.meta, IDX: i}))
+            continue
+        # Talon's words never go to the model as the assistant's (a model echoes them): what the
+        # model wrote stays an assistant message; the notice follows as a note from Talon.
+        own = _without_notice(message.text, notice)
+        if own.strip():
+            view.append(_derived(copies, message, ("_own", i), _own_words(own, {**message.meta, IDX: i})))
+        view.append(_derived(copies, message, (NOTE, i), _note_of(notice, i)))
     return view
+
+
+def _own_words(own: str, meta: dict[str, object]) -> Callable[[Message], Message]:
+    return lambda m: m.model_copy(update={"content": [TextBlock(text=own)], "meta": meta})
+
+
+def _note_of(notice: str, idx: int) -> Callable[[Message], Message]:
+    return lambda m: talon_note(notice, idx)
+
+
+def talon_notice(message: Message) -> str | None:
+    """The text Talon wrote into an assistant message of the log (``TALON_NOTICE``); for logs
+    written before it was marked, the stop note of an interrupted answer."""
+    if message.role != "assistant":
+        return None
+    notice = message.meta.get(TALON_NOTICE)
+    if isinstance(notice, str) and notice.strip():
+        return notice
+    if message.meta.get("interrupted") and message.text.rstrip().endswith(STOPPED_NOTE):
+        return STOPPED_NOTE
+    return None
+
+
+def _without_notice(text: str, notice: str) -> str:
+    stripped = text.rstrip()
+    if stripped.endswith(notice.strip()):
+        return stripped[:len(stripped) - len(notice.strip())].rstrip()
+    return text
+
+
+def talon_note(notice: str, idx: int) -> Message:
+    """A notice of Talon's as the model reads it: a user-side note that says who wrote it."""
+    words = notice.strip()
+    if words.startswith("[") and words.endswith("]"):
+        words = words[1:-1]
+    text = (f"[Note from Talon, not written by you and not a message from the person: after your "
+            f"previous answer Talon told the person: {words}]")
+    return Message(role="user", content=[TextBlock(text=text)], meta={IDX: idx, NOTE: True})
+
+
+def _derived(copies: DerivedCache | None, source: Message, tag: tuple[str, int],
+             make: Callable[[Message], Message]) -> Message:
+    return make(source) if copies is None else copies.derive(source, tag, make)
 
 
 def checkpoint_record(summary: str, *, covers: int, archive: Path | None) -> Message:
@@ -212,7 +275,7 @@ def checkpoint_record(summary: str, *, covers: int, archive: Path | None) -> Mes
 
 
 def _is_turn_start(message: Message) -> bool:
-    return message.role == "user" and not message.meta.get(SUMMARY)
+    return message.role == "user" and not message.meta.get(SUMMARY) and not message.meta.get(NOTE)
 
 
 def _with_content(message: Message, content: list[ContentBlock]) -> Message:

@@ -33,6 +33,8 @@ from talon.agent.context import (
     ContextPipeline,
     ContextPolicy,
     RequestContext,
+    STOPPED_NOTE,
+    TALON_NOTICE,
     ResultFiles,
     clip_trailing_tool_results,
     conversation_view,
@@ -642,12 +644,9 @@ class Agent:
         while True:
             await self._answer_pending_tool_calls(chat, history, start, turn_id, produced, hooks)
             if steps >= self.max_steps:
-                final = Message.assistant(
-                    f"I stopped after {steps} steps without finishing (the step limit is "
-                    f"{self.max_steps}). Tell me how to continue.",
-                    turn_id=turn_id,
-                    final=True,
-                )
+                words = (f"I stopped after {steps} steps without finishing (the step limit is "
+                         f"{self.max_steps}). Tell me how to continue.")
+                final = Message.assistant(words, turn_id=turn_id, final=True, **{TALON_NOTICE: words})
                 await self._append(chat, final)
                 produced.append(final)
                 return TurnResult(text=final.text, steps=steps, usage=usage, messages=produced)
@@ -671,6 +670,7 @@ class Agent:
                     # The channels send nothing for empty text: without this the person would get
                     # silence (typically a reasoning model that spent its whole output budget).
                     reply = Message.assistant(_empty_reply_text(response.finish_reason))
+                    meta[TALON_NOTICE] = reply.text  # Talon's words, not the model's
                 elif response.finish_reason in CUT_OFF_FINISH:
                     meta["cut_off"] = request.max_output_tokens or self.profile.max_output
             reply = reply.model_copy(update={"meta": meta})
@@ -703,9 +703,12 @@ class Agent:
     async def record_interrupted(self, chat: ChatKey, turn_id: str, partial: str) -> Message:
         """Close a turn the person stopped: what was written of the reply so far is kept, marked
         as interrupted, so the next turn knows what was said and that it was cut short."""
-        note = "[stopped by the person before the answer was finished]"
+        note = STOPPED_NOTE
         text = f"{partial.rstrip()}\n\n{note}" if partial.strip() else note
-        message = Message.assistant(text, turn_id=turn_id, final=True, **{INTERRUPTED_TURN: True})
+        # The note is Talon's, marked so: the model is shown it as a note from Talon, never as
+        # its own words (talon.agent.context.conversation_view).
+        message = Message.assistant(text, turn_id=turn_id, final=True,
+                                    **{INTERRUPTED_TURN: True, TALON_NOTICE: note})
         await self._append(chat, message)
         return message
 

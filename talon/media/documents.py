@@ -189,9 +189,9 @@ def render_document(
         "<<<END UNTRUSTED DOCUMENT>>>",
     ]
     if doc.truncated:
-        where = f"; the full file is at {path} in the workspace" if path else ""
+        where = f"; the full file is at {_attr(path)} in the workspace" if path else ""
         lines.append(
-            f"[{name} was cut at {max_chars:,} characters: {doc.omitted} left out{where}.]"
+            f"[{_attr(name)} was cut at {max_chars:,} characters: {doc.omitted} left out{where}.]"
         )
     return "\n".join(lines)
 
@@ -219,7 +219,9 @@ def _declared_text(name: str | None, mime: str | None) -> bool:
 
 
 def _attr(value: str) -> str:
-    return "".join(" " if c in '\r\n\t"' or ord(c) < 0x20 else c for c in value)[:200]
+    """A name or path from outside as an attribute of the marker: defanged like the body (a file
+    name can imitate a marker too), no quote, line break or control character."""
+    return "".join(" " if c in '\r\n\t"' or ord(c) < 0x20 else c for c in defang_untrusted(value))[:200]
 
 
 def _short(exc: BaseException) -> str:

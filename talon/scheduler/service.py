@@ -9,7 +9,11 @@ stays ``claimed``) and handed over by the next poll of any worker.
 
 A run due longer ago than the misfire grace (Talon was down) is recorded as missed, said in the
 log and, where possible, in the chat; a repeating task then goes on from now, never running the
-backlog. A run whose owner is no longer allowed fails with that reason, in the log too. The
+backlog. A run whose conversation the channel no longer serves (``Channel.serves``: a group
+delisted from TALON_TELEGRAM_ALLOWED_CHATS) or whose owner is no longer allowed fails with that
+reason, in the log too, and a repeating task is paused at once. A one-off task made by a
+scheduled run runs no sooner than TALON_TASK_MIN_INTERVAL after the chat's latest one-off run, so
+a chain of tasks scheduling themselves cannot fire faster than a repeat may. The
 bridge reports each run's turn (started, delivered, failed with the reason) through
 ``observe``; after ``pause_after`` failed runs in a row the task is paused and its owner told.
 """
@@ -125,6 +129,8 @@ class Scheduler:
         zone = w.zone_named(zone_name) if zone_name else await self.zone_for(message.channel, message.chat_id)
         now = self.clock()
         plan = w.parse_when(when, zone, now, min_interval_s=self.settings.min_interval_s)
+        if plan.kind == w.ONCE and message.scheduled is not None:
+            plan = await self._spaced(message, plan, zone)
         origin = message.model_copy(update={
             "text": "", "files": [], "chatter": [], "reply_to_text": None, "reply_to_sender": None,
             "edited_at": None, "scheduled": None})
@@ -139,6 +145,29 @@ class Scheduler:
                  message.conversation_id, message.sender_id, w.describe(task.kind, task.spec),
                  w.iso_local(plan.first, zone))
         return task
+
+    async def _spaced(self, message: InboundMessage, plan: w.Schedule, zone: ZoneInfo) -> w.Schedule:
+        """A one-off task made by a scheduled run (a task scheduling a task) runs no sooner than
+        TALON_TASK_MIN_INTERVAL after the latest run, past or planned, of any one-off task of the
+        chat (all its topics) and after the run that made it: a chain of tasks that schedule
+        themselves "in 1 second" fires at most once per interval, like a repeating task."""
+        assert message.scheduled is not None
+        latest = message.scheduled.due
+        for other in await self.store.for_chat(message.channel, message.chat_id, message.thread_id,
+                                               any_thread=True):
+            if other.kind != w.ONCE:
+                continue
+            for at in (other.last_due, other.next_run if other.status in (ACTIVE, PAUSED) else None):
+                if at is not None:
+                    latest = max(latest, at)
+        earliest = latest + self.settings.min_interval_s
+        if plan.first >= earliest:
+            return plan
+        log.info("task scheduled by task %s in %s:%s moved from %s to %s: one-off tasks made by a task run at "
+                 "least %s apart (TALON_TASK_MIN_INTERVAL)", message.scheduled.task_id, message.channel,
+                 message.conversation_id, w.iso_local(plan.first, zone), w.iso_local(earliest, zone),
+                 w.format_seconds(self.settings.min_interval_s))
+        return w.Schedule(plan.kind, plan.spec, earliest)
 
     async def tasks_of(self, message: InboundMessage) -> list[Task]:
         return await self.store.for_chat(message.channel, message.chat_id, message.thread_id)
@@ -156,6 +185,19 @@ class Scheduler:
         log.info("task %s cancelled in %s:%s by %s", task_id, message.channel, message.conversation_id,
                  message.sender_id)
         return task
+
+    async def cancel_all(self, message: InboundMessage) -> list[Task]:
+        """Cancel every active or paused task of the conversation (``/tasks cancel all``)."""
+        cancelled = []
+        for found in await self.tasks_of(message):
+            if found.status in (ACTIVE, PAUSED):
+                task = await self.store.set_status(found.id, CANCELLED)
+                if task is not None:
+                    cancelled.append(task)
+        log.info("tasks %s cancelled in %s:%s by %s (/tasks cancel all)",
+                 ", ".join(t.id for t in cancelled) or "(none)", message.channel, message.conversation_id,
+                 message.sender_id)
+        return cancelled
 
     async def resume(self, message: InboundMessage, task_id: str) -> Task:
         task_id = task_id.strip().lower()
@@ -188,7 +230,8 @@ class Scheduler:
         if finished:
             lines.append("Finished:")
             lines += [self._line(t, zone) for t in finished]
-        lines.append("/tasks cancel ID cancels one; /tasks resume ID resumes a paused one.")
+        lines.append("/tasks cancel ID cancels one, /tasks cancel all every one; /tasks resume ID resumes a "
+                     "paused one.")
         return "\n".join(lines)
 
     def _line(self, task: Task, zone: ZoneInfo) -> str:
@@ -196,6 +239,8 @@ class Scheduler:
         parts = [f"- {task.id}: {text!r} ({w.describe(task.kind, task.spec)})"]
         if task.status == ACTIVE and task.next_run is not None:
             parts.append(f"next {w.local_time(task.next_run, zone)}")
+        elif task.status == PAUSED and task.last_reason.startswith(ACCESS_REVOKED):
+            parts.append("PAUSED: access revoked (the last run says why)")
         elif task.status == PAUSED:
             parts.append(f"PAUSED after {task.failures} failed runs in a row")
         elif not _in_flight(task):
@@ -208,12 +253,18 @@ class Scheduler:
         return " \u00b7 ".join(parts)
 
     async def command(self, message: InboundMessage) -> str:
-        """``/tasks``, ``/tasks cancel ID``, ``/tasks resume ID``."""
+        """``/tasks``, ``/tasks cancel ID``, ``/tasks cancel all``, ``/tasks resume ID``."""
         words = message.text.split()[1:]
         try:
             if not words:
                 return await self.listing(message)
             if words[0].lower() in ("cancel", "resume") and len(words) == 2:
+                if words[0].lower() == "cancel" and words[1].lower() == "all":
+                    gone = await self.cancel_all(message)
+                    if not gone:
+                        return "There was no active or paused task to cancel in this chat."
+                    return (f"Cancelled {len(gone)} task{'s' if len(gone) != 1 else ''}: "
+                            f"{', '.join(t.id for t in gone)}. None of them will run again.")
                 if words[0].lower() == "cancel":
                     task = await self.cancel(message, words[1])
                     return f"Cancelled task {task.id} ({task.text[:80]!r})."
@@ -223,7 +274,8 @@ class Scheduler:
                 return f"Resumed task {task.id}; next run {when}."
         except ScheduleError as exc:
             return f"Could not do that: {exc}."
-        return "Usage: /tasks lists this chat's scheduled tasks; /tasks cancel ID; /tasks resume ID."
+        return ("Usage: /tasks lists this chat's scheduled tasks; /tasks cancel ID; /tasks cancel all; "
+                "/tasks resume ID.")
 
     # --- the loop --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -277,6 +329,12 @@ class Scheduler:
                         task.id, w.iso_local(run.due, w.UTC))
             await self._record(task.id, run.due, MISSED, "claimed by a worker that stopped before running it")
             return 0
+        denied = await self._denied(task)
+        if denied:
+            log.error("task %s in %s:%s does not run (due %s): %s", task.id, task.channel, task.chat_id,
+                      w.iso_local(run.due, w.UTC), denied)
+            await self._record(task.id, run.due, FAILED, denied)
+            return 0
         log.warning("task %s: the run due %s was claimed but never reached the inbox; handing it over",
                     task.id, w.iso_local(run.due, w.UTC))
         return await self._submit(task, run.due)
@@ -304,19 +362,24 @@ class Scheduler:
             log.error("task %s in %s:%s does not run (due %s): %s", task.id, task.channel, task.chat_id,
                       w.iso_local(due, zone), denied)
             await self._record(task.id, due, FAILED, denied)
+            if after is not None and await self.store.set_status(task.id, PAUSED, only_from=(ACTIVE,)):
+                log.error("task %s in %s:%s paused: %s; once that changes, /tasks resume %s in the chat starts "
+                          "it again", task.id, task.channel, task.chat_id, denied, task.id)
             return 0
         return await self._submit(task, due)
 
     async def _denied(self, task: Task) -> str:
-        """Why the task's owner may not have it run now; "" when they may."""
+        """Why the task may not run now; "" when it may. The channel says whether it still serves
+        the conversation (a group delisted from TALON_TELEGRAM_ALLOWED_CHATS is not); on a gated
+        channel the owner of a private chat's task must still pass the access gate."""
         origin = _origin_of(task)
         channel = self.bridge.channels.get(task.channel) if self.bridge is not None else None
-        if channel is not None and not channel.gated:
-            return ""
-        if origin.is_group:
-            listed = getattr(channel, "allowed_chats", None)
-            if isinstance(listed, set) and task.chat_id.lstrip("-").isdigit() and int(task.chat_id) not in listed:
-                return f"{ACCESS_REVOKED}: the group is no longer served (TALON_TELEGRAM_ALLOWED_CHATS)"
+        if channel is None:
+            return f"{ACCESS_REVOKED}: the {task.channel} channel is not running here"
+        refused = channel.serves(origin)
+        if refused:
+            return f"{ACCESS_REVOKED}: {refused}"
+        if not channel.gated or origin.is_group:
             return ""
         identities = [origin.sender_id] + ([f"@{origin.sender_username}"] if origin.sender_username else [])
         if await self.gate.allowed(task.channel, identities):

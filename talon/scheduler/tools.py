@@ -64,10 +64,15 @@ class ScheduleTaskTool(_SchedulerTool):
         zone = w.zone_named(task.timezone)
         assert task.next_run is not None
         repeat = "" if not task.repeats else f", repeating ({w.describe(task.kind, task.spec)})"
+        spaced = ""
+        if message.scheduled is not None and not task.repeats:
+            spaced = (" A one-off task made by a scheduled task runs at least "
+                      f"{w.format_seconds(self.scheduler.settings.min_interval_s)} after the chat's previous "
+                      "one (TALON_TASK_MIN_INTERVAL).")
         return ToolResult.text(
             f"Scheduled task {task.id}: next run {w.local_time(task.next_run, zone)} "
-            f"({w.iso_local(task.next_run, zone)}, time zone {zone.key}){repeat}. Tell the person its id "
-            "and time; they can list tasks with /tasks and cancel one with /tasks cancel ID.")
+            f"({w.iso_local(task.next_run, zone)}, time zone {zone.key}){repeat}.{spaced} Tell the person its "
+            "id and time; they can list tasks with /tasks and cancel one with /tasks cancel ID.")
 
 
 class ListTasksTool(_SchedulerTool):

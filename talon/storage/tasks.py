@@ -90,8 +90,10 @@ class TaskStore(Protocol):
 
     async def get(self, task_id: str) -> Task | None: ...
 
-    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None) -> list[Task]:
-        """The conversation's tasks, oldest first (finished ones included)."""
+    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None, *,
+                       any_thread: bool = False) -> list[Task]:
+        """The conversation's tasks, oldest first (finished ones included); with ``any_thread``
+        those of every topic of the chat."""
         ...
 
     async def set_status(self, task_id: str, status: str, *, next_run: float | None = None,
@@ -169,9 +171,11 @@ class MemoryTaskStore:
     async def get(self, task_id: str) -> Task | None:
         return self._tasks.get(task_id)
 
-    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None) -> list[Task]:
+    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None, *,
+                       any_thread: bool = False) -> list[Task]:
         return sorted((t for t in self._tasks.values()
-                       if (t.channel, t.chat_id, t.thread_id) == (channel, chat_id, thread_id)),
+                       if (t.channel, t.chat_id) == (channel, chat_id)
+                       and (any_thread or t.thread_id == thread_id)),
                       key=lambda t: (t.created, t.id))
 
     async def set_status(self, task_id: str, status: str, *, next_run: float | None = None,

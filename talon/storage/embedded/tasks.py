@@ -87,10 +87,16 @@ class SqliteTaskStore:
             lambda c: c.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id=?", (task_id,)).fetchone())
         return task_from_row(row) if row else None
 
-    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None) -> list[Task]:
-        rows = await self._db.run(lambda c: c.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks WHERE channel=? AND chat_id=? AND thread_id IS ? "
-            "ORDER BY created, id", (channel, chat_id, thread_id)).fetchall())
+    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None, *,
+                       any_thread: bool = False) -> list[Task]:
+        if any_thread:
+            rows = await self._db.run(lambda c: c.execute(
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE channel=? AND chat_id=? ORDER BY created, id",
+                (channel, chat_id)).fetchall())
+        else:
+            rows = await self._db.run(lambda c: c.execute(
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE channel=? AND chat_id=? AND thread_id IS ? "
+                "ORDER BY created, id", (channel, chat_id, thread_id)).fetchall())
         return [task_from_row(r) for r in rows]
 
     async def set_status(self, task_id: str, status: str, *, next_run: float | None = None,

@@ -60,7 +60,13 @@ class PgTaskStore:
         row = await self._db.fetchone(f"SELECT {TASK_COLUMNS} FROM talon_tasks WHERE id=%s", (task_id,))
         return task_from_row(row) if row else None
 
-    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None) -> list[Task]:
+    async def for_chat(self, channel: str, chat_id: str, thread_id: str | None, *,
+                       any_thread: bool = False) -> list[Task]:
+        if any_thread:
+            rows = await self._db.fetchall(
+                f"SELECT {TASK_COLUMNS} FROM talon_tasks WHERE channel=%s AND chat_id=%s ORDER BY created, id",
+                (channel, chat_id))
+            return [task_from_row(r) for r in rows]
         rows = await self._db.fetchall(
             f"SELECT {TASK_COLUMNS} FROM talon_tasks WHERE channel=%s AND chat_id=%s "
             "AND thread_id IS NOT DISTINCT FROM %s ORDER BY created, id", (channel, chat_id, thread_id))
