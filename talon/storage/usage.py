@@ -1,5 +1,8 @@
-"""The usage store: every model call's reported tokens, per conversation, person and model, and
-the allowances the owner granted (``talon usage --grant``).
+"""The usage store: every model call's tokens, per conversation, person and model, and the
+allowances the owner granted (``talon usage --grant``). A call's tokens are what the provider
+reported, or an estimate marked ``estimated`` (a server that reports none, a call stopped or
+broken off midway). A call shared by several people (a group turn that others' messages joined)
+is one record per person with their share, under one ``call_key``, and counts as one call.
 
 Caps are checked against sums over this store, so with many workers every worker sees the same
 spend: the store is the truth, not a counter in one process.
@@ -27,6 +30,8 @@ class UsageRecord:
     cached_tokens: int = 0
     cost: float | None = None  # estimated US dollars; None: the model has no known price
     purpose: str = "turn"  # "turn" or "summary"
+    estimated: bool = False  # the tokens are Talon's estimate: the provider reported none
+    call_key: str = ""  # the model call's id, shared by the records of its payers' shares ("": its own)
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,8 @@ class UsageTotals:
     cached_tokens: int = 0
     cost: float = 0.0  # of the priced calls
     unpriced_calls: int = 0
+    estimated_calls: int = 0  # calls whose tokens are (partly) Talon's estimate
+    estimated_tokens: int = 0  # of the tokens, those estimated
 
     @property
     def tokens(self) -> int:
@@ -66,13 +73,18 @@ def matches(record: UsageRecord, since: float, channel: str | None, chat_id: str
 
 
 def add_up(records: list[UsageRecord]) -> UsageTotals:
+    def calls(of: list[UsageRecord]) -> int:
+        return len({r.call_key or id(r) for r in of})
+
     return UsageTotals(
-        calls=len(records),
+        calls=calls(records),
         input_tokens=sum(r.input_tokens for r in records),
         output_tokens=sum(r.output_tokens for r in records),
         cached_tokens=sum(r.cached_tokens for r in records),
         cost=sum(r.cost or 0.0 for r in records),
-        unpriced_calls=sum(1 for r in records if r.cost is None),
+        unpriced_calls=calls([r for r in records if r.cost is None]),
+        estimated_calls=calls([r for r in records if r.estimated]),
+        estimated_tokens=sum(r.input_tokens + r.output_tokens for r in records if r.estimated),
     )
 
 

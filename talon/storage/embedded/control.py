@@ -18,7 +18,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
     id INTEGER PRIMARY KEY, at REAL NOT NULL, channel TEXT NOT NULL, chat_id TEXT NOT NULL,
     person TEXT NOT NULL, model TEXT NOT NULL, purpose TEXT NOT NULL, input_tokens INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, cost REAL
+    output_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, cost REAL,
+    estimated INTEGER NOT NULL DEFAULT 0, call_key TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 CREATE INDEX IF NOT EXISTS usage_person ON usage (channel, person, at);
@@ -65,19 +66,38 @@ def usage_where(since: float, channel: str | None, chat_id: str | None, person: 
     return " AND ".join(clauses), params
 
 
-USAGE_SUMS = ("SELECT count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), "
+# A call is counted once however many people shared it (their records share its ``call_key``; a
+# record without one is a call of its own).
+_CALL = "CASE WHEN call_key = '' THEN CAST(id AS TEXT) ELSE call_key END"
+USAGE_SUMS = (f"SELECT count(DISTINCT {_CALL}), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), "
               "coalesce(sum(cached_tokens), 0), coalesce(sum(cost), 0), "
-              "coalesce(sum(CASE WHEN cost IS NULL THEN 1 ELSE 0 END), 0) FROM ")
+              f"count(DISTINCT CASE WHEN cost IS NULL THEN {_CALL} END), "
+              f"count(DISTINCT CASE WHEN estimated THEN {_CALL} END), "
+              "coalesce(sum(CASE WHEN estimated THEN input_tokens + output_tokens ELSE 0 END), 0) FROM ")
+USAGE_INSERT = ("INSERT INTO {table} (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
+                "cached_tokens, cost, estimated, call_key) VALUES ({marks})")
+
+
+def usage_row(r: UsageRecord) -> tuple[object, ...]:
+    return (r.at, r.channel, r.chat_id, r.person, r.model, r.purpose, r.input_tokens, r.output_tokens,
+            r.cached_tokens, r.cost, r.estimated, r.call_key)
 
 
 def totals_of(row: tuple[Any, ...] | None) -> UsageTotals:
     if row is None:
         return UsageTotals()
-    calls, inp, out, cached, cost, unpriced = row
-    return UsageTotals(int(calls), int(inp), int(out), int(cached), float(cost), int(unpriced))
+    calls, inp, out, cached, cost, unpriced, estimated, estimated_tokens = row
+    return UsageTotals(int(calls), int(inp), int(out), int(cached), float(cost), int(unpriced), int(estimated),
+                       int(estimated_tokens))
 
 
 def _setup(conn: sqlite3.Connection) -> None:
+    # A file from before estimated usage: its usage table gains the columns (old rows: reported,
+    # each its own call). Before the script, whose CREATE TABLE leaves an existing table as it is.
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(usage)")}
+    if columns and "call_key" not in columns:
+        conn.execute("ALTER TABLE usage ADD COLUMN estimated INTEGER NOT NULL DEFAULT 0")
+        conn.execute("ALTER TABLE usage ADD COLUMN call_key TEXT NOT NULL DEFAULT ''")
     conn.executescript(_SCHEMA)
 
 
@@ -90,12 +110,8 @@ class SqliteUsageStore:
         self.runner = runner
 
     async def record(self, record: UsageRecord) -> None:
-        r = record
         await self.runner.run(lambda conn: conn.execute(
-            "INSERT INTO usage (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
-            "cached_tokens, cost) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r.at, r.channel, r.chat_id, r.person, r.model, r.purpose, r.input_tokens, r.output_tokens,
-             r.cached_tokens, r.cost)))
+            USAGE_INSERT.format(table="usage", marks=", ".join("?" * 12)), usage_row(record)))
 
     async def totals(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                      person: str | None = None) -> UsageTotals:

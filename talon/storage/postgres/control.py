@@ -5,10 +5,12 @@ from __future__ import annotations
 from talon.storage.approvals import Approval, Status
 from talon.storage.embedded.control import (
     APPROVAL_COLUMNS,
+    USAGE_INSERT,
     USAGE_SUMS,
     approval_of,
     approval_row,
     totals_of,
+    usage_row,
     usage_where,
 )
 from talon.storage.postgres.db import AsyncDatabase
@@ -20,12 +22,8 @@ class PgUsageStore:
         self.db = db
 
     async def record(self, record: UsageRecord) -> None:
-        r = record
-        await self.db.execute(
-            "INSERT INTO talon_usage (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
-            "cached_tokens, cost) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (r.at, r.channel, r.chat_id, r.person, r.model, r.purpose, r.input_tokens, r.output_tokens,
-             r.cached_tokens, r.cost))
+        await self.db.execute(USAGE_INSERT.format(table="talon_usage", marks=", ".join(["%s"] * 12)),
+                              usage_row(record))
 
     async def totals(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                      person: str | None = None) -> UsageTotals:

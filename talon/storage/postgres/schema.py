@@ -138,6 +138,11 @@ MIGRATIONS: tuple[str, ...] = (
         at DOUBLE PRECISION NOT NULL, PRIMARY KEY (channel, chat_id, tool)
     );
     """,
+    # 7: usage Talon estimated (the provider reported none), and the call a record is a share of.
+    """
+    ALTER TABLE talon_usage ADD COLUMN estimated BOOLEAN NOT NULL DEFAULT false;
+    ALTER TABLE talon_usage ADD COLUMN call_key TEXT NOT NULL DEFAULT '';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
