@@ -226,7 +226,7 @@ async def test_concurrent_turns_of_one_person_pass_the_cap_by_at_most_one_call(
 async def test_a_stopped_call_is_counted_from_what_was_sent_and_received() -> None:
     """The estimate of a call with no usage: the request's tokens and the text streamed so far."""
     from talon.agent.hooks import spent
-    from talon.agent.provider import CallMeter
+    from talon.agent.provider import CallMeter, ModelResponse, Usage
 
     request = ModelRequest(system="s" * 400, messages=[Message.user("q" * 4000)])
     meter = CallMeter()
@@ -235,6 +235,12 @@ async def test_a_stopped_call_is_counted_from_what_was_sent_and_received() -> No
     stopped = spent(request, None, asyncio.CancelledError(), meter)
     assert stopped is not None and stopped.estimated
     assert stopped.usage.output_tokens == 500 and stopped.usage.input_tokens >= 1100
+    # A server that sends zeros for every call reported nothing: the call is estimated too.
+    zeros = ModelResponse(Message.assistant("b" * 400), Usage(0, 0))
+    answered = spent(request, zeros, None, meter)
+    assert answered is not None and answered.estimated and answered.usage.output_tokens >= 100
+    reported = spent(request, ModelResponse(Message.assistant("ok"), Usage(7, 3)), None, meter)
+    assert reported is not None and not reported.estimated and reported.usage == Usage(7, 3)
 
 
 # --- talon doctor ---------------------------------------------------------------------------------
@@ -257,3 +263,97 @@ def test_doctor_refuses_a_money_cap_for_a_model_with_no_price_as_run_does(
     rows = dict(control_rows(Settings(_env_file=None)))  # type: ignore[call-arg]
     assert rows["caps"] == f"INVALID: {refused.value}"
     assert "TALON_LIMIT_PER_PERSON sets an amount of money" in rows["caps"] and "TALON_PRICES" in rows["caps"]
+
+
+# --- the stores -----------------------------------------------------------------------------------
+
+from tests.test_control_stores import stores  # noqa: E402,F401  (memory, embedded, postgres)
+
+
+async def test_estimated_and_shared_calls_add_up_alike_in_every_store(stores: tuple[Any, Any]) -> None:
+    from talon.storage.usage import UsageRecord
+
+    usage, _ = stores
+
+    def rec(person: str, inp: int, out: int, **kw: Any) -> UsageRecord:
+        return UsageRecord(at=100.0, channel="telegram", chat_id="g", person=person, model="m",
+                           input_tokens=inp, output_tokens=out, **kw)
+
+    await usage.record(rec("alice", 1000, 100, cost=0.01))  # reported
+    await usage.record(rec("alice", 2000, 300, estimated=True))  # estimated, no price
+    await usage.record(rec("alice", 501, 21, cost=0.002, call_key="c1"))  # one call shared by two
+    await usage.record(rec("bob", 500, 20, cost=0.002, call_key="c1"))
+    group = await usage.totals(0.0, channel="telegram", chat_id="g")
+    alice = await usage.totals(0.0, channel="telegram", person="alice")
+    bob = await usage.totals(0.0, channel="telegram", person="bob")
+    assert (group.calls, group.tokens, group.unpriced_calls) == (3, 4442, 1)
+    assert (group.estimated_calls, group.estimated_tokens) == (1, 2300)
+    assert (alice.calls, alice.tokens, alice.estimated_tokens) == (3, 3922, 2300)
+    assert (bob.calls, bob.tokens, bob.estimated_calls) == (1, 520, 0)
+    assert group.cost == pytest.approx(0.014)
+
+
+def _old_control_file(path: Path) -> None:
+    """A control database as Talon wrote it before estimated usage: two reported calls."""
+    import sqlite3
+
+    from talon.storage.embedded.control import _SCHEMA
+
+    old = _SCHEMA.replace(",\n    estimated INTEGER NOT NULL DEFAULT 0, call_key TEXT NOT NULL DEFAULT ''", "")
+    assert "call_key" not in old
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.executescript(old)
+        conn.executemany("INSERT INTO usage (at, channel, chat_id, person, model, purpose, input_tokens, "
+                         "output_tokens, cached_tokens, cost) VALUES (?, 'telegram', 'g', 'alice', 'm', 'turn', ?, ?, "
+                         "0, NULL)", [(50.0, 900, 100), (60.0, 90, 10)])
+    conn.close()
+
+
+async def test_a_control_file_from_before_keeps_its_usage_and_gains_estimates(tmp_path: Path) -> None:
+    from talon.storage.embedded.control import SqliteUsageStore, open_control_db
+    from talon.storage.usage import UsageRecord
+
+    path = tmp_path / "control.sqlite3"
+    _old_control_file(path)
+    runner = open_control_db(path)
+    try:
+        usage = SqliteUsageStore(runner)
+        await usage.record(UsageRecord(at=70.0, channel="telegram", chat_id="g", person="alice", model="m",
+                                       input_tokens=400, output_tokens=0, estimated=True))
+        totals = await usage.totals(0.0, channel="telegram", person="alice")
+    finally:
+        runner.close()
+    assert (totals.calls, totals.tokens, totals.estimated_calls, totals.estimated_tokens) == (3, 1500, 1, 400)
+
+
+async def test_talon_migrate_copies_an_old_and_a_new_control_file(tmp_path: Path, pg_url: str) -> None:
+    from talon.storage.embedded.control import SqliteUsageStore, open_control_db
+    from talon.storage.migrate import migrate_embedded
+    from talon.storage.postgres.control import PgUsageStore
+    from talon.storage.postgres.db import AsyncDatabase
+    from talon.storage.usage import UsageRecord
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    _old_control_file(old / "control.sqlite3")
+    runner = open_control_db(new / "control.sqlite3")
+    try:
+        await SqliteUsageStore(runner).record(UsageRecord(at=80.0, channel="telegram", chat_id="g", person="bob",
+                                                          model="m", input_tokens=300, output_tokens=30,
+                                                          estimated=True, call_key="k"))
+    finally:
+        runner.close()
+    db = AsyncDatabase(pg_url, max_size=2)
+    await db.open()
+    try:
+        for source in (old, new, new):  # the second copy of the new file finds every row there
+            await migrate_embedded(source, db)
+        usage = PgUsageStore(db)
+        alice = await usage.totals(0.0, channel="telegram", person="alice")
+        bob = await usage.totals(0.0, channel="telegram", person="bob")
+    finally:
+        await db.close()
+    assert (alice.calls, alice.tokens, alice.estimated_calls) == (2, 1100, 0)
+    assert (bob.calls, bob.tokens, bob.estimated_calls, bob.estimated_tokens) == (1, 330, 1, 330)

@@ -103,7 +103,7 @@ def spent(request: ModelRequest, response: ModelResponse | None, error: BaseExce
     from the request and what came back. A call refused before its answer began (a 4xx, a server
     not reached) cost nothing; one stopped, timed out or broken off is counted, since the
     server may have read the whole request and generated what was streamed, and more."""
-    if response is not None and response.usage is not None:
+    if response is not None and response.usage is not None and _counted(response.usage):
         return Spent(response.usage)
     if response is None and not (meter.started or isinstance(error, (asyncio.CancelledError, ModelTimedOut))):
         return None
@@ -111,9 +111,15 @@ def spent(request: ModelRequest, response: ModelResponse | None, error: BaseExce
     received = -(-meter.received_chars // CHARS_PER_TOKEN)
     if response is not None:
         received = max(received, estimate_message(response.message) - MESSAGE_OVERHEAD)
-    if reported is not None and reported.input_tokens > 0:
+    if reported is not None and _counted(reported) and reported.input_tokens > 0:
         input_tokens, cached = reported.input_tokens, reported.cached_tokens
     else:
         input_tokens, cached = estimate_request(request), 0
     output = max(reported.output_tokens if reported is not None else 0, received)
     return Spent(Usage(input_tokens, output, cached), estimated=True)
+
+
+def _counted(usage: Usage) -> bool:
+    """Whether a reported usage says anything: some servers send zeros for every call, which
+    would make every call free under the caps."""
+    return usage.input_tokens > 0 or usage.output_tokens > 0

@@ -354,8 +354,6 @@ class OpenAIProvider(Provider):
         finish: str | None = None
         usage: Usage | None = None
         meter = request.meter
-        if meter is not None:
-            meter.answer_began()  # the server took the request: from here on it may bill it
         async for line in lines:
             if not line.startswith("data:"):
                 continue  # blank separators, comments (": ping"), event names
@@ -373,6 +371,8 @@ class OpenAIProvider(Provider):
                 if relay.sent:
                     raise broke_off(str(chunk["error"])[:300])
                 raise self._refused(None, chunk, None, request)
+            if meter is not None:
+                meter.answer_began()  # the server took the request: from here on it may bill it
             if isinstance(chunk.get("usage"), dict):
                 u = chunk["usage"]
                 usage = Usage(input_tokens=int(u.get("prompt_tokens") or 0),
