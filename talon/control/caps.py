@@ -3,7 +3,9 @@
 A limit is ``<N> tokens/day``, ``<N> tokens/month``, ``$<amount>/day`` or ``$<amount>/month``
 (``k`` and ``M`` suffixes are taken for tokens: ``200k tokens/day``); a setting may hold several,
 comma-separated. Days and months begin at midnight in ``TALON_TIMEZONE``. Tokens are input plus
-output tokens as the provider reported them; an amount counts the estimated cost of priced calls.
+output tokens as the provider reported them (or as Talon estimated them when it reported none: a
+call stopped midway, a server that never reports usage); an amount counts the estimated cost of
+priced calls.
 
 Three scopes: per person (``TALON_LIMIT_PER_PERSON``, lifted by ``talon usage --grant``), per
 conversation (``TALON_LIMIT_PER_CHAT``) and for the whole bot (``TALON_LIMIT_TOTAL``). The sums
