@@ -55,38 +55,55 @@ async def _totals(runtime: Any, **where: str) -> UsageTotals:
 async def test_five_stopped_streams_count_toward_the_cap_and_usage_says_they_are_estimated(
         tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
     """The red team: five long answers stopped with /stop before the end of their stream left
-    /usage at "nothing yet" and the cap never reached. Each call here costs ~5,500 tokens (a
-    ~3,250-token question, ~1,700 of instructions and tools, ~550 streamed back before the stop),
-    each in a new conversation; the cap is 25,000 tokens a day, so the sixth is refused."""
+    /usage at "nothing yet" and the cap never reached. Each call here costs over 5,000 tokens (a
+    ~3,250-token question, the instructions and tools, ~550 streamed back before the stop), each in
+    a new conversation; under a 25,000-token cap, at most five are made."""
     question = "Please summarise this: " + "lorem ipsum dolor sit amet " * 480  # ~13,000 characters
-    part = " ".join(f"word{n}" for n in range(300)) + " END-OF-PART"  # ~2,000 characters streamed
+    part = " ".join(f"word{n}" for n in range(300)) + " END-OF-PART"  # ~2,200 characters streamed
     llm.default_responder = lambda body: part
     llm.stall = True  # every answer stops after its text, as a long one the person stops midway
     settings = _settings(tmp_path, tg, llm, TALON_LIMIT_PER_PERSON="25000 tokens/day")
+
+    def drafts() -> int:
+        return len([c for c in tg.sent("sendMessageDraft") if "END-OF-PART" in c.params.get("text", "")])
+
+    def refusals() -> list[str]:
+        return [c.params["text"] for c in tg.sent("sendMessage") if CAP_LINE in c.params.get("text", "")]
+
     async with running_telegram(settings) as runtime:
-        for n in range(5):
+        spent: list[int] = []  # the person's tokens after each stopped call
+        for n in range(6):
+            shown = drafts()
             tg.push_update(tg.text_message(ALICE, f"{question} ({n})", user_id=ALICE))
-            # The answer is on screen so far (the draft shows its end): the stream began and stalls.
-            await tg.wait_for("sendMessageDraft", lambda c: "END-OF-PART" in c.params.get("text", ""), count=n + 1)
+            # The answer is on screen so far (the draft shows its end): the stream began and stalls;
+            # or the message was refused at the cap.
+            await _until(lambda: _now(drafts() > shown or bool(refusals())))
+            if refusals():
+                break
             tg.push_update(tg.text_message(ALICE, "/stop", user_id=ALICE))
             await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "Stopped.", count=n + 1)
             tg.push_update(tg.text_message(ALICE, "/new", user_id=ALICE))
             await tg.wait_for("sendMessage", lambda c: "Started a new conversation" in c.params.get("text", ""),
                               count=n + 1)
             await runtime.bridge.idle()
+            spent.append((await _totals(runtime, person=str(ALICE))).tokens)
         mine = await _totals(runtime, person=str(ALICE))
-        tg.push_update(tg.text_message(ALICE, "one more question", user_id=ALICE))
-        [refused] = await tg.wait_for("sendMessage", lambda c: CAP_LINE in c.params.get("text", ""))
         tg.push_update(tg.text_message(ALICE, "/usage", user_id=ALICE))
         [usage] = await tg.wait_for("sendMessage", lambda c: "Your use" in c.params.get("text", ""))
         llm.stall = False
-    assert len(llm.requests) == 5  # the sixth message never reached the model
-    assert mine.calls == 5 and mine.estimated_calls == 5 and mine.estimated_tokens == mine.tokens
-    assert mine.input_tokens >= 5 * 4500 and mine.output_tokens >= 5 * 500  # what was sent and what came back
-    assert mine.tokens >= 25_000
-    assert "25,000 tokens per day" in refused.params["text"]
+    stopped = len(spent)
+    assert refusals() and "25,000 tokens per day" in refusals()[0]
+    assert stopped <= 5 and len(llm.requests) == stopped  # the refused message never reached the model
+    assert spent[-2] < 25_000 <= spent[-1]  # each stopped call counted; the cap held at the first past it
+    assert mine.calls == stopped and mine.estimated_calls == stopped and mine.estimated_tokens == mine.tokens
+    # What was sent and what came back, for each call.
+    assert mine.input_tokens >= stopped * 4500 and mine.output_tokens >= stopped * 500
     assert f"today: ~{mine.tokens:,} tokens (estimated;" in usage.params["text"]
-    assert "in 5 model calls" in usage.params["text"]
+    assert f"in {stopped} model calls" in usage.params["text"]
+
+
+async def _now(value: bool) -> bool:
+    return value
 
 
 # --- a server that reports no usage ---------------------------------------------------------------
@@ -102,20 +119,21 @@ async def test_a_server_that_reports_no_usage_is_held_by_a_5000_token_cap(
     llm.default_responder = lambda body: answer
     settings = _settings(tmp_path, tg, llm, TALON_LIMIT_PER_PERSON="5000 tokens/day", TALON_TELEGRAM_STREAMING="off")
     async with running_telegram(settings) as runtime:
-        answered = 0
+        spent: list[int] = []  # the person's tokens after each answer
         for n in range(10):
             tg.push_update(tg.text_message(ALICE, f"question {n}: " + "tell me more " * 100, user_id=ALICE))
             [last] = (await tg.wait_for("sendMessage", count=n + 1))[-1:]
             if CAP_LINE in last.params["text"]:
                 break
-            answered += 1
+            spent.append((await _totals(runtime, person=str(ALICE))).tokens)
         mine = await _totals(runtime, person=str(ALICE))
         tg.push_update(tg.text_message(ALICE, "/usage", user_id=ALICE))
         [usage] = await tg.wait_for("sendMessage", lambda c: "Your use" in c.params.get("text", ""))
+    answered = len(spent)
     assert 0 < answered < 10 and CAP_LINE in last.params["text"]
-    assert mine.calls == answered and mine.estimated_calls == answered
-    one_call = mine.tokens / answered
-    assert 5000 <= mine.tokens < 5000 + one_call + 1  # held to the cap and at most one call's worth past it
+    assert mine.calls == answered and mine.estimated_calls == answered and mine.tokens == spent[-1]
+    # Every call was counted, and the last one was made below the cap: one call's worth past it at most.
+    assert (spent[-2] if answered > 1 else 0) < 5000 <= spent[-1]
     assert "(estimated;" in usage.params["text"]
 
 
