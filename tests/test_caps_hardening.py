@@ -299,8 +299,8 @@ async def test_estimated_and_shared_calls_add_up_alike_in_every_store(stores: tu
 
     await usage.record(rec("alice", 1000, 100, cost=0.01))  # reported
     await usage.record(rec("alice", 2000, 300, estimated=True))  # estimated, no price
-    await usage.record(rec("alice", 501, 21, cost=0.002, call_key="c1"))  # one call shared by two
-    await usage.record(rec("bob", 500, 20, cost=0.002, call_key="c1"))
+    await usage.record(rec("alice", 501, 21, cost=0.002))  # one call shared by two
+    await usage.record(rec("bob", 500, 20, cost=0.002, extra_share=True))
     group = await usage.totals(0.0, channel="telegram", chat_id="g")
     alice = await usage.totals(0.0, channel="telegram", person="alice")
     bob = await usage.totals(0.0, channel="telegram", person="bob")
@@ -309,6 +309,8 @@ async def test_estimated_and_shared_calls_add_up_alike_in_every_store(stores: tu
     assert (alice.calls, alice.tokens, alice.estimated_tokens) == (3, 3922, 2300)
     assert (bob.calls, bob.tokens, bob.estimated_calls) == (1, 520, 0)
     assert group.cost == pytest.approx(0.014)
+    lean = await usage.spend(0.0, channel="telegram", person="alice")  # what a caps check reads
+    assert (lean.tokens, lean.cost) == (alice.tokens, pytest.approx(alice.cost))
 
 
 def _old_control_file(path: Path) -> None:
@@ -317,8 +319,8 @@ def _old_control_file(path: Path) -> None:
 
     from talon.storage.embedded.control import _SCHEMA
 
-    old = _SCHEMA.replace(",\n    estimated INTEGER NOT NULL DEFAULT 0, call_key TEXT NOT NULL DEFAULT ''", "")
-    assert "call_key" not in old
+    old = _SCHEMA.replace(",\n    estimated INTEGER NOT NULL DEFAULT 0, extra_share INTEGER NOT NULL DEFAULT 0", "")
+    assert "extra_share" not in old
     conn = sqlite3.connect(path)
     with conn:
         conn.executescript(old)
@@ -360,7 +362,7 @@ async def test_talon_migrate_copies_an_old_and_a_new_control_file(tmp_path: Path
     try:
         await SqliteUsageStore(runner).record(UsageRecord(at=80.0, channel="telegram", chat_id="g", person="bob",
                                                           model="m", input_tokens=300, output_tokens=30,
-                                                          estimated=True, call_key="k"))
+                                                          estimated=True, extra_share=True))
     finally:
         runner.close()
     db = AsyncDatabase(pg_url, max_size=2)

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -131,15 +130,12 @@ class Control:
         self.metrics.tokens.labels(model, "input").inc(usage.input_tokens)
         self.metrics.tokens.labels(model, "output").inc(usage.output_tokens)
         self.metrics.tokens.labels(model, "cached").inc(usage.cached_tokens)
-        key = uuid.uuid4().hex if len(payers) > 1 else ""
         now = self.clock()
-        out = []
-        for person, share in zip(payers, _shares(usage, len(payers))):
-            out.append(UsageRecord(at=now, channel=channel, chat_id=chat_id, person=person, model=model,
-                                   input_tokens=share.input_tokens, output_tokens=share.output_tokens,
-                                   cached_tokens=share.cached_tokens, cost=self.prices.cost(model, share),
-                                   purpose=purpose, estimated=spent.estimated, call_key=key))
-        return out
+        return [UsageRecord(at=now, channel=channel, chat_id=chat_id, person=person, model=model,
+                            input_tokens=share.input_tokens, output_tokens=share.output_tokens,
+                            cached_tokens=share.cached_tokens, cost=self.prices.cost(model, share),
+                            purpose=purpose, estimated=spent.estimated, extra_share=index > 0)
+                for index, (person, share) in enumerate(zip(payers, _shares(usage, len(payers))))]
 
     # --- /usage -----------------------------------------------------------------------------
     async def usage_text(self, message: "InboundMessage", chat_id: str) -> str:

@@ -173,13 +173,13 @@ class Caps:
             for limit in lists[scope]:
                 since, reset = period_bounds(limit.period, now, self.zone)
                 if scope == "person":
-                    totals = await self.usage.totals(since, channel=channel, person=person)
+                    totals = await self.usage.spend(since, channel=channel, person=person)
                     allowed = limit.amount + await self.usage.granted(channel, person, limit.unit, since)
                 elif scope == "chat":
-                    totals = await self.usage.totals(since, channel=channel, chat_id=chat_id)
+                    totals = await self.usage.spend(since, channel=channel, chat_id=chat_id)
                     allowed = limit.amount
                 else:
-                    totals = await self.usage.totals(since)
+                    totals = await self.usage.spend(since)
                     allowed = limit.amount
                 used = limit.used(totals) + sum(h.amount(limit.unit) for h in mine if h.settled)
                 if used >= allowed:

@@ -209,14 +209,14 @@ async def _access(path: Path, db: AsyncDatabase) -> StoreReport:
 # the local id is the same (two calls of one chat at the same microsecond with the same counts
 # would be one; the clock makes that unlikely, and the check below would say so).
 _USAGE = ("at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, cached_tokens, cost, "
-          "estimated, call_key",
+          "estimated, extra_share",
           "%s::float8, %s::text, %s::text, %s::text, %s::text, %s::text, %s::bigint, %s::bigint, %s::bigint, "
-          "%s::float8, %s::boolean, %s::text",
+          "%s::float8, %s::boolean, %s::boolean",
           "at = %s AND channel = %s AND chat_id = %s AND person = %s AND model = %s AND purpose = %s AND "
           "input_tokens = %s AND output_tokens = %s AND cached_tokens = %s AND cost IS NOT DISTINCT FROM %s::float8 "
-          "AND estimated = %s::boolean AND call_key = %s")
+          "AND estimated = %s::boolean AND extra_share = %s::boolean")
 # A control file from before estimated usage has neither column: its calls were reported, each its own.
-_OLD_USAGE = _USAGE[0].replace("estimated, call_key", "0, ''")
+_OLD_USAGE = _USAGE[0].replace("estimated, extra_share", "0, 0")
 _GRANTS = ("channel, person, unit, amount, at", "%s::text, %s::text, %s::text, %s::float8, %s::float8",
            "channel = %s AND person = %s AND unit = %s AND amount = %s AND at = %s")
 
@@ -227,7 +227,7 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
 
     report = StoreReport("control (usage, approvals)")
     names = await asyncio.to_thread(_read_sqlite, path, "SELECT name FROM pragma_table_info('usage')")
-    old = names is not None and ("call_key",) not in names[0]
+    old = names is not None and ("estimated",) not in names[0]
     read = await asyncio.to_thread(
         _read_sqlite, path, f"SELECT {_OLD_USAGE if old else _USAGE[0]} FROM usage ORDER BY id",
         f"SELECT {_GRANTS[0]} FROM usage_grants ORDER BY id", f"SELECT {APPROVAL_COLUMNS} FROM approvals",
@@ -235,7 +235,7 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
     if read is None:
         return report
     usage, grants, approvals, always = read
-    usage = [(*row[:10], bool(row[10]), row[11]) for row in usage]  # SQLite keeps the flag as 0/1
+    usage = [(*row[:10], bool(row[10]), bool(row[11])) for row in usage]  # SQLite keeps flags as 0/1
     report.found = len(usage) + len(grants) + len(approvals) + len(always)
     async with db.transaction() as conn, conn.cursor() as cur:
         for table, (columns, marks, same), rows in (("talon_usage", _USAGE, usage),

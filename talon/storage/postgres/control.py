@@ -6,11 +6,13 @@ from talon.storage.approvals import Approval, Status
 from talon.storage.embedded.control import (
     APPROVAL_COLUMNS,
     USAGE_INSERT,
-    USAGE_SUMS,
+    USAGE_SPEND,
     approval_of,
     approval_row,
+    spend_of,
     totals_of,
     usage_row,
+    usage_sums,
     usage_where,
 )
 from talon.storage.postgres.db import AsyncDatabase
@@ -28,7 +30,12 @@ class PgUsageStore:
     async def totals(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                      person: str | None = None) -> UsageTotals:
         where, params = usage_where(since, channel, chat_id, person, mark="%s")
-        return totals_of(await self.db.fetchone(f"{USAGE_SUMS} talon_usage WHERE {where}", params))
+        return totals_of(await self.db.fetchone(f"{usage_sums(person is not None)} talon_usage WHERE {where}", params))
+
+    async def spend(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                    person: str | None = None) -> UsageTotals:
+        where, params = usage_where(since, channel, chat_id, person, mark="%s")
+        return spend_of(await self.db.fetchone(f"{USAGE_SPEND} talon_usage WHERE {where}", params))
 
     async def grant(self, channel: str, person: str, amount: float, unit: GrantUnit, at: float) -> None:
         await self.db.execute(

@@ -138,10 +138,10 @@ MIGRATIONS: tuple[str, ...] = (
         at DOUBLE PRECISION NOT NULL, PRIMARY KEY (channel, chat_id, tool)
     );
     """,
-    # 7: usage Talon estimated (the provider reported none), and the call a record is a share of.
+    # 7: usage Talon estimated (the provider reported none), and the further shares of a shared call.
     """
     ALTER TABLE talon_usage ADD COLUMN estimated BOOLEAN NOT NULL DEFAULT false;
-    ALTER TABLE talon_usage ADD COLUMN call_key TEXT NOT NULL DEFAULT '';
+    ALTER TABLE talon_usage ADD COLUMN extra_share BOOLEAN NOT NULL DEFAULT false;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
