@@ -135,7 +135,8 @@ class Bridge:
     # Voice replies (TALON_VOICE_REPLIES); None: answers are text only.
     voice: "VoiceReplies | None" = None
     # A message that arrives while its conversation's turn runs (TALON_BUSY_MODE): "steer" joins
-    # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
+    # the turn at its next model step (if its sender is under their caps; it then shares the
+    # turn's later calls), "queue" waits, "interrupt" stops the turn and goes next.
     # The runtime passes the setting (default steer); a bare Bridge keeps strict order.
     busy_mode: str = "queue"
     # Wait before trying a store again that did not answer (a database that hangs or is down).
