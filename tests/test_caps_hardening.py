@@ -377,3 +377,65 @@ async def test_talon_migrate_copies_an_old_and_a_new_control_file(tmp_path: Path
         await db.close()
     assert (alice.calls, alice.tokens, alice.estimated_calls) == (2, 1100, 0)
     assert (bob.calls, bob.tokens, bob.estimated_calls, bob.estimated_tokens) == (1, 330, 1, 330)
+
+
+# --- the providers' meters ------------------------------------------------------------------------
+
+class _Recorder:
+    """A call guard that keeps what each call cost."""
+
+    def __init__(self) -> None:
+        self.spent: list[Any] = []
+
+    async def before_call(self, model: str, purpose: str, request: ModelRequest) -> None:
+        return None
+
+    def after_call(self, model: str, purpose: str, ticket: object, response: Any, error: BaseException | None,
+                   spent: Any) -> None:
+        self.spent.append((type(error).__name__ if error else None, spent))
+
+
+@pytest.mark.parametrize("vendor", ["openai", "anthropic"])
+async def test_a_call_stopped_midway_keeps_what_the_server_said_and_counts_what_came(vendor: str) -> None:
+    """A stop in the middle of a streamed answer: the input tokens the server stated at the start
+    (Anthropic's message_start) are used; the output is estimated from the text received."""
+    from talon.agent.anthropic_provider import AnthropicProvider
+    from talon.agent.hooks import guarding, model_call
+    from talon.agent.openai_provider import OpenAIProvider
+    from tests.fakes.anthropic_server import FakeAnthropic
+
+    received = asyncio.Event()
+    never = asyncio.Event()
+
+    async def sink(delta: str) -> None:
+        received.set()
+        await never.wait()  # the person stops the turn while the answer is on screen
+
+    text = "x" * 400
+    guard = _Recorder()
+    fake: Any = FakeAnthropic() if vendor == "anthropic" else FakeOpenAI()
+    async with fake:
+        fake.default_responder = lambda body: text
+        provider: Any = (AnthropicProvider("claude-fake", api_key="k", base_url=fake.base_url, hydrate=lambda b: "")
+                         if vendor == "anthropic" else
+                         OpenAIProvider("gpt-fake", api_key="k", base_url=fake.base_url, hydrate=lambda b: ""))
+        request = ModelRequest(system="be brief", messages=[Message.user("q" * 2000)], on_text=sink)
+
+        async def turn() -> None:
+            with guarding(guard):
+                await model_call(provider, request)
+
+        task = asyncio.create_task(turn())
+        await asyncio.wait_for(received.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await provider.aclose()
+        stated = fake.requests[0].response["usage"]["input_tokens"] if vendor == "anthropic" else None
+    [(error, cost)] = guard.spent
+    assert error == "CancelledError" and cost is not None and cost.estimated
+    assert 1 <= cost.usage.output_tokens <= 100  # what came before the stop, not the whole answer
+    if stated is not None:
+        assert cost.usage.input_tokens == stated  # as the server stated it
+    else:
+        assert cost.usage.input_tokens >= 500  # estimated from the request sent
