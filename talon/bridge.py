@@ -38,6 +38,7 @@ from talon.errors import (
     StoreUnavailable,
 )
 from talon.groups import group_prompt_note, group_turn_text
+from talon.control import TurnGuard
 from talon.control.files import hold_files
 from talon.media import defang_untrusted, extract_markdown_media
 from talon.metrics import Metrics
@@ -135,7 +136,8 @@ class Bridge:
     # Voice replies (TALON_VOICE_REPLIES); None: answers are text only.
     voice: "VoiceReplies | None" = None
     # A message that arrives while its conversation's turn runs (TALON_BUSY_MODE): "steer" joins
-    # the turn at its next model step, "queue" waits, "interrupt" stops the turn and goes next.
+    # the turn at its next model step (if its sender is under their caps; it then shares the
+    # turn's later calls), "queue" waits, "interrupt" stops the turn and goes next.
     # The runtime passes the setting (default steer); a bare Bridge keeps strict order.
     busy_mode: str = "queue"
     # Wait before trying a store again that did not answer (a database that hangs or is down).
@@ -602,9 +604,11 @@ class Bridge:
         return Message(role="user", content=content,
                        meta={"message_id": message.message_id, "sender": message.sender_id})
 
-    def _steerable(self, chat: ChatKey, running: _Running) -> list[InboxItem]:
+    def _steerable(self, chat: ChatKey, running: _Running, *, take: bool = True,
+                   admitted: set[str] | None = None) -> list[InboxItem]:
         """Queued messages that join the running turn now: in steer mode every plain message,
-        in any mode an edit of a message this turn answers."""
+        in any mode an edit of a message this turn answers. ``take=False`` only looks;
+        ``admitted``: only these (by key) join, and nothing after the first that may not."""
         answering = {running.item.message.key, *(i.message.key for i in running.absorbed)}
         queue = self._queues.get(chat)
         if not queue:
@@ -612,6 +616,8 @@ class Bridge:
         taken: list[InboxItem] = []
         for queued in list(queue):
             m = queued.message
+            if admitted is not None and m.key not in admitted:
+                break  # its sender is at a cap: it keeps its place and gets its own turn
             if command_of(m) or m.scheduled is not None:
                 break  # a command or a scheduled run keeps its place: it has its own turn
             if m.edited_at is not None and m.original_key in answering:
@@ -620,9 +626,26 @@ class Bridge:
                 taken.append(queued)
             else:
                 break  # order is kept: nothing jumps over a message that waits
-        for queued in taken:
-            queue.remove(queued)
+        if take:
+            for queued in taken:
+                queue.remove(queued)
         return taken
+
+    async def _admitted(self, chat: ChatKey, running: _Running, guard: "TurnGuard | None") -> set[str] | None:
+        """The keys of the steerable messages whose senders may join the turn (each under their
+        own cap); None: no caps to ask."""
+        if guard is None:
+            return None
+        admitted: set[str] = set()
+        for queued in self._steerable(chat, running, take=False):
+            try:
+                await guard.admit(queued.message.sender_id)
+            except CapReached:
+                log.info("chat %s: message %s does not join the running turn: its sender is at a cap; it is "
+                         "answered on its own", chat, queued.message.message_id)
+                break
+            admitted.add(queued.message.key)
+        return admitted
 
     async def _turn(self, channel: "Channel", chat: ChatKey, message: InboundMessage,
                     running: _Running | None = None, item: InboxItem | None = None) -> OutboundReply:
@@ -663,10 +686,18 @@ class Bridge:
             if live is not None and live.on_step is not None:
                 await live.on_step(asked_for_tools)
 
+        hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else None
+        guard = hooks.guard if hooks is not None and isinstance(hooks.guard, TurnGuard) else None
+
         async def steer() -> list[Message]:
             joined = []
-            for queued in self._steerable(chat, running):
+            # A message joins only if its sender may use the model now: a person at their cap
+            # never rides on someone else's turn (their message gets its own turn, and the line).
+            admitted = await self._admitted(chat, running, guard)
+            for queued in self._steerable(chat, running, admitted=admitted):
                 m = queued.message
+                if guard is not None:
+                    guard.joined(m.sender_id)  # the turn's later calls are shared with them
                 await self.inbox.begin_attempt(m.key)
                 running.absorbed.append(queued)
                 await self._acknowledge(channel, m)
@@ -676,7 +707,6 @@ class Bridge:
                 log.info("chat %s: message %s joins the running turn %s", chat, m.message_id, key)
             return joined
 
-        hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else None
         try:
             result = await self.agent.run_turn(chat, user, turn_id=key, on_text=on_text,
                                                on_step=on_step, steer=steer, hooks=hooks)

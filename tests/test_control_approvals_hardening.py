@@ -255,7 +255,7 @@ async def approval_store(request: pytest.FixtureRequest, tmp_path: Path) -> Asyn
         return
     from talon.storage.postgres.control import PgApprovalStore
     from talon.storage.postgres.db import AsyncDatabase
-    from talon.storage.postgres.schema import migrate_schema
+    from talon.storage.postgres.schema import SCHEMA_VERSION, migrate_schema
 
     db = AsyncDatabase(request.getfixturevalue("pg_url"), max_size=2)
     await db.open()
@@ -332,7 +332,7 @@ def test_an_embedded_control_database_of_the_first_version_is_upgraded_at_open(t
 async def test_a_postgres_schema_of_version_6_gets_the_digest_key(pg_url: str) -> None:
     from talon.storage.postgres.control import PgApprovalStore
     from talon.storage.postgres.db import AsyncDatabase
-    from talon.storage.postgres.schema import migrate_schema
+    from talon.storage.postgres.schema import SCHEMA_VERSION, migrate_schema
 
     db = AsyncDatabase(pg_url, max_size=2)
     await db.open()
@@ -342,7 +342,7 @@ async def test_a_postgres_schema_of_version_6_gets_the_digest_key(pg_url: str) -
                          "turn_id, call_id, tool, kind, summary, created, expires, status, decided_by) VALUES "
                          "('old1', 'telegram', 'g', 'g', NULL, 'alice', 'turn-1', 'call_1', 'shell', 'shell', "
                          "'echo harmless', 1.0, 100.0, 'approved', 'telegram:alice')")
-        assert await migrate_schema(db) == (6, 7)
+        assert await migrate_schema(db) == (6, SCHEMA_VERSION)
         store = PgApprovalStore(db)
         kept = await store.get("old1")
         assert kept is not None and kept.status == "approved" and kept.digest == "" and kept.in_group is False

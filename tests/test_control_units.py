@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from talon.agent.hooks import guarding, model_call
+from talon.agent.hooks import Spent, guarding, model_call
 from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
 from talon.agent.summary import Summarizer
 from talon.content import Message, ToolCall
@@ -169,12 +169,12 @@ class _Guard:
         self.block = block
         self.seen: list[tuple[str, str, int | None]] = []
 
-    async def before_call(self, model: str, purpose: str) -> None:
+    async def before_call(self, model: str, purpose: str, request: ModelRequest) -> None:
         if self.block:
             raise CapReached("capped", "total")
 
-    async def after_call(self, model: str, purpose: str, response: ModelResponse | None,
-                         error: BaseException | None) -> None:
+    def after_call(self, model: str, purpose: str, ticket: object, response: ModelResponse | None,
+                   error: BaseException | None, spent: Spent | None) -> None:
         self.seen.append((model, purpose, response.usage.cached_tokens if response and response.usage else None))
 
 

@@ -30,6 +30,7 @@ import anthropic
 
 from talon.agent.provider import (
     MISSING_BYTES,
+    CallMeter,
     Hydrate,
     ModelRequest,
     ModelResponse,
@@ -231,15 +232,24 @@ class AnthropicProvider(Provider):
     async def _once(self, request: ModelRequest) -> ModelResponse:
         kwargs = self.build(request, await prefetch_images(request.messages, self._hydrate))
         relay = StreamRelay(request.on_text)
+        meter = request.meter
         try:
             if self.stream:
                 async with self._client.messages.stream(**kwargs) as stream:
-                    async for delta in stream.text_stream:
-                        await relay(delta)
+                    try:
+                        async for delta in stream.text_stream:
+                            if meter is not None:
+                                meter.received(delta)
+                            await relay(delta)
+                    finally:
+                        _note_usage(stream, meter)  # the input tokens are known from the first event
                     resp = await stream.get_final_message()
             else:
                 resp = await self._client.messages.create(**kwargs)
-                await relay("".join(b.text for b in resp.content or [] if getattr(b, "type", "") == "text"))
+                text = "".join(b.text for b in resp.content or [] if getattr(b, "type", "") == "text")
+                if meter is not None:
+                    meter.received(text)
+                await relay(text)
         except anthropic.APIStatusError as exc:
             if relay.sent:
                 raise broke_off(exc.message) from exc
@@ -260,6 +270,8 @@ class AnthropicProvider(Provider):
                 output_tokens=u.output_tokens or 0,
                 cached_tokens=u.cache_read_input_tokens or 0,
             )
+        if meter is not None:
+            meter.reported = usage
         return ModelResponse(message=from_anthropic_message(resp), usage=usage, finish_reason=resp.stop_reason)
 
     def _refused(self, status: int | None, body: Any, headers: Any, request: ModelRequest) -> Exception:
@@ -268,3 +280,17 @@ class AnthropicProvider(Provider):
     async def aclose(self) -> None:
         await self._client.close()
 
+
+def _note_usage(stream: Any, meter: CallMeter | None) -> None:
+    """What the server reported of a streamed answer so far (``message_start`` carries the input
+    tokens): kept on the call's meter, for a call that is stopped or breaks off."""
+    if meter is None:
+        return
+    try:
+        u = stream.current_message_snapshot.usage
+    except Exception:  # no message_start yet: nothing reported
+        return
+    meter.answer_began()
+    meter.reported = Usage(
+        input_tokens=(u.input_tokens or 0) + (u.cache_creation_input_tokens or 0) + (u.cache_read_input_tokens or 0),
+        output_tokens=u.output_tokens or 0, cached_tokens=u.cache_read_input_tokens or 0)

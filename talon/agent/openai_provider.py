@@ -10,7 +10,9 @@ status code, an error body that says the model takes no images or cannot call to
 them off for the rest of the process and the request is sent again (``talon.agent.refusals``).
 Replies are streamed (``stream=True``, with usage through ``stream_options`` where the server
 takes it), so ``TALON_MODEL_TIMEOUT`` bounds the silence between chunks, not the whole answer;
-a server that refuses streaming is asked without it from then on.
+a server that refuses streaming is asked without it from then on. As the answer streams, the
+request's ``meter`` hears what came back and the usage the server reported, so a call stopped or
+broken off midway is still counted (``talon.control``).
 """
 
 from __future__ import annotations
@@ -337,6 +339,10 @@ class OpenAIProvider(Provider):
             else None
         )
         message = from_openai_message(choice.message)
+        meter = request.meter
+        if meter is not None:
+            meter.received(message.text + "".join(c.arguments for c in message.tool_calls))
+            meter.reported = usage
         if message.text:
             await relay(message.text)
         return ModelResponse(message=message, usage=usage, finish_reason=choice.finish_reason)
@@ -347,6 +353,7 @@ class OpenAIProvider(Provider):
         calls: dict[int, dict[str, str]] = {}
         finish: str | None = None
         usage: Usage | None = None
+        meter = request.meter
         async for line in lines:
             if not line.startswith("data:"):
                 continue  # blank separators, comments (": ping"), event names
@@ -364,15 +371,21 @@ class OpenAIProvider(Provider):
                 if relay.sent:
                     raise broke_off(str(chunk["error"])[:300])
                 raise self._refused(None, chunk, None, request)
+            if meter is not None:
+                meter.answer_began()  # the server took the request: from here on it may bill it
             if isinstance(chunk.get("usage"), dict):
                 u = chunk["usage"]
                 usage = Usage(input_tokens=int(u.get("prompt_tokens") or 0),
                               output_tokens=int(u.get("completion_tokens") or 0), cached_tokens=_cached(u))
+                if meter is not None:
+                    meter.reported = usage
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
                 content = delta.get("content")
                 if content:
                     texts.append(content)
+                    if meter is not None:
+                        meter.received(content)
                     await relay(content)
                 for position, call in enumerate(delta.get("tool_calls") or ()):
                     index = call.get("index")
@@ -385,6 +398,8 @@ class OpenAIProvider(Provider):
                     if name and name != slot["name"]:
                         slot["name"] += name
                     slot["arguments"] += function.get("arguments") or ""
+                    if meter is not None:
+                        meter.received(function.get("arguments") or "")
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
         tool_calls = [SimpleNamespace(id=c["id"], function=SimpleNamespace(name=c["name"], arguments=c["arguments"]))

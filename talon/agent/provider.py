@@ -110,6 +110,10 @@ class ModelRequest:
     # Providers stream whether or not it is set: a slow server is then judged by the gap between
     # chunks, not by how long the whole answer takes.
     on_text: TextSink | None = None
+    # What the call has cost so far, filled in by the provider as the answer streams (set by
+    # ``talon.agent.hooks.model_call`` for a guarded call): a call stopped or broken off midway
+    # is still counted against the caps.
+    meter: "CallMeter | None" = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,23 @@ class Usage:
     input_tokens: int  # every input token, cached ones included
     output_tokens: int
     cached_tokens: int = 0  # of the input, read from the provider's prompt cache (cheaper)
+
+
+@dataclass
+class CallMeter:
+    """One model call as far as it got: whether the server began answering, how many characters
+    of text and tool-call arguments came back, and the usage the server reported (if it did)."""
+
+    started: bool = False  # the server accepted the request and began its answer
+    received_chars: int = 0
+    reported: Usage | None = None
+
+    def answer_began(self) -> None:
+        self.started = True
+
+    def received(self, text: str) -> None:
+        self.started = True
+        self.received_chars += len(text)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Token estimates between provider calls (the provider's reported usage is authoritative).
+"""Token estimates between provider calls (the provider's reported usage is authoritative), and
+of a call's usage when the provider reports none (``talon.agent.hooks.spent``).
 
 Text counts at about four characters per token; an image counts as a fixed 1200 tokens, never by
 the length of its base64 (which would overcount a 5 MB photo a thousandfold).

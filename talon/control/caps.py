@@ -3,11 +3,19 @@
 A limit is ``<N> tokens/day``, ``<N> tokens/month``, ``$<amount>/day`` or ``$<amount>/month``
 (``k`` and ``M`` suffixes are taken for tokens: ``200k tokens/day``); a setting may hold several,
 comma-separated. Days and months begin at midnight in ``TALON_TIMEZONE``. Tokens are input plus
-output tokens as the provider reported them; an amount counts the estimated cost of priced calls.
+output tokens as the provider reported them (or as Talon estimated them when it reported none: a
+call stopped midway, a server that never reports usage); an amount counts the estimated cost of
+priced calls.
 
 Three scopes: per person (``TALON_LIMIT_PER_PERSON``, lifted by ``talon usage --grant``), per
 conversation (``TALON_LIMIT_PER_CHAT``) and for the whole bot (``TALON_LIMIT_TOTAL``). The sums
 come from the store on every check, so every worker holds the same line.
+
+Within one worker, calls in flight count too (``holds``): each call reserves an estimate of its
+cost before it is made (the request's tokens and its whole output allowance) and settles it with
+the real figure after. A call that would pass a cap only because of calls still in flight waits
+for them instead of being refused; so concurrent turns of one person pass a cap by at most one
+call's worth. Workers do not see each other's calls in flight, only the store.
 """
 
 from __future__ import annotations
@@ -16,12 +24,16 @@ import datetime as dt
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 from zoneinfo import ZoneInfo
 
+from talon.control.prices import PriceTable
 from talon.errors import CapReached, ConfigError
 from talon.storage.usage import GrantUnit, UsageStore, UsageTotals
+
+if TYPE_CHECKING:
+    from talon.config import Settings
 
 Period = Literal["day", "month"]
 Scope = Literal["person", "chat", "total"]
@@ -64,6 +76,22 @@ def parse_limits(value: str, setting: str) -> list[Limit]:
     return limits
 
 
+def caps_from_settings(settings: "Settings", usage: UsageStore) -> Caps:
+    """The caps that ``talon run`` enforces, or the ``ConfigError`` it refuses to start with: a
+    limit that does not parse, or an amount of money for a model with no known price. ``talon
+    doctor`` asks the same (with no model configured, its own line says so first)."""
+    caps = Caps(usage, parse_limits(settings.limit_per_person, "TALON_LIMIT_PER_PERSON"),
+                parse_limits(settings.limit_per_chat, "TALON_LIMIT_PER_CHAT"),
+                parse_limits(settings.limit_total, "TALON_LIMIT_TOTAL"), settings.zone)
+    if caps.priced and settings.model and PriceTable.from_settings(settings).price(settings.model_name) is None:
+        named = [n for n, v in (("TALON_LIMIT_PER_PERSON", caps.person), ("TALON_LIMIT_PER_CHAT", caps.chat),
+                                ("TALON_LIMIT_TOTAL", caps.total)) if any(lim.unit == "usd" for lim in v)]
+        raise ConfigError(f"{', '.join(named)} sets an amount of money, but the model {settings.model_name!r} "
+                          "has no known price: set it in TALON_PRICES (model=input/output per million "
+                          "tokens) or limit tokens instead", [*named, "TALON_PRICES"])
+    return caps
+
+
 def period_bounds(period: Period, now: float, zone: ZoneInfo) -> tuple[float, dt.datetime]:
     """When the current period began (Unix time) and when the next begins (local time)."""
     local = dt.datetime.fromtimestamp(now, zone)
@@ -85,6 +113,30 @@ def reset_words(period: Period, reset: dt.datetime, zone: ZoneInfo) -> str:
     return f"it resets on {reset.day} {reset:%B} at {reset:%H:%M} {zone.key}"
 
 
+@dataclass(eq=False)
+class Hold:
+    """A call of this worker that the store does not show yet: reserved before it is made (an
+    estimate), then settled with what it cost until its usage record is written."""
+
+    channel: str
+    chat_id: str
+    person: str
+    tokens: float
+    cost: float
+    settled: bool = False
+
+    def amount(self, unit: GrantUnit) -> float:
+        return self.tokens if unit == "tokens" else self.cost
+
+
+def _in_scope(hold: Hold, scope: Scope, channel: str, chat_id: str, person: str) -> bool:
+    if scope == "person":
+        return hold.channel == channel and hold.person == person
+    if scope == "chat":
+        return hold.channel == channel and hold.chat_id == chat_id
+    return True
+
+
 @dataclass
 class Caps:
     usage: UsageStore
@@ -103,27 +155,38 @@ class Caps:
         """Whether any limit is an amount of money (and so needs a price for the model)."""
         return any(limit.unit == "usd" for limit in (*self.person, *self.chat, *self.total))
 
-    async def check(self, channel: str, chat_id: str, person: str) -> None:
-        """Raise ``CapReached`` with the line for the person when a cap is reached."""
+    holds: list[Hold] = field(default_factory=list)  # this worker's calls not in the store yet
+
+    async def check(self, channel: str, chat_id: str, person: str,
+                    scopes: tuple[Scope, ...] = ("person", "chat", "total")) -> bool:
+        """Raise ``CapReached`` with the line for the person when a cap is reached (the store's
+        sums and this worker's finished calls not written yet). True when a cap would be reached
+        only counting the calls still in flight here: wait for them, then check again."""
         now = self.clock()
-        scopes: list[tuple[Scope, list[Limit]]] = [("person", self.person), ("chat", self.chat),
-                                                   ("total", self.total)]
-        for scope, limits in scopes:
+        held = list(self.holds)  # before the store is read: a call that settles meanwhile is seen once at least
+        wait = False
+        lists: dict[Scope, list[Limit]] = {"person": self.person, "chat": self.chat, "total": self.total}
+        for scope in scopes:
             if scope == "person" and not person:
                 continue
-            for limit in limits:
+            mine = [h for h in held if _in_scope(h, scope, channel, chat_id, person)]
+            for limit in lists[scope]:
                 since, reset = period_bounds(limit.period, now, self.zone)
                 if scope == "person":
-                    totals = await self.usage.totals(since, channel=channel, person=person)
+                    totals = await self.usage.spend(since, channel=channel, person=person)
                     allowed = limit.amount + await self.usage.granted(channel, person, limit.unit, since)
                 elif scope == "chat":
-                    totals = await self.usage.totals(since, channel=channel, chat_id=chat_id)
+                    totals = await self.usage.spend(since, channel=channel, chat_id=chat_id)
                     allowed = limit.amount
                 else:
-                    totals = await self.usage.totals(since)
+                    totals = await self.usage.spend(since)
                     allowed = limit.amount
-                if limit.used(totals) >= allowed:
+                used = limit.used(totals) + sum(h.amount(limit.unit) for h in mine if h.settled)
+                if used >= allowed:
                     raise CapReached(_line(scope, limit, reset_words(limit.period, reset, self.zone)), scope)
+                if used + sum(h.amount(limit.unit) for h in mine if not h.settled) >= allowed:
+                    wait = True
+        return wait
 
 
 def _line(scope: Scope, limit: Limit, resets: str) -> str:

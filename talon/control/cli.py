@@ -74,8 +74,9 @@ async def run_usage(settings: Settings, args: argparse.Namespace) -> int:
         for label, since in (("today", day), ("this month", month), ("all time", 0.0)):
             t = await usage.totals(since)
             cost = "no price known" if t.unpriced_calls == t.calls else f"about ${t.cost:,.4f}"
+            estimated = f", ~{t.estimated_tokens:,} estimated" if t.estimated_tokens else ""
             print(f"  {label}: {t.tokens:,} tokens ({t.input_tokens:,} in, {t.output_tokens:,} out, "
-                  f"{t.cached_tokens:,} cached) in {t.calls:,} calls; {cost}")
+                  f"{t.cached_tokens:,} cached{estimated}) in {t.calls:,} calls; {cost}")
     return 0
 
 

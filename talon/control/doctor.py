@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from talon.config import Settings
 from talon.control.approvals import ApprovalPolicy
-from talon.control.caps import parse_limits
+from talon.control.caps import caps_from_settings
 from talon.control.prices import PriceTable
 from talon.errors import ConfigError
+from talon.storage.usage import MemoryUsageStore
 
 
 def control_rows(settings: Settings) -> list[tuple[str, str]]:
@@ -20,12 +21,10 @@ def control_rows(settings: Settings) -> list[tuple[str, str]]:
         rows.append(("approvals", f"INVALID: {exc}"))
     try:
         zone = settings.zone.key
-        limits = []
-        for name, value in (("per person", settings.limit_per_person), ("per chat", settings.limit_per_chat),
-                            ("total", settings.limit_total)):
-            setting = {"per person": "TALON_LIMIT_PER_PERSON", "per chat": "TALON_LIMIT_PER_CHAT",
-                       "total": "TALON_LIMIT_TOTAL"}[name]
-            limits += [f"{limit.describe()} {name}" for limit in parse_limits(value, setting)]
+        caps = caps_from_settings(settings, MemoryUsageStore())  # the same validation as `talon run`
+        limits = [f"{limit.describe()} {name}" for name, scope in (("per person", caps.person),
+                                                                   ("per chat", caps.chat), ("total", caps.total))
+                  for limit in scope]
         rows.append(("caps", "; ".join(limits) + f" (days begin at 00:00 {zone})" if limits else "none"))
         price = PriceTable.from_settings(settings).price(settings.model_name)
         rows.append(("model price", f"${price.input:g} in / ${price.output:g} out / ${price.cached:g} cached per "

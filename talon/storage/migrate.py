@@ -208,11 +208,15 @@ async def _access(path: Path, db: AsyncDatabase) -> StoreReport:
 # Usage rows and grants have no key of their own: a row is the same row when every column but
 # the local id is the same (two calls of one chat at the same microsecond with the same counts
 # would be one; the clock makes that unlikely, and the check below would say so).
-_USAGE = ("at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, cached_tokens, cost",
+_USAGE = ("at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, cached_tokens, cost, "
+          "estimated, extra_share",
           "%s::float8, %s::text, %s::text, %s::text, %s::text, %s::text, %s::bigint, %s::bigint, %s::bigint, "
-          "%s::float8",
+          "%s::float8, %s::boolean, %s::boolean",
           "at = %s AND channel = %s AND chat_id = %s AND person = %s AND model = %s AND purpose = %s AND "
-          "input_tokens = %s AND output_tokens = %s AND cached_tokens = %s AND cost IS NOT DISTINCT FROM %s::float8")
+          "input_tokens = %s AND output_tokens = %s AND cached_tokens = %s AND cost IS NOT DISTINCT FROM %s::float8 "
+          "AND estimated = %s::boolean AND extra_share = %s::boolean")
+# A control file from before estimated usage has neither column: its calls were reported, each its own.
+_OLD_USAGE = _USAGE[0].replace("estimated, extra_share", "0, 0")
 _GRANTS = ("channel, person, unit, amount, at", "%s::text, %s::text, %s::text, %s::float8, %s::float8",
            "channel = %s AND person = %s AND unit = %s AND amount = %s AND at = %s")
 
@@ -224,13 +228,16 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
     report = StoreReport("control (usage, approvals)")
     if path.is_file():  # a database of an older Talon gets the current columns first (as at Talon's start)
         await asyncio.to_thread(lambda: open_control_db(path).close())
+    names = await asyncio.to_thread(_read_sqlite, path, "SELECT name FROM pragma_table_info('usage')")
+    old = names is not None and ("estimated",) not in names[0]
     read = await asyncio.to_thread(
-        _read_sqlite, path, f"SELECT {_USAGE[0]} FROM usage ORDER BY id",
+        _read_sqlite, path, f"SELECT {_OLD_USAGE if old else _USAGE[0]} FROM usage ORDER BY id",
         f"SELECT {_GRANTS[0]} FROM usage_grants ORDER BY id", f"SELECT {APPROVAL_COLUMNS} FROM approvals",
         "SELECT channel, chat_id, tool, decided_by, at FROM approval_always")
     if read is None:
         return report
     usage, grants, approvals, always = read
+    usage = [(*row[:10], bool(row[10]), bool(row[11])) for row in usage]  # SQLite keeps flags as 0/1
     report.found = len(usage) + len(grants) + len(approvals) + len(always)
     async with db.transaction() as conn, conn.cursor() as cur:
         for table, (columns, marks, same), rows in (("talon_usage", _USAGE, usage),

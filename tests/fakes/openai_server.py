@@ -213,6 +213,11 @@ class FakeOpenAI(LoopbackServer):
         self.streaming = streaming
         self.stream_options = True
         self.chunk_delay = chunk_delay  # seconds between streamed chunks
+        # False: no usage in any answer, streamed or not, whatever the request asks (servers that
+        # report none). ``stall``: a streamed answer stops after its text and waits until ``stall``
+        # is False again or the fake stops (a long answer the person stops midway).
+        self.report_usage = True
+        self._stall = False
         self.chunk_chars = 12  # roughly how much text each streamed chunk carries
         self.requests: list[Req] = []
         self.transcriptions: list[TranscriptionReq] = []
@@ -285,6 +290,16 @@ class FakeOpenAI(LoopbackServer):
         """While True, chat requests are held unanswered (recorded on arrival) until release()."""
         with self._cond:
             self._hang = value
+        self._notify()
+
+    @property
+    def stall(self) -> bool:
+        return self._stall
+
+    @stall.setter
+    def stall(self, value: bool) -> None:
+        with self._cond:
+            self._stall = value
         self._notify()
 
     def release(self) -> None:
@@ -381,6 +396,9 @@ class FakeOpenAI(LoopbackServer):
             if req.first_text_at is None:
                 req.first_text_at = time.monotonic()
             await send({"content": piece})
+        if self.stall:
+            await self._wait_until(lambda: True if self._closing or not self._stall else None, _HOLD_LIMIT,
+                                   lambda: "stream stalled past the hold limit")
         for index, call in enumerate(message.get("tool_calls") or []):
             args = call["function"]["arguments"]
             await send({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
@@ -388,7 +406,7 @@ class FakeOpenAI(LoopbackServer):
             for start in range(0, len(args), 16):
                 await send({"tool_calls": [{"index": index, "function": {"arguments": args[start:start + 16]}}]})
         await send({}, choice["finish_reason"])
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage") and "usage" in completion:
             await resp.write(f"data: {json.dumps(base | {'choices': [], 'usage': completion['usage']})}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -454,7 +472,7 @@ class FakeOpenAI(LoopbackServer):
                  "completion_tokens": max(1, len(generated) // 4)}
         usage.update(reply.usage or {})
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {
+        completion = {
             "id": f"chatcmpl-fake{next(self._ids)}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -468,6 +486,9 @@ class FakeOpenAI(LoopbackServer):
             }],
             "usage": usage,
         }
+        if not self.report_usage:
+            del completion["usage"]
+        return completion
 
     async def _handle_transcription(self, request: web.Request) -> web.Response:
         if (denied := self._auth_error(request)) is not None:

@@ -31,7 +31,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
     id INTEGER PRIMARY KEY, at REAL NOT NULL, channel TEXT NOT NULL, chat_id TEXT NOT NULL,
     person TEXT NOT NULL, model TEXT NOT NULL, purpose TEXT NOT NULL, input_tokens INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, cost REAL
+    output_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, cost REAL,
+    estimated INTEGER NOT NULL DEFAULT 0, extra_share INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_at ON usage (at);
 CREATE INDEX IF NOT EXISTS usage_person ON usage (channel, person, at);
@@ -97,20 +98,52 @@ def usage_where(since: float, channel: str | None, chat_id: str | None, person: 
     return " AND ".join(clauses), params
 
 
-USAGE_SUMS = ("SELECT count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), "
-              "coalesce(sum(cached_tokens), 0), coalesce(sum(cost), 0), "
-              "coalesce(sum(CASE WHEN cost IS NULL THEN 1 ELSE 0 END), 0) FROM ")
+def usage_sums(per_person: bool) -> str:
+    """The sums of ``UsageTotals`` (``... FROM`` the table follows). A call shared by several people
+    is one call of the conversation (its further shares are not counted as calls) and one call of
+    each person who shared it. Plain sums over the index's range: no DISTINCT to sort."""
+    call = "" if per_person else " AND NOT extra_share"
+    calls = "count(*)" if per_person else "count(*) - coalesce(sum(CASE WHEN extra_share THEN 1 ELSE 0 END), 0)"
+    return (f"SELECT {calls}, coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), "
+            "coalesce(sum(cached_tokens), 0), coalesce(sum(cost), 0), "
+            f"coalesce(sum(CASE WHEN cost IS NULL{call} THEN 1 ELSE 0 END), 0), "
+            f"coalesce(sum(CASE WHEN estimated{call} THEN 1 ELSE 0 END), 0), "
+            "coalesce(sum(CASE WHEN estimated THEN input_tokens + output_tokens ELSE 0 END), 0) FROM ")
+
+
+USAGE_SPEND = "SELECT coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), coalesce(sum(cost), 0) FROM "
+
+
+def spend_of(row: tuple[Any, ...] | None) -> UsageTotals:
+    inp, out, cost = row if row is not None else (0, 0, 0.0)
+    return UsageTotals(input_tokens=int(inp), output_tokens=int(out), cost=float(cost))
+
+
+USAGE_INSERT = ("INSERT INTO {table} (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
+                "cached_tokens, cost, estimated, extra_share) VALUES ({marks})")
+
+
+def usage_row(r: UsageRecord) -> tuple[object, ...]:
+    return (r.at, r.channel, r.chat_id, r.person, r.model, r.purpose, r.input_tokens, r.output_tokens,
+            r.cached_tokens, r.cost, r.estimated, r.extra_share)
 
 
 def totals_of(row: tuple[Any, ...] | None) -> UsageTotals:
     if row is None:
         return UsageTotals()
-    calls, inp, out, cached, cost, unpriced = row
-    return UsageTotals(int(calls), int(inp), int(out), int(cached), float(cost), int(unpriced))
+    calls, inp, out, cached, cost, unpriced, estimated, estimated_tokens = row
+    return UsageTotals(int(calls), int(inp), int(out), int(cached), float(cost), int(unpriced), int(estimated),
+                       int(estimated_tokens))
 
 
 def _setup(conn: sqlite3.Connection) -> None:
     _rebuild_v1_approvals(conn)
+    # A file from before estimated usage: its usage table gains the columns (old rows: reported,
+    # each its own call). Before the script, whose CREATE TABLE leaves an existing table as it is.
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(usage)")}
+    if columns and "estimated" not in columns:
+        conn.execute("ALTER TABLE usage ADD COLUMN estimated INTEGER NOT NULL DEFAULT 0")
+        conn.execute("ALTER TABLE usage ADD COLUMN extra_share INTEGER NOT NULL DEFAULT 0")
     conn.executescript(_SCHEMA)
 
 
@@ -123,18 +156,20 @@ class SqliteUsageStore:
         self.runner = runner
 
     async def record(self, record: UsageRecord) -> None:
-        r = record
         await self.runner.run(lambda conn: conn.execute(
-            "INSERT INTO usage (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
-            "cached_tokens, cost) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r.at, r.channel, r.chat_id, r.person, r.model, r.purpose, r.input_tokens, r.output_tokens,
-             r.cached_tokens, r.cost)))
+            USAGE_INSERT.format(table="usage", marks=", ".join("?" * 12)), usage_row(record)))
 
     async def totals(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                      person: str | None = None) -> UsageTotals:
         where, params = usage_where(since, channel, chat_id, person)
-        row = await self.runner.run(lambda conn: conn.execute(f"{USAGE_SUMS} usage WHERE {where}", params).fetchone())
+        row = await self.runner.run(lambda conn: conn.execute(f"{usage_sums(person is not None)} usage WHERE {where}", params).fetchone())
         return totals_of(row)
+
+    async def spend(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                    person: str | None = None) -> UsageTotals:
+        where, params = usage_where(since, channel, chat_id, person)
+        return spend_of(await self.runner.run(
+            lambda conn: conn.execute(f"{USAGE_SPEND} usage WHERE {where}", params).fetchone()))
 
     async def grant(self, channel: str, person: str, amount: float, unit: GrantUnit, at: float) -> None:
         await self.runner.run(lambda conn: conn.execute(

@@ -1,4 +1,4 @@
-"""Usage and approvals in PostgreSQL (schema scripts 6 and 7), through the async pool."""
+"""Usage and approvals in PostgreSQL (schema scripts 6, 7 and 8), through the async pool."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ from talon.storage.approvals import Approval, Grant, Status
 from talon.storage.embedded.control import (
     APPROVAL_COLUMNS,
     APPROVAL_MARKS,
-    USAGE_SUMS,
+    USAGE_INSERT,
+    USAGE_SPEND,
     approval_of,
     approval_row,
+    spend_of,
     totals_of,
+    usage_row,
+    usage_sums,
     usage_where,
 )
 from talon.storage.postgres.db import AsyncDatabase
@@ -21,17 +25,18 @@ class PgUsageStore:
         self.db = db
 
     async def record(self, record: UsageRecord) -> None:
-        r = record
-        await self.db.execute(
-            "INSERT INTO talon_usage (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
-            "cached_tokens, cost) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (r.at, r.channel, r.chat_id, r.person, r.model, r.purpose, r.input_tokens, r.output_tokens,
-             r.cached_tokens, r.cost))
+        await self.db.execute(USAGE_INSERT.format(table="talon_usage", marks=", ".join(["%s"] * 12)),
+                              usage_row(record))
 
     async def totals(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                      person: str | None = None) -> UsageTotals:
         where, params = usage_where(since, channel, chat_id, person, mark="%s")
-        return totals_of(await self.db.fetchone(f"{USAGE_SUMS} talon_usage WHERE {where}", params))
+        return totals_of(await self.db.fetchone(f"{usage_sums(person is not None)} talon_usage WHERE {where}", params))
+
+    async def spend(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                    person: str | None = None) -> UsageTotals:
+        where, params = usage_where(since, channel, chat_id, person, mark="%s")
+        return spend_of(await self.db.fetchone(f"{USAGE_SPEND} talon_usage WHERE {where}", params))
 
     async def grant(self, channel: str, person: str, amount: float, unit: GrantUnit, at: float) -> None:
         await self.db.execute(

@@ -147,6 +147,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE talon_approvals DROP CONSTRAINT talon_approvals_turn_id_call_id_key;
     ALTER TABLE talon_approvals ADD CONSTRAINT talon_approvals_turn_call_digest UNIQUE (turn_id, call_id, digest);
     """,
+    # 8: usage Talon estimated (the provider reported none), and the further shares of a shared call.
+    """
+    ALTER TABLE talon_usage ADD COLUMN estimated BOOLEAN NOT NULL DEFAULT false;
+    ALTER TABLE talon_usage ADD COLUMN extra_share BOOLEAN NOT NULL DEFAULT false;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
