@@ -45,7 +45,8 @@ async def shell(tools: ToolRegistry, command: str, timeout: float = 60.0) -> tup
 
 # Three processes of about 100 MB each (each under the per-process limit of 200 MB), together
 # over the command's 200 MB. They start together, each touches its memory and says "held" only
-# once all three hold theirs at the same time; a sibling killed meanwhile ends the wait.
+# once all three hold theirs at the same time (all ready, and none gone after that was seen); a
+# sibling killed meanwhile ends the wait.
 GREEDY = """import os, time
 open(f'/tmp/start-{os.getpid()}', 'w').close()
 deadline = time.monotonic() + 20
@@ -62,11 +63,13 @@ while len(listed('start-')) < 3 and time.monotonic() < deadline:
 block = b'x' * 95_000_000
 open(f'/tmp/ready-{os.getpid()}', 'w').close()
 while time.monotonic() < deadline:
-    if len(listed('ready-')) == 3:
-        print('held', flush=True)
-        break
     if any(gone(pid) for pid in listed('start-')):
         print('a sibling is gone', flush=True)
+        break
+    # All three ready AND, checked after that, none gone: all three held their memory at once.
+    # (A sibling killed after it said ready must not count: the third's memory may be its.)
+    if len(listed('ready-')) == 3 and not any(gone(pid) for pid in listed('start-')):
+        print('held', flush=True)
         break
     time.sleep(0.05)
 """

@@ -123,8 +123,10 @@ def server_processes(pg_url: str) -> list[psutil.Process]:
 
 
 def signal_all(processes: list[psutil.Process], sig: int) -> None:
+    # A backend that was exiting when the server was stopped is a zombie until the postmaster,
+    # continued first, reaps it: by the time its turn comes it may be gone (ProcessLookupError).
     for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
+        with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, sig)
 
 
