@@ -16,6 +16,7 @@ from mcp.server.mcpserver import Image, MCPServer
 from PIL import Image as PILImage
 
 server = MCPServer("talon-test")
+START = os.urandom(6).hex()  # which start of the server answers (pids repeat in a PID namespace)
 
 
 @server.tool(description="Echo the text back, with the process id.")
@@ -25,7 +26,7 @@ def echo(text: str) -> str:
 
 @server.tool(description="Say which process answers.")
 def whoami() -> str:
-    return f"mark={os.environ.get('MCP_TEST_MARK', '')} pid={os.getpid()} cwd={os.getcwd()}"
+    return f"mark={os.environ.get('MCP_TEST_MARK', '')} pid={os.getpid()} start={START} cwd={os.getcwd()}"
 
 
 @server.tool(description="Exit the server process in the middle of the call.")

@@ -201,6 +201,43 @@ class Sandbox:
             return [self.launcher, "-c", 'echo $$ > "$0" && exec "$@"', os.fspath(cgroup / "cgroup.procs"), *argv]
         return argv
 
+    def server_argv(self, workspace: Path, argv: list[str], *, cwd: str = SANDBOX_WORKDIR,
+                    read_only: tuple[str, ...] | list[str] = (), extra_binds: tuple[tuple[str, str], ...] = (),
+                    cgroup: Path | None = None) -> list[str]:
+        """The command line that runs a long-lived program (a per-chat MCP server) in the same
+        walls as a shell command: uid 65534, no capabilities, its own PID, network, IPC and UTS
+        namespaces, the workspace read-write at ``/workspace``, ``read_only`` host paths (its
+        program and Python install) read-only at the same paths, ``extra_binds`` read-only at the
+        given paths, a private ``/tmp``, the same limits. Its environment is the one bwrap is
+        started with (the caller builds it from nothing)."""
+        out = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all",
+               "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+               "--disable-userns", "--cap-drop", "ALL", "--hostname", "talon-sandbox"]
+        for directory in _RO_DIRS:
+            if os.path.islink(directory):
+                out += ["--symlink", os.readlink(directory), directory]
+            elif os.path.isdir(directory):
+                out += ["--ro-bind", directory, directory]
+        for entry in _ETC_FILES:
+            if os.path.exists(entry):
+                out += ["--ro-bind", entry, entry]
+        out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        covered = [d for d in _RO_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+        for path in read_only:
+            if not any(path == d or path.startswith(d + "/") for d in covered):
+                out += ["--ro-bind", path, path]
+        for source, target in extra_binds:
+            out += ["--ro-bind", source, target]
+        limits = self.limits
+        out += [
+            "--bind", os.fspath(workspace), SANDBOX_WORKDIR, "--chdir", cwd,
+            self.prlimit, f"--nproc={limits.max_procs}", f"--as={limits.max_memory}",
+            f"--cpu={limits.cpu_seconds}", f"--fsize={limits.max_file_size}", "--", *argv,
+        ]
+        if cgroup is not None and self.launcher is not None:
+            return [self.launcher, "-c", 'echo $$ > "$0" && exec "$@"', os.fspath(cgroup / "cgroup.procs"), *out]
+        return out
+
     def new_cgroup(self) -> Path | None:
         """A fresh pids cgroup for one command (root only); give it back to ``remove_cgroup``."""
         if self.pids_cgroup is None:
