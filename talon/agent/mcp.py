@@ -649,12 +649,15 @@ def _is_transport_failure(exc: BaseException) -> bool:
     return module.startswith(("httpx", "httpcore"))
 
 
-async def doctor_rows(configs: list[McpServerConfig], *, start_timeout_s: float) -> list[tuple[str, str]]:
+async def doctor_rows(configs: list[McpServerConfig], *, start_timeout_s: float,
+                      launcher: Launcher | None = None,
+                      sandbox_limits: SandboxLimits | None = None) -> list[tuple[str, str]]:
     """``talon doctor``: each server with its state and tool count. Shared servers are started
     and stopped again; per-chat ones are only looked up (they start in a chat's workspace)."""
     if not configs:
         return [("mcp servers", "none configured")]
-    manager = McpManager(configs, ToolRegistry(), store=None, limits=Limits(), start_timeout_s=start_timeout_s)
+    manager = McpManager(configs, ToolRegistry(), store=None, limits=Limits(), start_timeout_s=start_timeout_s,
+                         launcher=launcher, sandbox_limits=sandbox_limits)
     started = time.monotonic()
     await manager.start()
     try:
@@ -668,7 +671,7 @@ async def doctor_rows(configs: list[McpServerConfig], *, start_timeout_s: float)
             if status.per_chat:
                 assert config.command is not None
                 found = _resolve_command(config.command)
-                sandbox, problem = await manager.launcher.sandbox()
+                _, problem = await manager.launcher.sandbox()
                 if problem is not None:
                     value = f"FAILED: a per-chat server runs only in a sandbox, and none can be made here: {problem}"
                 elif found:

@@ -110,6 +110,47 @@ exec "$real" "$@"
 """
 
 
+_SITECUSTOMIZE = '''"""Talon's guard for MCP servers written in Python (first on PYTHONPATH).
+
+GitPython (used by mcp-server-git) runs a repository's commit hooks itself, not through git, so
+git's own core.hooksPath override does not reach them: its hook runner is replaced here by one
+that runs nothing and says so on stderr.
+"""
+import importlib.abc
+import sys
+
+
+def _no_hook(name, index, *args):
+    sys.stderr.write("talon: the repository's %s hook was not run (Talon runs no repository hooks)\\n" % name)
+
+
+class _TalonGitHookGuard(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in ("git.index.fun", "git.index.base"):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                break
+        else:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if hasattr(module, "run_commit_hook"):
+                module.run_commit_hook = _no_hook
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _TalonGitHookGuard())
+'''
+
+
 def git_guard_env(guard_bin: str | None = None) -> dict[str, str]:
     """The environment that keeps git from running anything a repository names."""
     env = {
@@ -315,6 +356,8 @@ class Launcher:
             wrapper = root / "bin" / "git"
             wrapper.write_text(_GIT_WRAPPER % {"real": _sh_quote(real), "regexp": _GIT_DRIVERS})
             wrapper.chmod(0o755)
+            (root / "py").mkdir(mode=0o755)
+            (root / "py" / "sitecustomize.py").write_text(_SITECUSTOMIZE)
             self._guard_dir = root
         return self._guard_dir
 
@@ -335,6 +378,7 @@ class Launcher:
         env |= config.env
         env |= git_guard_env(str(guard / "bin")) | _PYTHON_GUARDS
         env["PATH"] = f"{guard / 'bin'}{os.pathsep}{env.get('PATH') or os.defpath}"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(guard / "py"), config.env.get("PYTHONPATH")) if p)
         token = secrets.token_hex(8)
         env[TREE_VAR] = token
         argv = [program, *_python_flags(program), *config.args]
@@ -365,6 +409,7 @@ class Launcher:
         env |= inside.env
         env |= git_guard_env(f"{GUARD_MOUNT}/bin") | _PYTHON_GUARDS
         env["PATH"] = f"{GUARD_MOUNT}/bin:{env.get('PATH') or SANDBOX_PATH}"
+        env["PYTHONPATH"] = ":".join(p for p in (f"{GUARD_MOUNT}/py", inside.env.get("PYTHONPATH")) if p)
         read_only = await asyncio.to_thread(_read_only_paths, program, config.args)
         cgroup = await asyncio.to_thread(sandbox.new_cgroup)
         argv = sandbox.server_argv(workspace, [program, *_python_flags(program), *inside.args], cwd=cwd,
