@@ -100,19 +100,34 @@ def daemon(seconds: str) -> str:
 
 @server.tool(description="Write a message of the given megabytes to stdout, with or without its newline.")
 def flood_stdout(megabytes: int, newline: bool = True) -> str:
-    out = sys.stdout.buffer
-    out.flush()
+    import stat
+
+    # The SDK moves the wire off fd 1 (diverted to stderr): find the pipe that is neither stdin nor stderr.
+    taken = {os.fstat(0).st_ino, os.fstat(2).st_ino}
+    wire = next(fd for fd in sorted(int(n) for n in os.listdir("/proc/self/fd") if int(n) > 2)
+                if _is_write_pipe(fd, taken, stat))
     block = b"x" * (1 << 20)
-    os.write(1, b'{"jsonrpc": "2.0", "id": 999999, "result": {"content": [{"type": "text", "text": "')
+    os.write(wire, b'{"jsonrpc": "2.0", "id": 999999, "result": {"content": [{"type": "text", "text": "')
     for _ in range(megabytes):
         view = memoryview(block)
         while view:
-            view = view[os.write(1, view):]
+            view = view[os.write(wire, view):]
     if newline:
-        os.write(1, b'"}]}}\n')
+        os.write(wire, b'"}]}}\n')
         return "after the flood"
     while True:
         time.sleep(1)
+
+
+def _is_write_pipe(fd: int, taken: set[int], stat: object) -> bool:
+    import fcntl
+
+    try:
+        st = os.fstat(fd)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return False
+    return bool(stat.S_ISFIFO(st.st_mode)) and st.st_ino not in taken and flags & os.O_ACCMODE == os.O_WRONLY  # type: ignore[attr-defined]
 
 
 @server.tool(description="Write the given megabytes to stderr, quickly, in lines, then answer.")

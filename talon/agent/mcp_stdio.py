@@ -221,6 +221,12 @@ async def stdio_transport(launch: Launch, *, max_message: int, logger: logging.L
         _signal_group(process.pid, signal.SIGKILL)
         with anyio.move_on_after(1.0):
             await stderr_done.wait()
+        # The pipes a left-behind process may hold (or stdout unread past an over-long message)
+        # are closed with the transport; nothing public exposes it.
+        transport = getattr(process, "_transport", None)
+        if transport is not None:
+            with contextlib.suppress(PermissionError):
+                transport.close()
         await launch.cleanup()
 
     async with anyio.create_task_group() as tg:
