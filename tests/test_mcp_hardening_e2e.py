@@ -385,7 +385,7 @@ async def test_a_100_mb_result_line_fails_the_call_restarts_the_server_and_never
         await manager.close()
     assert flooded.is_error and "larger than 4,000,000 bytes (TALON_MCP_MAX_RESULT)" in text(flooded)
     assert "the server is being restarted" in text(flooded)
-    assert re.search(r"start=(\w+)", before).group(1) != re.search(r"start=(\w+)", after).group(1)
+    assert re.findall(r"start=(\w+)", before) != re.findall(r"start=(\w+)", after)  # another start
     assert max(lateness) < 0.5, f"another turn took {max(lateness):.2f}s"
     assert took < 30
 
