@@ -384,6 +384,7 @@ class McpManager(ToolSource):
                 self.shared[config.name] = connection
         if any(c.per_chat for c in self.configs.values()):
             self._reaper = asyncio.create_task(self._reap_idle(), name="mcp-idle")
+            await self.launcher.sandbox()  # looked up now: a missing sandbox is said at start
 
     async def close(self) -> None:
         self._closed = True
