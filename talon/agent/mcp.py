@@ -7,19 +7,23 @@ to, for rules that treat servers differently.
 
 Connections. Each live link to a server (a child process for stdio, a session for streamable
 HTTP) is a ``_Connection`` owned by one task of its own, because the SDK's transports must be
-entered and left in one task. A stdio server's stderr goes to Talon's log under
-``talon.mcp.<server>``, and its end (the pipe closing) tells that the process is gone. A
-connection that fails to start, exits, or lets a call run past ``TALON_MCP_TIMEOUT`` (taken as
-hung) is restarted with backoff (1 s doubling to 60 s); meanwhile its tools are not offered, a
-call gets a tool error saying why, and ``/status`` says so. ``/stop`` cancels a call: the SDK
-tells the server the request was cancelled. Stopping Talon stops every connection, and the SDK
-ends each stdio server's whole process group.
+entered and left in one task. A stdio server is started by ``talon.agent.mcp_launch`` (its
+command line, environment and walls) and spoken to through Talon's own transport
+(``talon.agent.mcp_stdio``: one message at most ``TALON_MCP_MAX_RESULT`` bytes, read linearly;
+stderr to Talon's log under ``talon.mcp.<server>``, cut and rate-limited). A connection that fails
+to start, exits, sends a message past the cap, or lets a call run past ``TALON_MCP_TIMEOUT``
+(taken as hung) is restarted with backoff (1 s doubling to 60 s); meanwhile a call gets a tool
+error saying why, and ``/status`` says so. ``/stop`` cancels a call: the SDK tells the server the
+request was cancelled. Stopping Talon stops every connection with its whole process tree.
 
 Shared and per-chat servers. A server whose config has no ``${WORKSPACE}`` is one connection
-for every chat, started with Talon. One with ``${WORKSPACE}`` gets a connection per workspace,
-started on first use in that chat (its working directory is the workspace) and stopped when idle
-for ``TALON_MCP_IDLE_TIMEOUT``. Its tools are learned from the first of its connections that
-starts, and offered in every chat from then on.
+for every chat, started with Talon, on the host (the operator's trust decision). One with
+``${WORKSPACE}`` gets a connection per workspace, in the shell's bubblewrap sandbox (refused where
+none can be made), started on first use in that chat and stopped when idle for
+``TALON_MCP_IDLE_TIMEOUT``, or, least recently used first, when ``TALON_MCP_PER_CHAT_MAX`` run.
+Each chat's connection starts and backs off on its own. The server's tools are learned from the
+first of its connections that starts, and offered in every chat from then on; a chat whose own
+connection failed gets the reason as the tool error.
 
 Results. Text goes to the model between untrusted markers naming the server (``talon.agent
 .untrusted``), cut at ``OUTSIDE_RESULT_MAX_CHARS``; the context pipeline saves long results to
@@ -531,10 +535,7 @@ class McpManager(ToolSource):
                     f"Error: {tool} on the MCP server {server!r} did not answer within {self.call_timeout_s:g}s "
                     "(TALON_MCP_TIMEOUT); the call was cancelled and the server is being restarted", is_error=True)
             if exc.code == CONNECTION_CLOSED and connection.overflowed:
-                return ToolResult.text(
-                    f"Error: the answer of the MCP server {server!r} to {tool} was larger than {self.max_result:,} "
-                    f"bytes (TALON_MCP_MAX_RESULT), so it was not read; the call failed and the server is being "
-                    "restarted. Ask for less (a narrower query, a smaller range).", is_error=True)
+                return self._too_large(server, tool)
             if exc.code == CONNECTION_CLOSED:
                 connection.wake("the connection closed during a call (the server exited)")
                 return ToolResult.text(
@@ -543,10 +544,14 @@ class McpManager(ToolSource):
             return ToolResult.text(f"Error: the MCP server {server!r} refused the call to {tool}: {exc.message}",
                                    is_error=True)
         except (OSError, ConnectionError) as exc:
+            if connection.overflowed:
+                return self._too_large(server, tool)
             connection.wake(f"the connection failed: {exc}")
             return ToolResult.text(f"Error: the MCP server {server!r} could not be reached: {exc}", is_error=True)
         except Exception as exc:
             if _is_transport_failure(exc):
+                if connection.overflowed:
+                    return self._too_large(server, tool)
                 connection.wake(f"the connection failed: {_describe(exc)}")
                 return ToolResult.text(f"Error: the MCP server {server!r} could not be reached: {_describe(exc)}",
                                        is_error=True)
@@ -555,6 +560,12 @@ class McpManager(ToolSource):
             connection.in_flight -= 1
             connection.last_used = time.monotonic()
         return await self._result(server, tool, result)
+
+    def _too_large(self, server: str, tool: str) -> ToolResult:
+        return ToolResult.text(
+            f"Error: the answer of the MCP server {server!r} to {tool} was larger than {self.max_result:,} bytes "
+            "(TALON_MCP_MAX_RESULT), so it was not read; the call failed and the server is being restarted. "
+            "Ask for less (a narrower query, a smaller range).", is_error=True)
 
     async def _result(self, server: str, tool: str, result: Any) -> ToolResult:
         from mcp_types import (
