@@ -410,3 +410,31 @@ async def test_a_stderr_flood_leaves_the_log_small_and_says_how_much_was_dropped
     total = sum(int(m.group(1).replace(",", "")) for d in dropped if (m := re.search(r"\[([\d,]+) bytes", d)))
     assert total > 90_000_000  # the flood, counted
     assert connection.stderr_tail  # the last lines are still kept for error messages
+
+
+# --- the red team's run, through a chat ----------------------------------------------------
+async def test_a_chat_turn_calling_git_status_on_a_planted_workspace_runs_nothing_of_the_plant(
+        tg: Any, llm: Any, tmp_path: Path, token_in_env: str) -> None:
+    from tests.conftest import ALICE, make_settings
+    from tests.conftest import running_telegram as running
+    from tests.fakes.openai_server import FakeOpenAI
+
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "git": {"command": "mcp-server-git", "args": ["--repository", "${WORKSPACE}"]}}}))
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_MCP_CONFIG=str(config))
+    workspace = settings.workspace_dir("telegram", str(ALICE))
+    workspace.mkdir(parents=True)
+    canary = tmp_path / "CANARY-outside-the-workspace"
+    plant_git(workspace, canary)
+    llm.queue(FakeOpenAI.tool_call("mcp__git__git_status", {"repo_path": "."}),
+              FakeOpenAI.tool_call("mcp__git__git_diff_unstaged", {"repo_path": "."}),
+              lambda body: "said: " + body["messages"][-1]["content"][-400:])
+    async with running(settings):
+        tg.push_update(tg.text_message(ALICE, "what is the state of my repo?", user_id=ALICE))
+        [answer] = await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE),
+                                     timeout=60)
+    assert not (workspace / "pwned.txt").exists(), (workspace / "pwned.txt").read_text()
+    assert not canary.exists()
+    assert token_in_env not in answer.params["text"]
+    assert "+two" in answer.params["text"] or "a.txt" in answer.params["text"]  # the real diff came back
