@@ -438,3 +438,31 @@ async def test_a_chat_turn_calling_git_status_on_a_planted_workspace_runs_nothin
     assert not canary.exists()
     assert token_in_env not in answer.params["text"]
     assert "+two" in answer.params["text"] or "a.txt" in answer.params["text"]  # the real diff came back
+
+
+@pytest.mark.parametrize("kind", ["per_chat", "shared"])
+async def test_a_plant_that_does_run_still_sees_no_token(tmp_path: Path, token_in_env: str, kind: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second wall: with git's guards taken away on purpose, the planted fsmonitor runs, and
+    still finds Talon's token in no process it can see (a per-chat server: the sandbox's PID
+    namespace and environment; a shared one: its own PID namespace and built environment)."""
+    import talon.agent.mcp_launch as launch
+
+    monkeypatch.setattr(launch, "git_guard_env", lambda guard_bin=None: {})
+    monkeypatch.setattr(launch, "_GIT_WRAPPER", '#!/bin/sh\nreal=%(real)s\nexec "$real" "$@"\n')
+    repo = tmp_path / "ws"
+    repo.mkdir()
+    plant_git(repo, tmp_path / "canary")
+    where = "${WORKSPACE}" if kind == "per_chat" else str(repo)
+    manager, registry = manager_for({"git": {"command": "mcp-server-git", "args": ["--repository", where]}})
+    await manager.start()
+    try:
+        await call(registry, "mcp__git__git_status", {"repo_path": "/workspace" if kind == "per_chat" else str(repo)},
+                   ctx(repo) if kind == "per_chat" else ToolContext())
+    finally:
+        await manager.close()
+    evidence = (repo / "pwned.txt").read_text()
+    assert "fsmonitor ran" in evidence  # the plant ran (the guards were taken away)
+    assert "TELEGRAM_BOT_TOKEN" not in evidence and token_in_env not in evidence
+    if kind == "per_chat":
+        assert "ran as 65534" in evidence and not (tmp_path / "canary").exists()
