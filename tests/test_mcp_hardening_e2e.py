@@ -466,3 +466,33 @@ async def test_a_plant_that_does_run_still_sees_no_token(tmp_path: Path, token_i
     assert "TELEGRAM_BOT_TOKEN" not in evidence and token_in_env not in evidence
     if kind == "per_chat":
         assert "ran as 65534" in evidence and not (tmp_path / "canary").exists()
+
+
+@pytest.mark.parametrize("how", [["status"], ["diff"], ["add", "-A"], ["log", "-p", "-1"], ["-c", "x.y=1", "diff"]])
+@pytest.mark.parametrize("where", ["cwd", "-C", "--git-dir"])
+def test_the_git_wrapper_finds_the_repository_however_it_is_named(tmp_path: Path, how: list[str],
+                                                                  where: str) -> None:
+    """git as a server may run it (the guard's environment, the wrapper first on PATH), from the
+    repository, or from elsewhere with ``-C`` or ``--git-dir``/``--work-tree``: nothing planted runs."""
+    from talon.agent.mcp_launch import git_guard_env
+
+    repo = tmp_path / "ws"
+    repo.mkdir()
+    canary = tmp_path / "canary"
+    plant_git(repo, canary)
+    (repo / "pwn.sh").write_text(PWN.format(canary=canary).replace("pwned.txt", str(repo / "pwned.txt")))
+    launcher = Launcher()
+    try:
+        guard = launcher.guard_dir() / "bin"
+        env = {"PATH": f"{guard}:/usr/bin:/bin", "HOME": str(tmp_path)} | git_guard_env(str(guard))
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        prefix = {"cwd": [], "-C": ["-C", str(repo)],
+                  "--git-dir": [f"--git-dir={repo / '.git'}", "--work-tree", str(repo)]}[where]
+        done = subprocess.run(["git", *prefix, *how], cwd=repo if where == "cwd" else elsewhere, env=env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        launcher.close()
+    assert not (repo / "pwned.txt").exists(), (repo / "pwned.txt").read_text()
+    assert not canary.exists()
+    assert done.returncode == 0 or "external diff died" in done.stderr or "cannot run" in done.stderr, done.stderr

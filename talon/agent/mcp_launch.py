@@ -92,7 +92,24 @@ _GIT_WRAPPER = """#!/bin/sh
 # blanked with a GIT_CONFIG_COUNT override before the real git runs.
 real=%(real)s
 n=${GIT_CONFIG_COUNT:-0}
-names=$("$real" config --null --name-only --get-regexp '%(regexp)s' 2>/dev/null | tr '\\0' '\\n')
+# The repository the command will use: git's own global options (-C, --git-dir, --work-tree) are
+# followed, in a subshell, before its config is asked for the drivers it names.
+names=$(
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -C) cd "$2" 2>/dev/null || exit 0; shift 2 ;;
+      -C*) cd "${1#-C}" 2>/dev/null || exit 0; shift ;;
+      --git-dir=*) GIT_DIR=${1#--git-dir=}; export GIT_DIR; shift ;;
+      --git-dir) GIT_DIR=$2; export GIT_DIR; shift 2 ;;
+      --work-tree=*) GIT_WORK_TREE=${1#--work-tree=}; export GIT_WORK_TREE; shift ;;
+      --work-tree) GIT_WORK_TREE=$2; export GIT_WORK_TREE; shift 2 ;;
+      -c|--namespace|--super-prefix|--config-env) shift 2 ;;
+      -*) shift ;;
+      *) break ;;
+    esac
+  done
+  "$real" config --null --name-only --get-regexp '%(regexp)s' 2>/dev/null | tr '\\0' '\\n'
+)
 if [ -n "$names" ]; then
   while IFS= read -r name; do
     [ -n "$name" ] || continue
