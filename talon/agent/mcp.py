@@ -41,9 +41,7 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
-import sys
 import time
 from collections import deque
 from collections.abc import Callable

@@ -130,9 +130,13 @@ async def stdio_transport(launch: Launch, *, max_message: int, logger: logging.L
     """Start ``launch`` and yield the (read, write) streams of SessionMessage the SDK's Client takes."""
     from mcp.shared.message import SessionMessage
 
-    process = await asyncio.create_subprocess_exec(
-        *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=launch.env, cwd=launch.cwd, start_new_session=True, limit=_CHUNK)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=launch.env, cwd=launch.cwd, start_new_session=True, limit=_CHUNK)
+    except BaseException:
+        await launch.cleanup()  # its cgroup, made for it
+        raise
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
