@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,6 +328,7 @@ class Launcher:
         self._reaper: str | None = None
         self._reaper_checked = False
         self._guard_dir: Path | None = None
+        self._guard_lock = threading.Lock()  # guard_dir runs in worker threads, maybe two at once
         self._lock = asyncio.Lock()
 
     @property
@@ -364,7 +366,12 @@ class Launcher:
         return self._reaper
 
     def guard_dir(self) -> Path:
-        """A directory holding the ``git`` wrapper (``bin/git``), written once."""
+        """A directory holding the ``git`` wrapper (``bin/git``) and the Python guard
+        (``py/sitecustomize.py``), written once."""
+        with self._guard_lock:
+            return self._make_guard_dir()
+
+    def _make_guard_dir(self) -> Path:
         if self._guard_dir is None:
             real = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin") or "/usr/bin/git"
             root = Path(tempfile.mkdtemp(prefix="talon-mcp-"))
@@ -379,9 +386,10 @@ class Launcher:
         return self._guard_dir
 
     def close(self) -> None:
-        if self._guard_dir is not None:
-            shutil.rmtree(self._guard_dir, ignore_errors=True)
-            self._guard_dir = None
+        with self._guard_lock:
+            if self._guard_dir is not None:
+                shutil.rmtree(self._guard_dir, ignore_errors=True)
+                self._guard_dir = None
 
     # --- one start -----------------------------------------------------------------------------
     async def shared(self, config: McpServerConfig) -> Launch:
