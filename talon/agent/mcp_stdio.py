@@ -85,9 +85,9 @@ class _StderrLog:
         line = raw.decode("utf-8", "replace").rstrip()
         if not line:
             return
-        if cut:
-            line += " [line cut]"
-        self.tail.append(line[:300])
+        suffix = " [line cut]" if cut else ""
+        self.tail.append(line[:300] + suffix)
+        line += suffix
         now = time.monotonic()
         if now - self.window_start >= _STDERR_WINDOW_S:
             self._report_dropped()
