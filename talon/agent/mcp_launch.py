@@ -44,7 +44,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from talon.agent.mcp_config import McpServerConfig
+from talon.agent.mcp_config import WORKSPACE_VAR, McpServerConfig
 from talon.agent.sandbox import SANDBOX_PATH, SANDBOX_WORKDIR, Sandbox, SandboxLimits, find_sandbox, \
     remove_cgroup, trusted_program
 from talon.errors import McpUnavailable, SandboxUnavailable
@@ -428,6 +428,9 @@ class Launcher:
         program = _program(config)
         inside = config.for_workspace(Path(SANDBOX_WORKDIR))
         cwd = inside.cwd or SANDBOX_WORKDIR
+        if not (cwd == SANDBOX_WORKDIR or cwd.startswith(SANDBOX_WORKDIR + "/")):
+            raise McpUnavailable(f"its working directory {config.cwd} is outside the chat's workspace; a per-chat "
+                                 f"server sees only its workspace (give \"cwd\" as {WORKSPACE_VAR} or under it)")
         guard = await asyncio.to_thread(self.guard_dir)
         env = {"PATH": f"{GUARD_MOUNT}/bin:{SANDBOX_PATH}", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "LC_ALL": "C.UTF-8", "TERM": "dumb"}
