@@ -140,11 +140,16 @@ class _Connection:
         self._task: asyncio.Task[None] | None = None
         self._log = logging.getLogger(f"talon.mcp.{config.name}")
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"mcp-{self.label}")
+    def start(self, after: asyncio.Task[None] | None = None) -> None:
+        """Start the owner task; ``after``: a connection being stopped to make room, waited for
+        first, so the per-chat cap holds for processes, not just connections."""
+        self._task = asyncio.create_task(self._run(after), name=f"mcp-{self.label}")
 
     # --- the owner task -----------------------------------------------------------------------
-    async def _run(self) -> None:
+    async def _run(self, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(after)
         delay = _BACKOFF_FIRST_S
         while not self._closing:
             self.state = "starting"
@@ -400,17 +405,19 @@ class McpManager(ToolSource):
         await asyncio.gather(*(c.close() for c in connections), *self._stopping, return_exceptions=True)
         self.launcher.close()
 
-    def _connection(self, config: McpServerConfig, workspace: Path | None, label: str) -> _Connection:
+    def _connection(self, config: McpServerConfig, workspace: Path | None, label: str,
+                    after: asyncio.Task[None] | None = None) -> _Connection:
         connection = _Connection(config, label=label, start_timeout_s=self.start_timeout_s,
                                  on_tools=lambda _config, tools: self._learn(config, tools), launcher=self.launcher,
                                  workspace=workspace, max_message=self.max_result)
-        connection.start()
+        connection.start(after)
         return connection
 
-    def _stop_later(self, connection: _Connection) -> None:
+    def _stop_later(self, connection: _Connection) -> asyncio.Task[None]:
         task = asyncio.create_task(connection.close(), name=f"mcp-stop-{connection.label}")
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+        return task
 
     async def _reap_idle(self) -> None:
         interval = max(0.2, min(30.0, self.idle_timeout_s / 4))
@@ -486,24 +493,27 @@ class McpManager(ToolSource):
         key = (config.name, Path(workspace))
         connection = self.per_chat.get(key)
         if connection is None:
-            if len(self.per_chat) >= self.per_chat_max and not self._evict_one():
-                return None
-            connection = self._connection(config, Path(workspace), f"{config.name} [{Path(workspace).name}]")
+            after = None
+            if len(self.per_chat) >= self.per_chat_max:
+                after = self._evict_one()
+                if after is None:
+                    return None
+            connection = self._connection(config, Path(workspace), f"{config.name} [{Path(workspace).name}]", after)
             self.per_chat[key] = connection
         connection.last_used = time.monotonic()
         return connection
 
-    def _evict_one(self) -> bool:
-        """Stop the least recently used per-chat instance that is not mid-call; False if none."""
+    def _evict_one(self) -> asyncio.Task[None] | None:
+        """Stop the least recently used per-chat instance that is not mid-call (the task that
+        stops it); None if every one is mid-call."""
         idle = [(c.last_used, key) for key, c in self.per_chat.items() if c.in_flight == 0]
         if not idle:
-            return False
+            return None
         _, key = min(idle)
         connection = self.per_chat.pop(key)
         log.info("MCP server %s stopped: %d per-chat servers run (TALON_MCP_PER_CHAT_MAX) and it was used "
                  "least recently", connection.label, self.per_chat_max)
-        self._stop_later(connection)
-        return True
+        return self._stop_later(connection)
 
     # --- calls --------------------------------------------------------------------------------
     async def call(self, server: str, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
