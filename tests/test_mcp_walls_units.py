@@ -69,3 +69,23 @@ def test_a_stderr_flood_is_cut_and_rate_limited_with_the_drop_said(caplog: pytes
     assert any("bytes of this server's stderr" in m and "not logged" in m for m in messages)
     assert tail[-1] == "last words" and any(t.endswith("[line cut]") for t in tail)
     assert all(len(m) <= 2_000 + len(" [line cut]") or "not logged" in m for m in messages)
+
+
+def test_the_new_settings_reach_the_manager(tmp_path: Path) -> None:
+    import json
+
+    from talon.agent.tools import ToolRegistry
+    from talon.runtime import outside_tools
+    from talon.storage.embedded.attachments import FileAttachments
+    from tests.conftest import make_settings
+
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"git": {"command": "mcp-server-git",
+                                                         "args": ["--repository", "${WORKSPACE}"]}}}))
+    settings = make_settings(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9", TALON_MCP_CONFIG=str(config),
+                             TALON_MCP_PER_CHAT_MAX=3, TALON_MCP_MAX_RESULT=500_000, TALON_SHELL_MAX_PROCS=99)
+    manager = outside_tools(settings, ToolRegistry(), FileAttachments(tmp_path / "store"))
+    assert manager is not None
+    assert manager.per_chat_max == 3 and manager.max_result == 500_000
+    assert manager.launcher.sandbox_limits.max_procs == 99  # per-chat servers get the shell's limits
+    manager.launcher.close()
