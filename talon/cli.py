@@ -345,7 +345,12 @@ def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
     path = settings.mcp_config_path
     rows.append(("mcp config", str(path.resolve()) if path.exists() else f"none ({path} not found)"))
     if servers:
-        rows += asyncio.run(doctor_rows(servers, start_timeout_s=settings.mcp_start_timeout_s))
+        from talon.agent.sandbox import SandboxLimits
+
+        limits = SandboxLimits(settings.shell_max_procs, settings.shell_max_memory, settings.shell_cpu_seconds,
+                               settings.shell_max_file_size)
+        rows += asyncio.run(doctor_rows(servers, start_timeout_s=settings.mcp_start_timeout_s,
+                                        sandbox_limits=limits))
     return rows
 
 

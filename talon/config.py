@@ -143,6 +143,11 @@ class Settings(BaseSettings):
     mcp_start_timeout_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_MCP_START_TIMEOUT"))
     # A per-chat server (one using ${WORKSPACE}) is stopped after this long without a call.
     mcp_idle_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_MCP_IDLE_TIMEOUT"))
+    # Per-chat server processes running at once (all servers, all chats); the least recently used
+    # idle one is stopped to start another.
+    mcp_per_chat_max: int = Field(default=8, ge=1, validation_alias=_env("TALON_MCP_PER_CHAT_MAX"))
+    # Bytes of one message (one line) from a stdio server; past it the call fails and the server restarts.
+    mcp_max_result: int = Field(default=4 * MB, ge=64 * 1024, validation_alias=_env("TALON_MCP_MAX_RESULT"))
     web_fetch: bool = Field(default=True, validation_alias=_env("TALON_WEB_FETCH"))
     # Hosts web_fetch may reach although they are on a private network (exact names or addresses).
     web_allow_hosts: str = Field(default="", validation_alias=_env("TALON_WEB_ALLOW_HOSTS"))

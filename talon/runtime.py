@@ -320,7 +320,10 @@ def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStor
     from talon.agent.mcp import McpManager
 
     return McpManager(servers, tools, store=store, limits=settings.limits(), call_timeout_s=settings.mcp_timeout_s,
-                      start_timeout_s=settings.mcp_start_timeout_s, idle_timeout_s=settings.mcp_idle_timeout_s)
+                      start_timeout_s=settings.mcp_start_timeout_s, idle_timeout_s=settings.mcp_idle_timeout_s,
+                      per_chat_max=settings.mcp_per_chat_max, max_result=settings.mcp_max_result,
+                      sandbox_limits=SandboxLimits(settings.shell_max_procs, settings.shell_max_memory,
+                                                   settings.shell_cpu_seconds, settings.shell_max_file_size))
 
 
 def build_scheduler(settings: Settings, stores: Stores) -> Scheduler:

@@ -68,12 +68,17 @@ def tool_results(body: dict[str, Any]) -> list[str]:
 
 
 def mcp_children(pattern: str) -> list[psutil.Process]:
-    """Live child processes of this test whose command line contains ``pattern``."""
+    """Live child processes of this test whose command line contains ``pattern``: the servers
+    themselves, not the bwrap (or the shell that moves it into a cgroup) they run in."""
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and pattern in " ".join(child.cmdline()):
-                found.append(child)
+            command = child.cmdline()
+            if child.status() == psutil.STATUS_ZOMBIE or not command or pattern not in " ".join(command):
+                continue
+            if Path(command[0]).name in ("bwrap", "sh"):
+                continue
+            found.append(child)
         except psutil.NoSuchProcess:
             continue
     return found
@@ -164,15 +169,16 @@ async def test_git_server_with_workspace_sees_its_own_chat_only_and_stops_when_i
         return FakeOpenAI.tool_call("mcp__git__git_log", {"repo_path": "."})
 
     llm.default_responder = respond
-    servers: set[str] = set()
+    servers: dict[int, str] = {}
 
-    async def sample() -> None:  # which git server processes ran, whenever they ran
+    async def sample() -> None:  # which git server processes ran, whenever they ran, in which sandbox
         while True:
             for process in mcp_children("mcp-server-git"):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     # A process caught as it exits (a zombie) shows an empty command line.
-                    if command := " ".join(process.cmdline()):
-                        servers.add(command)
+                    walls = " ".join(" ".join(p.cmdline()) for p in process.parents() if "bwrap" in p.name())
+                    if " ".join(process.cmdline()) and walls:
+                        servers[process.pid] = walls
             await asyncio.sleep(0.05)
 
     sampler = asyncio.create_task(sample())
@@ -194,7 +200,9 @@ async def test_git_server_with_workspace_sees_its_own_chat_only_and_stops_when_i
     assert "bob's private commit" in bob and "alice" not in bob
     assert "outside the allowed repository" in peek and "bob's private commit" not in peek
     assert len(servers) == 2  # one process per chat, each given its own workspace
-    assert any(str(roots["alice"]) in s for s in servers) and any(str(roots["bob"]) in s for s in servers)
+    walls = list(servers.values())
+    assert any(f"--bind {roots['alice']} /workspace" in w for w in walls)
+    assert any(f"--bind {roots['bob']} /workspace" in w for w in walls)
 
 
 # --- streamable HTTP ------------------------------------------------------------------------
@@ -373,8 +381,8 @@ async def test_a_call_past_the_time_limit_is_an_error_and_the_hung_server_restar
         again = await registry.call(ToolCall(id="3", name="mcp__t__whoami", arguments="{}"))
     finally:
         await manager.close()
-    pid = re.compile(r"pid=(\d+)")
-    assert not again.is_error and pid.search(again.content[0].text).group(1) != pid.search(first_pid).group(1)
+    start = re.compile(r"start=(\w+)")  # another start of the server (its pid may repeat in its namespace)
+    assert not again.is_error and start.search(again.content[0].text).group(1) != start.search(first_pid).group(1)
 
 
 # --- results --------------------------------------------------------------------------------

@@ -7,19 +7,23 @@ to, for rules that treat servers differently.
 
 Connections. Each live link to a server (a child process for stdio, a session for streamable
 HTTP) is a ``_Connection`` owned by one task of its own, because the SDK's transports must be
-entered and left in one task. A stdio server's stderr goes to Talon's log under
-``talon.mcp.<server>``, and its end (the pipe closing) tells that the process is gone. A
-connection that fails to start, exits, or lets a call run past ``TALON_MCP_TIMEOUT`` (taken as
-hung) is restarted with backoff (1 s doubling to 60 s); meanwhile its tools are not offered, a
-call gets a tool error saying why, and ``/status`` says so. ``/stop`` cancels a call: the SDK
-tells the server the request was cancelled. Stopping Talon stops every connection, and the SDK
-ends each stdio server's whole process group.
+entered and left in one task. A stdio server is started by ``talon.agent.mcp_launch`` (its
+command line, environment and walls) and spoken to through Talon's own transport
+(``talon.agent.mcp_stdio``: one message at most ``TALON_MCP_MAX_RESULT`` bytes, read linearly;
+stderr to Talon's log under ``talon.mcp.<server>``, cut and rate-limited). A connection that fails
+to start, exits, sends a message past the cap, or lets a call run past ``TALON_MCP_TIMEOUT``
+(taken as hung) is restarted with backoff (1 s doubling to 60 s); meanwhile a call gets a tool
+error saying why, and ``/status`` says so. ``/stop`` cancels a call: the SDK tells the server the
+request was cancelled. Stopping Talon stops every connection with its whole process tree.
 
 Shared and per-chat servers. A server whose config has no ``${WORKSPACE}`` is one connection
-for every chat, started with Talon. One with ``${WORKSPACE}`` gets a connection per workspace,
-started on first use in that chat (its working directory is the workspace) and stopped when idle
-for ``TALON_MCP_IDLE_TIMEOUT``. Its tools are learned from the first of its connections that
-starts, and offered in every chat from then on.
+for every chat, started with Talon, on the host (the operator's trust decision). One with
+``${WORKSPACE}`` gets a connection per workspace, in the shell's bubblewrap sandbox (refused where
+none can be made), started on first use in that chat and stopped when idle for
+``TALON_MCP_IDLE_TIMEOUT``, or, least recently used first, when ``TALON_MCP_PER_CHAT_MAX`` run.
+Each chat's connection starts and backs off on its own. The server's tools are learned from the
+first of its connections that starts, and offered in every chat from then on; a chat whose own
+connection failed gets the reason as the tool error.
 
 Results. Text goes to the model between untrusted markers naming the server (``talon.agent
 .untrusted``), cut at ``OUTSIDE_RESULT_MAX_CHARS``; the context pipeline saves long results to
@@ -37,19 +41,18 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
-import shutil
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from talon.agent.mcp_config import McpServerConfig
+from talon.agent.mcp_launch import Launcher, resolve_command
+from talon.agent.sandbox import SandboxLimits
 from talon.agent.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolSource
 from talon.agent.untrusted import cut, image_from_bytes, untrusted_block
 from talon.storage.attachments import AttachmentStore
@@ -67,7 +70,6 @@ _BACKOFF_MAX_S = 60.0
 # A connection that stayed up this long starts its backoff afresh when it fails.
 _STABLE_S = 60.0
 _STDERR_TAIL = 5
-_STDERR_LINE_CHARS = 2000
 _LIST_PAGES_MAX = 20
 _DESCRIPTION_MAX = 1024
 _IMAGE_MAX_BASE64 = 30_000_000
@@ -105,27 +107,23 @@ class ServerStatus:
         return f"{self.name} ({kind}): {self.state}{tools}{detail}"
 
 
-def _resolve_command(command: str) -> str | None:
-    """The program to run: on PATH, else beside Talon's own interpreter (a server installed
-    in the same virtualenv as Talon, whose bin directory is often not on PATH)."""
-    if os.sep in command:
-        return command if os.access(command, os.X_OK) else None
-    found = shutil.which(command)
-    if found:
-        return found
-    beside = Path(sys.executable).parent / command
-    return str(beside) if os.access(beside, os.X_OK) else None
+_resolve_command = resolve_command
 
 
 class _Connection:
     """One live link to one server, owned by its task; restarted with backoff until closed."""
 
     def __init__(self, config: McpServerConfig, *, label: str, start_timeout_s: float,
-                 on_tools: Callable[[McpServerConfig, list[Any]], None]) -> None:
+                 on_tools: Callable[[McpServerConfig, list[Any]], None], launcher: Launcher,
+                 workspace: Path | None = None, max_message: int = 4_000_000) -> None:
         self.config = config
         self.label = label  # the server's name, plus the chat's workspace for a per-chat one
         self.start_timeout_s = start_timeout_s
         self.on_tools = on_tools
+        self.launcher = launcher
+        self.workspace = workspace  # a per-chat server's workspace (on the host); None for a shared one
+        self.max_message = max_message
+        self.overflowed = 0  # the size of the last message past TALON_MCP_MAX_RESULT, in this session
         self.state = "starting"
         self.detail = ""
         self.client: Any = None
@@ -142,11 +140,16 @@ class _Connection:
         self._task: asyncio.Task[None] | None = None
         self._log = logging.getLogger(f"talon.mcp.{config.name}")
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"mcp-{self.label}")
+    def start(self, after: asyncio.Task[None] | None = None) -> None:
+        """Start the owner task; ``after``: a connection being stopped to make room, waited for
+        first, so the per-chat cap holds for processes, not just connections."""
+        self._task = asyncio.create_task(self._run(after), name=f"mcp-{self.label}")
 
     # --- the owner task -----------------------------------------------------------------------
-    async def _run(self) -> None:
+    async def _run(self, after: asyncio.Task[None] | None = None) -> None:
+        if after is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(after)
         delay = _BACKOFF_FIRST_S
         while not self._closing:
             self.state = "starting"
@@ -194,16 +197,15 @@ class _Connection:
         self._wake.clear()
         self._wake_reason = ""
         self.stderr_tail.clear()
+        self.overflowed = 0
         async with AsyncExitStack() as stack:
-            transport, errlog = await self._transport(stack)
+            transport = await self._transport(stack)
             client = Client(transport, client_info=Implementation(name="talon", version="0.1.0"))
             started = time.monotonic()
             with anyio.CancelScope() as scope:
                 # The deadline covers the start only: it is lifted once the server is ready.
                 scope.deadline = anyio.current_time() + self.start_timeout_s
                 async with client:
-                    if errlog is not None:
-                        errlog.close()  # the child has its copy; EOF now means the process ended
                     tools = await self._list_tools(client)
                     scope.deadline = math.inf
                     self.client = client
@@ -225,7 +227,7 @@ class _Connection:
         if not self._closing:
             await self._wake.wait()
 
-    async def _transport(self, stack: AsyncExitStack) -> tuple[Any, TextIO | None]:
+    async def _transport(self, stack: AsyncExitStack) -> Any:
         if self.config.command is None:
             import httpx2  # the SDK's own HTTP client library
             from mcp.client.streamable_http import streamable_http_client
@@ -236,55 +238,27 @@ class _Connection:
                                       timeout=httpx2.Timeout(30.0, read=300.0))
             await stack.enter_async_context(http)
             assert self.config.url is not None
-            return streamable_http_client(self.config.url, http_client=http), None
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+            return streamable_http_client(self.config.url, http_client=http)
+        from talon.agent.mcp_stdio import stdio_transport
 
-        program = _resolve_command(self.config.command)
-        if program is None:
-            raise McpUnavailable(f"the command {self.config.command!r} was not found (not on PATH, nor beside "
-                                 f"Talon's Python in {Path(sys.executable).parent})")
-        cwd = self.config.cwd
-        if cwd is not None and not Path(cwd).is_dir():
-            raise McpUnavailable(f"its working directory {cwd} does not exist")
-        read_fd, write_fd = os.pipe()
-        errlog = os.fdopen(write_fd, "w")
-        reader = asyncio.create_task(self._pump_stderr(read_fd), name=f"mcp-stderr-{self.label}")
-        # Unwound in reverse: the write end is closed before the reader is awaited for its EOF.
-        stack.push_async_callback(_finish, reader)
-        stack.callback(errlog.close)
-        # The SDK passes on only a few harmless variables (PATH, HOME...) plus the config's env:
-        # Talon's own secrets never reach a server.
-        params = StdioServerParameters(command=program, args=list(self.config.args), env=self.config.env or None,
-                                       cwd=cwd)
-        return stdio_client(params, errlog=errlog), errlog
+        # A per-chat server in the sandbox (or refused), a shared one on the host; either way
+        # with an environment built from nothing but the config's env (talon.agent.mcp_launch).
+        if self.workspace is not None:
+            launch = await self.launcher.per_chat(self.config, self.workspace)
+        else:
+            launch = await self.launcher.shared(self.config)
+        return stdio_transport(launch, max_message=self.max_message, logger=self._log, tail=self.stderr_tail,
+                               on_exit=self._exited, on_overflow=self._overflow)
 
-    async def _pump_stderr(self, fd: int) -> None:
-        """Log the server's stderr line by line; the pipe's end means the process is gone."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 20)
-        pipe = os.fdopen(fd, "rb", buffering=0)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-        buffer = b""
-        try:
-            while chunk := await reader.read(65536):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                if len(buffer) > _STDERR_LINE_CHARS:
-                    lines.append(buffer)
-                    buffer = b""
-                for raw in lines:
-                    line = raw.decode("utf-8", "replace").rstrip()[:_STDERR_LINE_CHARS]
-                    if line:
-                        self.stderr_tail.append(line[:300])
-                        self._log.info("%s", line)
-            if buffer.strip():
-                line = buffer.decode("utf-8", "replace").strip()[:_STDERR_LINE_CHARS]
-                self.stderr_tail.append(line[:300])
-                self._log.info("%s", line)
-        finally:
-            transport.close()
+    def _exited(self, why: str) -> None:
         if not self._closing:
-            self.wake("the server process exited")
+            self.wake(why)
+
+    def _overflow(self, size: int) -> None:
+        self.overflowed = size
+        log.warning("MCP server %s sent a message of more than %s bytes (TALON_MCP_MAX_RESULT=%s); restarting it",
+                    self.label, f"{size:,}", self.max_message)
+        self.wake(f"it sent a message larger than {self.max_message:,} bytes (TALON_MCP_MAX_RESULT)")
 
     async def _list_tools(self, client: Any) -> list[Any]:
         tools: list[Any] = []
@@ -333,14 +307,6 @@ class _Connection:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-
-
-async def _finish(task: asyncio.Task[None]) -> None:
-    """Let the stderr reader see the pipe's end (the process is gone by now); bounded."""
-    with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-        await asyncio.wait_for(asyncio.shield(task), 3.0)
-    if not task.done():
-        task.cancel()
 
 
 def _describe(exc: BaseException) -> str:
@@ -394,7 +360,9 @@ class McpManager(ToolSource):
 
     def __init__(self, configs: list[McpServerConfig], registry: ToolRegistry, *,
                  store: AttachmentStore | None, limits: Limits, call_timeout_s: float = 60.0,
-                 start_timeout_s: float = 30.0, idle_timeout_s: float = 600.0) -> None:
+                 start_timeout_s: float = 30.0, idle_timeout_s: float = 600.0, per_chat_max: int = 8,
+                 max_result: int = 4_000_000, sandbox_limits: SandboxLimits | None = None,
+                 launcher: Launcher | None = None) -> None:
         self.configs = {c.name: c for c in configs}
         self.registry = registry
         self.store = store
@@ -402,11 +370,14 @@ class McpManager(ToolSource):
         self.call_timeout_s = call_timeout_s
         self.start_timeout_s = start_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.per_chat_max = per_chat_max  # TALON_MCP_PER_CHAT_MAX: per-chat processes at once
+        self.max_result = max_result  # TALON_MCP_MAX_RESULT: bytes of one message from a server
+        self.launcher = launcher or Launcher(sandbox_limits)
         self.shared: dict[str, _Connection] = {}
         self.per_chat: dict[tuple[str, Path], _Connection] = {}
         self._tools: dict[str, list[McpTool]] = {}
         self._listings: dict[str, list[tuple[str, str | None, str]]] = {}
-        self._retry_at: dict[str, float] = {}  # per-chat servers whose tools are unknown
+        self._stopping: set[asyncio.Task[None]] = set()  # per-chat connections being stopped
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         registry.sources.append(self)
@@ -416,10 +387,11 @@ class McpManager(ToolSource):
         """Start every shared server (in the background; ``prepare`` waits for the first try)."""
         for config in self.configs.values():
             if not config.per_chat:
-                connection = self._connection(config, config, config.name)
+                connection = self._connection(config, None, config.name)
                 self.shared[config.name] = connection
         if any(c.per_chat for c in self.configs.values()):
             self._reaper = asyncio.create_task(self._reap_idle(), name="mcp-idle")
+            await self.launcher.sandbox()  # looked up now: a missing sandbox is said at start
 
     async def close(self) -> None:
         self._closed = True
@@ -430,13 +402,22 @@ class McpManager(ToolSource):
         connections = [*self.shared.values(), *self.per_chat.values()]
         self.shared.clear()
         self.per_chat.clear()
-        await asyncio.gather(*(c.close() for c in connections), return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in connections), *self._stopping, return_exceptions=True)
+        self.launcher.close()
 
-    def _connection(self, config: McpServerConfig, resolved: McpServerConfig, label: str) -> _Connection:
-        connection = _Connection(resolved, label=label, start_timeout_s=self.start_timeout_s,
-                                 on_tools=lambda _resolved, tools: self._learn(config, tools))
-        connection.start()
+    def _connection(self, config: McpServerConfig, workspace: Path | None, label: str,
+                    after: asyncio.Task[None] | None = None) -> _Connection:
+        connection = _Connection(config, label=label, start_timeout_s=self.start_timeout_s,
+                                 on_tools=lambda _config, tools: self._learn(config, tools), launcher=self.launcher,
+                                 workspace=workspace, max_message=self.max_result)
+        connection.start(after)
         return connection
+
+    def _stop_later(self, connection: _Connection) -> asyncio.Task[None]:
+        task = asyncio.create_task(connection.close(), name=f"mcp-stop-{connection.label}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        return task
 
     async def _reap_idle(self) -> None:
         interval = max(0.2, min(30.0, self.idle_timeout_s / 4))
@@ -487,23 +468,23 @@ class McpManager(ToolSource):
 
     async def prepare(self, ctx: ToolContext) -> None:
         """Before a turn: wait (bounded) for shared servers still on their first start, and start
-        this chat's instance of a per-chat server whose tools are not known yet."""
+        this chat's own instance of a per-chat server whose tools are not known yet (each chat's
+        instance starts and backs off on its own: one chat's failure hides nothing from another)."""
         waits = [c.first_attempt.wait() for c in self.shared.values() if not c.first_attempt.is_set()]
         for config in self.configs.values():
-            if config.per_chat and config.name not in self._tools and \
-                    time.monotonic() >= self._retry_at.get(config.name, 0.0):
+            if config.per_chat and config.name not in self._tools:
                 connection = self._chat_connection(config, ctx)
-                # Only the very first try holds a turn up; later ones run in the background and
-                # their tools are offered from the next step on.
-                if connection is not None and config.name not in self._retry_at:
+                if connection is not None and not connection.first_attempt.is_set():
                     waits.append(connection.first_attempt.wait())
-                self._retry_at[config.name] = time.monotonic() + _BACKOFF_MAX_S
         if not waits:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), self.start_timeout_s + 1.0)
 
     def _chat_connection(self, config: McpServerConfig, ctx: ToolContext) -> _Connection | None:
+        """This chat's instance of a per-chat server (keyed by its workspace, so forum topics
+        that share a workspace share it), started if it is not running; None when there is no
+        workspace, or when TALON_MCP_PER_CHAT_MAX instances run and every one is mid-call."""
         if self._closed:
             return None
         workspace = getattr(ctx.workspace, "real_root", None)
@@ -512,10 +493,27 @@ class McpManager(ToolSource):
         key = (config.name, Path(workspace))
         connection = self.per_chat.get(key)
         if connection is None:
-            connection = self._connection(config, config.for_workspace(Path(workspace)),
-                                          f"{config.name} [{Path(workspace).name}]")
+            after = None
+            if len(self.per_chat) >= self.per_chat_max:
+                after = self._evict_one()
+                if after is None:
+                    return None
+            connection = self._connection(config, Path(workspace), f"{config.name} [{Path(workspace).name}]", after)
             self.per_chat[key] = connection
+        connection.last_used = time.monotonic()
         return connection
+
+    def _evict_one(self) -> asyncio.Task[None] | None:
+        """Stop the least recently used per-chat instance that is not mid-call (the task that
+        stops it); None if every one is mid-call."""
+        idle = [(c.last_used, key) for key, c in self.per_chat.items() if c.in_flight == 0]
+        if not idle:
+            return None
+        _, key = min(idle)
+        connection = self.per_chat.pop(key)
+        log.info("MCP server %s stopped: %d per-chat servers run (TALON_MCP_PER_CHAT_MAX) and it was used "
+                 "least recently", connection.label, self.per_chat_max)
+        return self._stop_later(connection)
 
     # --- calls --------------------------------------------------------------------------------
     async def call(self, server: str, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -525,6 +523,11 @@ class McpManager(ToolSource):
         config = self.configs[server]
         connection = self._chat_connection(config, ctx) if config.per_chat else self.shared.get(server)
         if connection is None:
+            if config.per_chat and getattr(ctx.workspace, "real_root", None) is not None and not self._closed:
+                return ToolResult.text(
+                    f"Error: the MCP server {server!r} cannot start for this chat now: {self.per_chat_max} per-chat "
+                    "MCP servers are running (TALON_MCP_PER_CHAT_MAX) and every one is in the middle of a call; "
+                    "try again shortly", is_error=True)
             return ToolResult.text(f"Error: the MCP server {server!r} is not available here", is_error=True)
         connection.last_used = time.monotonic()
         connection.in_flight += 1
@@ -539,6 +542,8 @@ class McpManager(ToolSource):
                 return ToolResult.text(
                     f"Error: {tool} on the MCP server {server!r} did not answer within {self.call_timeout_s:g}s "
                     "(TALON_MCP_TIMEOUT); the call was cancelled and the server is being restarted", is_error=True)
+            if exc.code == CONNECTION_CLOSED and connection.overflowed:
+                return self._too_large(server, tool)
             if exc.code == CONNECTION_CLOSED:
                 connection.wake("the connection closed during a call (the server exited)")
                 return ToolResult.text(
@@ -547,10 +552,14 @@ class McpManager(ToolSource):
             return ToolResult.text(f"Error: the MCP server {server!r} refused the call to {tool}: {exc.message}",
                                    is_error=True)
         except (OSError, ConnectionError) as exc:
+            if connection.overflowed:
+                return self._too_large(server, tool)
             connection.wake(f"the connection failed: {exc}")
             return ToolResult.text(f"Error: the MCP server {server!r} could not be reached: {exc}", is_error=True)
         except Exception as exc:
             if _is_transport_failure(exc):
+                if connection.overflowed:
+                    return self._too_large(server, tool)
                 connection.wake(f"the connection failed: {_describe(exc)}")
                 return ToolResult.text(f"Error: the MCP server {server!r} could not be reached: {_describe(exc)}",
                                        is_error=True)
@@ -559,6 +568,12 @@ class McpManager(ToolSource):
             connection.in_flight -= 1
             connection.last_used = time.monotonic()
         return await self._result(server, tool, result)
+
+    def _too_large(self, server: str, tool: str) -> ToolResult:
+        return ToolResult.text(
+            f"Error: the answer of the MCP server {server!r} to {tool} was larger than {self.max_result:,} bytes "
+            "(TALON_MCP_MAX_RESULT), so it was not read; the call failed and the server is being restarted. "
+            "Ask for less (a narrower query, a smaller range).", is_error=True)
 
     async def _result(self, server: str, tool: str, result: Any) -> ToolResult:
         from mcp_types import (
@@ -632,6 +647,9 @@ class McpManager(ToolSource):
             failing = [c for c in running if c.client is None and c.state in ("failed", "restarting")]
             state = f"{ready} running" if running else "started on first use in a chat"
             detail = f"{len(failing)} failing, e.g. {failing[0].detail}" if failing else ""
+            problem = self.launcher.sandbox_problem
+            if problem is not None:
+                state, detail = "refused", f"per-chat servers run only in a sandbox, and none can be made here: {problem}"
             out.append(ServerStatus(config.name, config.transport, True, state, tools, detail))
         return out
 
@@ -651,12 +669,15 @@ def _is_transport_failure(exc: BaseException) -> bool:
     return module.startswith(("httpx", "httpcore"))
 
 
-async def doctor_rows(configs: list[McpServerConfig], *, start_timeout_s: float) -> list[tuple[str, str]]:
+async def doctor_rows(configs: list[McpServerConfig], *, start_timeout_s: float,
+                      launcher: Launcher | None = None,
+                      sandbox_limits: SandboxLimits | None = None) -> list[tuple[str, str]]:
     """``talon doctor``: each server with its state and tool count. Shared servers are started
     and stopped again; per-chat ones are only looked up (they start in a chat's workspace)."""
     if not configs:
         return [("mcp servers", "none configured")]
-    manager = McpManager(configs, ToolRegistry(), store=None, limits=Limits(), start_timeout_s=start_timeout_s)
+    manager = McpManager(configs, ToolRegistry(), store=None, limits=Limits(), start_timeout_s=start_timeout_s,
+                         launcher=launcher, sandbox_limits=sandbox_limits)
     started = time.monotonic()
     await manager.start()
     try:
@@ -670,8 +691,14 @@ async def doctor_rows(configs: list[McpServerConfig], *, start_timeout_s: float)
             if status.per_chat:
                 assert config.command is not None
                 found = _resolve_command(config.command)
-                value = (f"per chat (${{WORKSPACE}}): started in each chat's workspace on first use; {found}"
-                         if found else f"MISSING: command {config.command!r} not found (a per-chat server)")
+                _, problem = await manager.launcher.sandbox()
+                if problem is not None:
+                    value = f"FAILED: a per-chat server runs only in a sandbox, and none can be made here: {problem}"
+                elif found:
+                    value = (f"per chat (${{WORKSPACE}}): started in each chat's workspace on first use, in the "
+                             f"sandbox (uid 65534, no network, only its workspace writable); {found}")
+                else:
+                    value = f"MISSING: command {config.command!r} not found (a per-chat server)"
             elif status.state == "ready":
                 value = f"ready ({status.transport}): {status.tools or 0} tool(s) [{elapsed:.1f} s]"
             else:

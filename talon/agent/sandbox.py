@@ -38,6 +38,9 @@ workspace's size limit (``TALON_WORKSPACE_MAX``), as the shell tool passes it fo
 system's own directories (never on ``PATH``), and each must be owned by root in directories only
 root can write: a ``bwrap`` planted anywhere else is never run.
 
+Per-chat MCP servers run in the same walls (``Sandbox.server_argv``), long-lived, with their
+program and Python install bound read-only (``talon.agent.mcp_launch``).
+
 On timeout the sandbox is killed as a whole: bwrap runs with ``--die-with-parent`` as the leader
 of its own process group, and killing it ends the PID namespace's init, upon which the kernel
 kills every process in the namespace, ``setsid`` or not.
@@ -265,6 +268,9 @@ class Sandbox:
             f"--cpu={limits.cpu_seconds}", f"--fsize={fsize}", "--",
             "/bin/sh", "-c", command,
         ]
+        return self._in_cgroups(argv, cgroup)
+
+    def _in_cgroups(self, argv: list[str], cgroup: CommandCgroup | Path | None) -> list[str]:
         procs = ([cgroup / "cgroup.procs"] if isinstance(cgroup, Path)
                  else cgroup.procs_files if cgroup is not None else [])
         if procs and self.launcher is not None:
@@ -274,6 +280,41 @@ class Sandbox:
                       'exec "$@"')
             return [self.launcher, "-c", script, str(len(procs)), *map(os.fspath, procs), *argv]
         return argv
+
+    def server_argv(self, workspace: Path, argv: list[str], *, cwd: str = SANDBOX_WORKDIR,
+                    read_only: tuple[str, ...] | list[str] = (), extra_binds: tuple[tuple[str, str], ...] = (),
+                    cgroup: CommandCgroup | Path | None = None) -> list[str]:
+        """The command line that runs a long-lived program (a per-chat MCP server) in the same
+        walls as a shell command: uid 65534, no capabilities, its own PID, network, IPC and UTS
+        namespaces, the workspace read-write at ``/workspace``, ``read_only`` host paths (its
+        program and Python install) read-only at the same paths, ``extra_binds`` read-only at the
+        given paths, a private ``/tmp``, the same limits. Its environment is the one bwrap is
+        started with (the caller builds it from nothing)."""
+        out = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all",
+               "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+               "--disable-userns", "--cap-drop", "ALL", "--hostname", "talon-sandbox"]
+        for directory in _RO_DIRS:
+            if os.path.islink(directory):
+                out += ["--symlink", os.readlink(directory), directory]
+            elif os.path.isdir(directory):
+                out += ["--ro-bind", directory, directory]
+        for entry in _ETC_FILES:
+            if os.path.exists(entry):
+                out += ["--ro-bind", entry, entry]
+        out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        covered = [d for d in _RO_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+        for path in read_only:
+            if not any(path == d or path.startswith(d + "/") for d in covered):
+                out += ["--ro-bind", path, path]
+        for source, target in extra_binds:
+            out += ["--ro-bind", source, target]
+        limits = self.limits
+        out += [
+            "--bind", os.fspath(workspace), SANDBOX_WORKDIR, "--chdir", cwd,
+            self.prlimit, f"--nproc={limits.max_procs}", f"--as={limits.max_memory}",
+            f"--cpu={limits.cpu_seconds}", f"--fsize={limits.max_file_size}", "--", *argv,
+        ]
+        return self._in_cgroups(out, cgroup)
 
     def new_cgroup(self) -> CommandCgroup | None:
         """Fresh cgroups for one command: pids (root only) and memory, where they can be made;
