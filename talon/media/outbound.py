@@ -27,7 +27,7 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from talon.render.markdown import closes_fence, code_spans, fence_of, heading_text, unescape
+from talon.render.markdown import code_spans, unescape
 
 __all__ = ["MarkdownMediaRef", "extract_markdown_media"]
 
@@ -43,73 +43,68 @@ class MarkdownMediaRef:
 Range = tuple[int, int]
 
 # --- block structure ------------------------------------------------------------------------
+#
+# One regex reads the block structure, line by line in C, without a Python step per line. At a
+# line start it takes either a run of code (fenced blocks, indented code lines, blank lines) or a
+# run of text (blank lines, ATX headings, paragraphs); a paragraph runs on until a blank line, a
+# fence or a heading, and its indented lines are continuation lines, not code. Every quantifier
+# on the way is possessive or a single character class, and the fence body stops at the first
+# closing line, so nothing backtracks: the scan is linear, and a flood of fences, blank lines or
+# carriage returns costs a few C steps per line.
+
+_EOL = r"(?:\n|\Z)"
+_BLANKS = r"[ \t\r\n]*+\Z|[ \t\r\n]*\n"  # blank lines (a \r is only ever followed by \n here)
+_FENCE_START = r" {0,3}+(?:`{3,}+(?![^`\n]*+`)|~{3,}+)"
+_HEADING_START = r" {0,3}+#{1,6}+(?=[ \t]|\r?" + _EOL + ")"
+_INDENT_START = r"(?: {0,3}+\t| {4})"
+_BREAK = rf"(?:[ \t]*+(?:\r?\n|\Z)|{_FENCE_START}|{_HEADING_START})"  # ends a paragraph
 
 
-def _indent_width(line: str) -> int:
-    width = 0
-    for ch in line:
-        if ch == " ":
-            width += 1
-        elif ch == "\t":
-            width += 4 - width % 4
-        else:
+def _fence(group: str, opener: str, char: str) -> str:
+    """A fenced block: the opening line, then lines up to a closing fence (or the end)."""
+    close = rf" {{0,3}}+(?P={group}){char}*+[ \t]*+\r?{_EOL}"
+    return rf" {{0,3}}+(?P<{group}>{opener})[^\n]*+{_EOL}(?:(?!{close})[^\n]*+\n)*+(?:{close}|[^\n]*+\Z)"
+
+
+_FENCED = _fence("b", r"`{3,}+(?![^`\n]*+`)", "`") + "|" + _fence("t", r"~{3,}+", "~")
+_PARAGRAPH = rf"(?!{_FENCE_START}|{_INDENT_START})[^\n]*+(?:\n(?!{_BREAK})[^\n]*+)*+{_EOL}"
+_BLOCKS = re.compile(
+    rf"(?P<code>(?:{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL})+)"
+    rf"|(?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})+"
+)
+# Inside a run of text: its segments (a heading line, or a paragraph) and the blank lines between.
+_SEGMENTS = re.compile(rf"(?P<blank>{_BLANKS})|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}")
+
+
+def _text_runs(text: str) -> list[Range]:
+    """Runs of lines outside code in which an image reference may be lifted.
+
+    A run holds paragraphs and headings (and the blank lines between them); a run without a
+    ``![`` or without a ``](`` can lift nothing and is left out.
+    """
+    runs: list[Range] = []
+    find = text.find
+    for m in _BLOCKS.finditer(text):
+        start, end = m.span()
+        if start == end:
             break
-        if width >= 4:
-            break
-    return width
+        if m.lastgroup is None and find("![", start, end) >= 0 and find("](", start, end) >= 0:
+            runs.append((start, end))
+    return runs
 
 
-def _inline_segments(text: str) -> list[Range]:
-    """Runs of lines inside which inline markup may continue (paragraphs and headings).
+def _inline_segments(text: str, start: int, end: int) -> list[Range]:
+    """The segments of a run of text: each paragraph (its lines together) and each heading line.
 
-    Code blocks and blank lines are left out: they are never searched, and neither code spans
-    nor image references can cross them.
+    Code spans and image references never cross a segment's ends.
     """
     segments: list[Range] = []
-    n = len(text)
-    pos = 0
-    fence: str | None = None  # the open fence
-    paragraph_open = False  # an indented line right after paragraph text is a continuation
-    seg_start = -1
-
-    while pos < n:
-        nl = text.find("\n", pos)
-        end = n if nl < 0 else nl + 1
-        line = text[pos : (n if nl < 0 else nl)]
-        if line.endswith("\r"):
-            line = line[:-1]
-
-        if fence is not None:
-            if closes_fence(line, fence):
-                fence = None
-            pos = end
-            continue
-
-        opener = fence_of(line)
-        if not line.strip(" \t"):
-            kind = "blank"
-        elif opener:
-            kind = "fence"
-            fence = opener[0]
-        elif not paragraph_open and _indent_width(line) >= 4:
-            kind = "indented code"
-        elif heading_text(line) is not None:
-            kind = "heading"
-        else:
-            kind = "text"
-
-        if kind != "text" and seg_start >= 0:
-            segments.append((seg_start, pos))
-            seg_start = -1
-        if kind == "heading":
-            segments.append((pos, end))
-        elif kind == "text" and seg_start < 0:
-            seg_start = pos
-        paragraph_open = kind == "text"
-        pos = end
-
-    if seg_start >= 0:
-        segments.append((seg_start, n))
+    for m in _SEGMENTS.finditer(text, start, end):
+        s, e = m.span()
+        if s == e:
+            break
+        if m.lastgroup is None:
+            segments.append((s, e))
     return segments
 
 
@@ -455,6 +450,94 @@ class _Rebuilder:
         self.ends_blank = self.line_empty and prev_blank
 
 
+# --- lifting ---------------------------------------------------------------------------------
+
+# A run of text whose every bracket is in a one-line ``[...]`` without brackets, backslashes or
+# backticks inside, and whose every ``![alt](`` goes on as a plain ``(path)``. Its images cannot
+# nest or hide in code, so one regex step finds each, with no bracket matching at all.
+_SIMPLE_DEST = r"[^\x00-\x20()\\\x7f<\[\]][^\x00-\x20()\\\x7f\[\]]*+"
+_SIMPLE_RUN = re.compile(
+    r"(?:[^\[\]\\`!]++|!(?!\[)"
+    rf"|!\[[^\[\]\\`\n]*+\](?:\([ \t]*+{_SIMPLE_DEST}[ \t]*+\)|(?!\())"
+    r"|\[[^\[\]\\`\n]*+\])*+"
+)
+# In such a run, an image with a local destination (no URL scheme, no network path).
+_SIMPLE_LOCAL = re.compile(
+    rf"!\[([^\[\]\\`\n]*+)\]\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\)"
+)
+
+
+def _lift_simple(text: str, start: int, end: int, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
+    plain = _PLAIN_ALT.fullmatch
+    for m in _SIMPLE_LOCAL.finditer(text, start, end):
+        alt, path = m.group(1, 2)
+        if not plain(alt):
+            alt = _SPACES.sub(" ", alt).strip()
+        refs.append(MarkdownMediaRef(alt, path))
+        removals.append(m.span())
+
+
+class _Lifter:
+    """The general case, one segment at a time: code spans, bracket pairs, then each tail."""
+
+    def __init__(self, text: str, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
+        self.text = text
+        self.refs = refs
+        self.removals = removals
+        self.scanner = _Scanner(text)
+        self.labels: set[str] | None = None  # reference definitions, read only if an image might use one
+
+    def segment(self, seg_start: int, seg_end: int) -> None:
+        text = self.text
+        if text.find("![", seg_start, seg_end) < 0 or text.find("](", seg_start, seg_end) < 0:
+            return
+        spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
+        span_starts = [s for s, _ in spans]
+        consumed = seg_start
+        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
+            if opener - 1 < consumed:
+                continue  # inside an earlier image's alt text: only alt text, never a file
+            if span_starts:
+                nxt = bisect_left(span_starts, closer + 1)
+                limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+            else:
+                limit = seg_end
+            parsed = self.scanner.tail(closer + 1, limit)
+            if parsed is None:
+                if text.find("![", opener + 1, closer) >= 0:
+                    # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
+                    # (which is not lifted) makes the images in its label mere alt text.
+                    if self.labels is None:
+                        self.labels = _reference_labels(text)
+                    reference_end = _reference_image_end(text, opener, closer, limit, self.labels)
+                    if reference_end is not None:
+                        consumed = reference_end
+                continue
+            raw_dest, end = parsed
+            consumed = end
+            path = unescape(raw_dest) if "\\" in raw_dest else raw_dest
+            if not path.strip() or _is_remote(path):
+                continue
+            alt = text[opener + 1 : closer]
+            if "\\" in alt:
+                alt = unescape(alt)
+            if not _PLAIN_ALT.fullmatch(alt):
+                alt = _SPACES.sub(" ", alt).strip()
+            self.refs.append(MarkdownMediaRef(alt=alt, path=path))
+            self.removals.append((opener - 1, end))
+
+
+def _rebuild(text: str, removals: list[Range]) -> str:
+    rebuilt = _Rebuilder(text)
+    pos = 0
+    for start, end in removals:
+        rebuilt.copy(pos, start)
+        rebuilt.remove(start)
+        pos = end
+    rebuilt.copy(pos, len(text))
+    return rebuilt.result()
+
+
 # --- entry point ----------------------------------------------------------------------------
 
 
@@ -471,63 +554,19 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
         # CommonMark ends a line at \n, \r\n or a bare \r; the scanners below know \n and
         # \r\n, so a bare \r is read (and, if anything is lifted, returned) as \n.
         text = _BARE_CR.sub("\n", text)
-    segments = _inline_segments(text)
-    spans: list[Range] = []
-    for start, end in segments:
-        if text.find("`", start, end) >= 0:
-            spans.extend(code_spans(text, start, end))
-    span_starts = [s for s, _ in spans]
-    scanner = _Scanner(text)
-
     refs: list[MarkdownMediaRef] = []
     removals: list[Range] = []
-    labels: set[str] | None = None  # reference definitions, read only if an image might use one
-    for seg_start, seg_end in segments:
-        if text.find("![", seg_start, seg_end) < 0:
-            continue
-        consumed = seg_start
-        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
-            if opener - 1 < consumed:
-                continue  # inside an earlier image's alt text: only alt text, never a file
-            if span_starts:
-                nxt = bisect_left(span_starts, closer + 1)
-                limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
-            else:
-                limit = seg_end
-            parsed = scanner.tail(closer + 1, limit)
-            if parsed is None:
-                if text.find("![", opener + 1, closer) >= 0:
-                    # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
-                    # (which is not lifted) makes the images in its label mere alt text.
-                    if labels is None:
-                        labels = _reference_labels(text)
-                    reference_end = _reference_image_end(text, opener, closer, limit, labels)
-                    if reference_end is not None:
-                        consumed = reference_end
-                continue
-            raw_dest, end = parsed
-            consumed = end
-            path = unescape(raw_dest) if "\\" in raw_dest else raw_dest
-            if not path.strip() or _is_remote(path):
-                continue
-            alt = text[opener + 1 : closer]
-            if "\\" in alt:
-                alt = unescape(alt)
-            if not _PLAIN_ALT.fullmatch(alt):
-                alt = _SPACES.sub(" ", alt).strip()
-            refs.append(MarkdownMediaRef(alt=alt, path=path))
-            removals.append((opener - 1, end))
-
+    lifter = _Lifter(text, refs, removals)
+    for run_start, run_end in _text_runs(text):
+        if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
+                and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
+            _lift_simple(text, run_start, run_end, refs, removals)
+        else:
+            for seg_start, seg_end in _inline_segments(text, run_start, run_end):
+                lifter.segment(seg_start, seg_end)
     if not removals:
         return original, []
-    rebuilt = _Rebuilder(text)
-    pos = 0
-    for start, end in removals:
-        rebuilt.copy(pos, start)
-        rebuilt.remove(start)
-        pos = end
-    rebuilt.copy(pos, len(text))
-    body = rebuilt.result()
+    body = _rebuild(text, removals)
     if not body.strip(" \t\n"):
         body = ""  # nothing but the blanks the references stood between
     return body, refs
