@@ -355,126 +355,119 @@ def _reference_image_end(text: str, opener: int, closer: int, limit: int, labels
 # --- removal and tidying --------------------------------------------------------------------
 
 
-class _Rebuilder:
-    """Rebuilds the text without the lifted references, closing up the gaps they leave.
+def _tail_state(piece: str, line_empty: bool, ends_blank: bool) -> tuple[bool, bool]:
+    """(line_empty, ends_blank) after ``piece`` is appended to output in that state.
+
+    line_empty: the output's last line has no content yet; ends_blank: the output ends with a
+    blank line (or is empty).
+    """
+    last_nl = piece.rfind("\n")
+    if last_nl < 0:
+        if piece.strip(" \t\r"):
+            return False, False
+        return line_empty, ends_blank
+    before = piece.rfind("\n", 0, last_nl)
+    prev_blank = not piece[before + 1 : last_nl].strip(" \t\r") and (before >= 0 or line_empty)
+    line_empty = not piece[last_nl + 1 :].strip(" \t\r")
+    return line_empty, line_empty and prev_blank
+
+
+def _rebuild(text: str, removals: list[Range]) -> str:
+    """The text without the lifted references, closing up the gaps they leave.
 
     A reference inside a sentence becomes a single space; one alone on its line takes the line
     with it; blank lines do not pile up where several lines vanished; the line's indentation is
-    kept when text follows the reference. Text away from a removal is copied untouched.
+    kept when text follows the reference. Text away from a removal is copied untouched. One pass
+    over the removals, each piece of text between them looked at once (at its ends).
     """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.out: list[str] = []
-        self.line_empty = True  # the current output line has no content yet
-        self.ends_blank = True  # the output ends with a blank line (or is empty)
-        self.pending = False  # a reference was removed and the gap is not closed yet
-        self.held_indent = ""
-        self._state_before_last = (True, True)  # (line_empty, ends_blank) before out[-1]
-
-    def copy(self, start: int, end: int) -> None:
-        piece = self.text[start:end]
-        if self.pending:
-            piece = self._close_gap(piece)
-            if self.pending:
-                return
-        self._emit(piece)
-
-    def remove(self, start: int) -> None:
-        """Called with the text before the reference already copied up to ``start``."""
-        if self.out:
-            last = self.out[-1]
+    out: list[str] = []
+    line_empty = True
+    ends_blank = True
+    pending = False  # a reference was removed and the gap is not closed yet
+    held_indent = ""
+    before_last = (True, True)  # (line_empty, ends_blank) before out[-1]
+    pos = 0
+    count = len(removals)
+    for i in range(count + 1):
+        start, end = removals[i] if i < count else (len(text), -1)
+        piece = text[pos:start]
+        if pending:  # close the gap the last removal left
+            rest = piece.lstrip(" \t")
+            if not rest:
+                piece = ""
+            elif rest[0] in "\r\n":
+                if line_empty:
+                    rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
+                    held_indent = ""
+                    if ends_blank:
+                        # drop whole blank lines, keep the next content line's indentation
+                        content = len(rest) - len(rest.lstrip(" \t\r\n"))
+                        rest = rest[rest.rfind("\n", 0, content) + 1 :]
+                if rest:
+                    pending = False
+                piece = rest
+            else:
+                pending = False
+                piece = held_indent + rest if line_empty else " " + rest
+                held_indent = ""
+        if piece:
+            before_last = (line_empty, ends_blank)
+            out.append(piece)
+            if "\n" in piece:
+                line_empty, ends_blank = _tail_state(piece, line_empty, ends_blank)
+            elif line_empty and piece.strip(" \t\r"):
+                line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
+        if end < 0:
+            break
+        if out:  # the reference goes: so do the blanks before it on its line
+            last = out[-1]
             stripped = last.rstrip(" \t")
             if stripped != last:
-                self.out[-1] = stripped
-                gap = last[len(stripped) :]
+                out[-1] = stripped
                 # re-derive the tail from the state before that piece, not by rescanning
-                self.line_empty, self.ends_blank = self._state_before_last
-                self._update_tail(stripped)
-                if self.line_empty and not self.pending:
-                    self.held_indent = gap
-        self.pending = True
-
-    def result(self) -> str:
-        text = "".join(self.out)
-        if self.pending and self.line_empty:
-            # the last line vanished: drop the blank lines it leaves at the end
-            end = len(text.rstrip())
-            while end < len(text) and text[end] in " \t":
-                end += 1
-            text = text[:end]
-        return text
-
-    def _close_gap(self, piece: str) -> str:
-        rest = piece.lstrip(" \t")
-        if not rest:
-            return ""
-        if rest[0] in "\r\n":
-            if self.line_empty:
-                rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
-                self.held_indent = ""
-                if self.ends_blank:
-                    # drop whole blank lines, keep the next content line's indentation
-                    content = len(rest) - len(rest.lstrip(" \t\r\n"))
-                    rest = rest[rest.rfind("\n", 0, content) + 1 :]
-                if not rest:
-                    return ""
-            self.pending = False
-            return rest
-        self.pending = False
-        joined = self.held_indent + rest if self.line_empty else " " + rest
-        self.held_indent = ""
-        return joined
-
-    def _emit(self, piece: str) -> None:
-        if not piece:
-            return
-        self._state_before_last = (self.line_empty, self.ends_blank)
-        self.out.append(piece)
-        self._update_tail(piece)
-
-    def _update_tail(self, piece: str) -> None:
-        if not piece:
-            return
-        last_nl = piece.rfind("\n")
-        if last_nl < 0:
-            if piece.strip(" \t\r"):
-                self.line_empty = False
-                self.ends_blank = False
-            return
-        tail = piece[last_nl + 1 :]
-        before = piece.rfind("\n", 0, last_nl)
-        prev_line = piece[before + 1 : last_nl]
-        prev_blank = not prev_line.strip(" \t\r") and (before >= 0 or self.line_empty)
-        self.line_empty = not tail.strip(" \t\r")
-        self.ends_blank = self.line_empty and prev_blank
+                line_empty, ends_blank = before_last
+                if "\n" in stripped:
+                    line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
+                elif line_empty and stripped.strip(" \t\r"):
+                    line_empty = ends_blank = False
+                if line_empty and not pending:
+                    held_indent = last[len(stripped) :]
+        pending = True
+        pos = end
+    body = "".join(out)
+    if pending and line_empty:
+        # the last line vanished: drop the blank lines it leaves at the end
+        cut = len(body.rstrip())
+        while cut < len(body) and body[cut] in " \t":
+            cut += 1
+        body = body[:cut]
+    return body
 
 
 # --- lifting ---------------------------------------------------------------------------------
 
-# A run of text whose every bracket is in a one-line ``[...]`` without brackets, backslashes or
-# backticks inside, and whose every ``![alt](`` goes on as a plain ``(path)``. Its images cannot
-# nest or hide in code, so one regex step finds each, with no bracket matching at all.
+# A run of text whose every bracket is in a one-line ``[...]`` without backslashes or backticks,
+# whose every ``![alt](`` goes on as a plain ``(path)`` and has no brackets in its alt text, and
+# whose other ``[...]`` (links) hold nothing but text and such images. Its images cannot nest in
+# one another or hide in code, so one regex step finds each, with no bracket matching at all.
 _SIMPLE_DEST = r"[^\x00-\x20()\\\x7f<\[\]][^\x00-\x20()\\\x7f\[\]]*+"
+_SIMPLE_IMAGE = rf"!\[[^\[\]\\`\n]*+\](?:\([ \t]*+{_SIMPLE_DEST}[ \t]*+\)|(?!\())"
 _SIMPLE_RUN = re.compile(
-    r"(?:[^\[\]\\`!]++|!(?!\[)"
-    rf"|!\[[^\[\]\\`\n]*+\](?:\([ \t]*+{_SIMPLE_DEST}[ \t]*+\)|(?!\())"
-    r"|\[[^\[\]\\`\n]*+\])*+"
+    rf"(?:[^\[\]\\`!]++|!(?!\[)|{_SIMPLE_IMAGE}|\[(?:[^\[\]\\`\n!]++|!(?!\[)|{_SIMPLE_IMAGE})*+\])*+"
 )
-# In such a run, an image with a local destination (no URL scheme, no network path).
+# In such a run, an image with a local destination (no URL scheme, no network path): its alt
+# text already folded (group 1) or not (group 2), and its path (group 3).
 _SIMPLE_LOCAL = re.compile(
-    rf"!\[([^\[\]\\`\n]*+)\]\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\)"
+    r"!\[(?:((?:[^\s\[\]\\`]++(?: [^\s\[\]\\`]++)*+)?)\]|([^\[\]\\`\n]*+)\])"
+    rf"\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\)"
 )
-
-
 def _lift_simple(text: str, start: int, end: int, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
-    plain = _PLAIN_ALT.fullmatch
+    # One match at a time: holding them all would only feed the garbage collector.
+    add_ref, add_removal, fold = refs.append, removals.append, _SPACES.sub
     for m in _SIMPLE_LOCAL.finditer(text, start, end):
-        alt, path = m.group(1, 2)
-        if not plain(alt):
-            alt = _SPACES.sub(" ", alt).strip()
-        refs.append(MarkdownMediaRef(alt, path))
-        removals.append(m.span())
+        alt, other, path = m.groups()
+        add_ref(MarkdownMediaRef(alt if alt is not None else fold(" ", other).strip(), path))
+        add_removal(m.span())
 
 
 class _Lifter:
@@ -525,17 +518,6 @@ class _Lifter:
                 alt = _SPACES.sub(" ", alt).strip()
             self.refs.append(MarkdownMediaRef(alt=alt, path=path))
             self.removals.append((opener - 1, end))
-
-
-def _rebuild(text: str, removals: list[Range]) -> str:
-    rebuilt = _Rebuilder(text)
-    pos = 0
-    for start, end in removals:
-        rebuilt.copy(pos, start)
-        rebuilt.remove(start)
-        pos = end
-    rebuilt.copy(pos, len(text))
-    return rebuilt.result()
 
 
 # --- entry point ----------------------------------------------------------------------------
