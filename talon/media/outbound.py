@@ -73,7 +73,21 @@ _BLOCKS = re.compile(
     rf"|(?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})+"
 )
 # Inside a run of text: its segments (a heading line, or a paragraph) and the blank lines between.
-_SEGMENTS = re.compile(rf"(?P<blank>{_BLANKS})|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}")
+# A line without "![", one without "](", one without ")": a segment made only of one kind of them
+# can lift nothing (every lifted image has all three) and is skipped inside the regex.
+_LACKING = (r"[^!\n]*+(?:!++(?!\[)[^!\n]*+)*+", r"[^\]\n]*+(?:\]++(?!\()[^\]\n]*+)*+", r"[^)\n]*+")
+
+
+def _dead(line: str) -> str:
+    head = rf"{_HEADING_START}{line}{_EOL}"
+    para = rf"(?!{_FENCE_START}|{_INDENT_START}){line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)"
+    return f"{head}|{para}"
+
+
+_SEGMENTS = re.compile(
+    rf"(?P<dead>(?:{_BLANKS}|{'|'.join(_dead(line) for line in _LACKING)})+)"
+    rf"|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}"
+)
 
 
 def _text_runs(text: str) -> list[Range]:
@@ -105,7 +119,7 @@ def _inline_segments(text: str, start: int, end: int) -> list[Range]:
             break
         if m.lastgroup is None:
             segments.append((s, e))
-    return segments
+    return segments  # (those that cannot lift anything are left out)
 
 
 # --- image references -----------------------------------------------------------------------
@@ -286,6 +300,92 @@ class _Scanner:
         return -1
 
 
+_CLOSER_RUN = re.compile(r"\]+")
+_OPENER_RUN = re.compile(r"\[+")
+
+
+def _pair_open_regions(text: str, start: int, end: int, pairs: list[Range]) -> None:
+    """Bracket pairs of ``text[start:end]`` (no escapes, no code) whose '[' follows a '!'.
+
+    The same pairs as a stack of every '[' (each ']' closes the nearest open '[' before it), for
+    text with few ']': the open '[' are not listed one by one but stay in regions of text,
+    searched backwards (``rfind``, in C) only when a ']' needs one, and a run of '[' is matched
+    with a run of ']' in one step. Python work is per run of ']', and every character is searched
+    at most once, so a flood of '[' (or of '![') costs next to nothing.
+    """
+    rev = text[start:end][::-1]  # the run of '[' ending at o: _OPENER_RUN on the reversed text
+    last = end - 1
+    # The regions, as three lists of ints (no container per region for the collector to walk):
+    # text[lo:hi] holds open '['; run: the known length of the run of '[' ending at hi - 1 (0:
+    # not known yet).
+    los: list[int] = []
+    his: list[int] = []
+    runs: list[int] = []
+    scanned = start
+    rfind = text.rfind
+    for m in _CLOSER_RUN.finditer(text, start, end):
+        q, e = m.span()
+        if scanned < q:
+            los.append(scanned)
+            his.append(q)
+            runs.append(0)
+        scanned = e
+        while q < e and los:
+            lo, hi, run = los[-1], his[-1], runs[-1]
+            if run:
+                o = hi - 1
+            else:
+                o = rfind("[", lo, hi)
+                if o < 0:
+                    los.pop()
+                    his.pop()
+                    runs.pop()
+                    continue
+                found = _OPENER_RUN.match(rev, last - o, last - lo + 1)
+                run = found.end() - found.start() if found else 1
+            take = min(run, e - q)
+            if take == run:  # the whole run closes: its first '[' is the one a '!' may precede
+                first = o - run + 1
+                if first > start and text[first - 1] == "!":
+                    pairs.append((first, q + run - 1))
+                if first > lo:
+                    his[-1], runs[-1] = first, 0
+                else:
+                    los.pop()
+                    his.pop()
+                    runs.pop()
+            else:
+                his[-1], runs[-1] = o - take + 1, run - take
+            q += take
+
+
+_BRACKET_RUN = re.compile(r"\[+|\]+")
+
+
+def _pair_stacked_runs(text: str, start: int, end: int, pairs: list[Range]) -> None:
+    """As ``_pair_open_regions``, with a stack of runs of '[' (two lists of ints): Python work per
+    run of brackets, so runs of ']' against runs of '[' cost one step each."""
+    starts: list[int] = []
+    counts: list[int] = []
+    for m in _BRACKET_RUN.finditer(text, start, end):
+        q, e = m.span()
+        if text[q] == "[":
+            starts.append(q)
+            counts.append(e - q)
+            continue
+        while q < e and starts:
+            first, run = starts[-1], counts[-1]
+            if run <= e - q:  # the whole run closes: its first '[' is the one a '!' may precede
+                if first > start and text[first - 1] == "!":
+                    pairs.append((first, q + run - 1))
+                starts.pop()
+                counts.pop()
+                q += run
+            else:
+                counts[-1] = run - (e - q)
+                q = e
+
+
 def _image_pairs(
     text: str, start: int, end: int, spans: list[Range], span_starts: list[int]
 ) -> list[Range]:
@@ -294,16 +394,23 @@ def _image_pairs(
     stack: list[int] = []
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
     if (ci >= len(spans) or spans[ci][0] >= end) and text.find("\\", start, end) < 0:
-        # No code span and no backslash here (the usual case, and most floods): brackets only.
-        push, pop = stack.append, stack.pop
-        for m in _BRACKETS_ONLY.finditer(text, start, end):
-            p = m.start()
-            if text[p] == "[":
-                push(p)
-            elif stack:
-                opener = pop()
-                if opener > start and text[opener - 1] == "!":
-                    pairs.append((opener, p))
+        # No code span and no backslash here (the usual case, and most floods): brackets only,
+        # matched a run of ']' at a time against runs of '[' found by searching backwards.
+        opens, closes = text.count("[", start, end), text.count("]", start, end)
+        if opens > 4 * closes:
+            _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
+        elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
+            _pair_stacked_runs(text, start, end, pairs)  # runs of brackets: work per run
+        else:  # single brackets: one step each
+            push, pop = stack.append, stack.pop
+            for m in _BRACKETS_ONLY.finditer(text, start, end):
+                p = m.start()
+                if text[p] == "[":
+                    push(p)
+                elif stack:
+                    opener = pop()
+                    if opener > start and text[opener - 1] == "!":
+                        pairs.append((opener, p))
         pairs.sort()
         return pairs
     escape_end = -1
