@@ -9,16 +9,22 @@ Rules, in the order they are applied:
 1. Code is masked first. Fenced blocks (``` or ~~~, three or more, indented up to three spaces; an
    unclosed fence runs to the end), indented code blocks and inline code spans of any backtick run
    length are never searched, so an example in code is never sent as a file. Fences, headings and
-   code spans are recognised by ``talon.render.markdown``, the same grammar the renderers use.
+   indentation follow the grammar of ``talon.render.markdown`` (the renderers' own), read here by
+   one regex; code spans are ``talon.render.markdown.code_spans``.
 2. Outside code, ``![alt](dest)`` is parsed the CommonMark way: balanced brackets in the alt text,
    ``<...>`` destinations (may hold spaces), balanced parentheses in plain destinations, an optional
    "title"/'title'/(title), and backslash escapes (``\\![x](y)`` is not an image).
 3. Only local paths are lifted. Anything with a URL scheme (http, https, data, file, mailto...) or a
    network path (``//host/x``) stays in the text exactly as written.
 
-Hostile input is expected (a model can be made to emit anything), so every pass is linear in the
-length of the text: regexes are only single character classes or anchored literals, bracket and
-backtick matching use precomputed tables, and each parenthesis match is computed once and memoised.
+Hostile input is expected (a model can be made to emit anything, and a streamed reply is read again
+at every update), so every pass is linear in the length of the text and does its per-line and
+per-bracket work in C where it can: the block structure is one regex of possessive quantifiers (no
+backtracking) that takes runs of fences, blank lines and paragraphs whole; a run of text whose
+images are all plain ``![alt](path)`` (no nesting, escapes or code) is lifted by one regex step per
+image; elsewhere brackets are matched a run at a time (or, when ``[`` floods, per ``]`` only, the
+open ones found by searching backwards), backtick runs through a "next run of this length" table,
+and each parenthesis match is computed once and memoised. Figures: benchmarks/bench_extract.py.
 """
 
 from __future__ import annotations
@@ -47,10 +53,14 @@ Range = tuple[int, int]
 # One regex reads the block structure, line by line in C, without a Python step per line. At a
 # line start it takes either a run of code (fenced blocks, indented code lines, blank lines) or a
 # run of text (blank lines, ATX headings, paragraphs); a paragraph runs on until a blank line, a
-# fence or a heading, and its indented lines are continuation lines, not code. Every quantifier
-# on the way is possessive or a single character class, and the fence body stops at the first
-# closing line, so nothing backtracks: the scan is linear, and a flood of fences, blank lines or
-# carriage returns costs a few C steps per line.
+# fence or a heading, and its indented lines are continuation lines, not code. Inside, every
+# quantifier is possessive or a single character class, and a fence body stops at the first
+# closing line; the outer repeats are greedy loops of atomic groups (CPython 3.11's possessive
+# repeat of a group with a capture is broken; an atomic group also keeps the engine from saving
+# a backtracking point per block, which made a 4 MB flood of fences cost twice as much per MB as a
+# 1 MB one) with nothing after them that could fail. So nothing backtracks beyond one line's
+# leading blanks: the scan is linear, and a flood of fences, blank lines or carriage returns
+# costs a few C steps per line.
 
 _EOL = r"(?:\n|\Z)"
 _BLANKS = r"[ \t\r\n]*+\Z|[ \t\r\n]*\n"  # blank lines (a \r is only ever followed by \n here)
@@ -69,8 +79,8 @@ def _fence(group: str, opener: str, char: str) -> str:
 _FENCED = _fence("b", r"`{3,}+(?![^`\n]*+`)", "`") + "|" + _fence("t", r"~{3,}+", "~")
 _PARAGRAPH = rf"(?!{_FENCE_START}|{_INDENT_START})[^\n]*+(?:\n(?!{_BREAK})[^\n]*+)*+{_EOL}"
 _BLOCKS = re.compile(
-    rf"(?P<code>(?:{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL})+)"
-    rf"|(?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})+"
+    rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)"
+    rf"|(?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))+"
 )
 # Inside a run of text: its segments (a heading line, or a paragraph) and the blank lines between.
 # A line without "![", one without "](", one without ")": a segment made only of one kind of them
@@ -85,7 +95,7 @@ def _dead(line: str) -> str:
 
 
 _SEGMENTS = re.compile(
-    rf"(?P<dead>(?:{_BLANKS}|{'|'.join(_dead(line) for line in _LACKING)})+)"
+    rf"(?P<dead>(?:(?>{_BLANKS}|{'|'.join(_dead(line) for line in _LACKING)}))+)"
     rf"|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}"
 )
 
