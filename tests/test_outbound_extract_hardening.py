@@ -9,6 +9,7 @@ the times are in benchmarks/bench_extract.py.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import sys
@@ -558,6 +559,12 @@ def _load_bench() -> Any:
 
 BENCH = _load_bench()
 
+
+@functools.lru_cache(maxsize=None)
+def _hostile(size: int) -> dict[str, str]:
+    """benchmarks/bench_extract.py's hostile patterns at ``size`` characters (built once)."""
+    return dict(BENCH.hostile_inputs(size))
+
 # Token soups: Markdown's hostile alphabet (code, fences, brackets, escapes, titles, schemes,
 # definitions, line endings), one of brackets only, and one of references among blanks and
 # words (what the tidying after a removal has to get right).
@@ -599,9 +606,9 @@ def test_long_generated_inputs_give_the_old_output() -> None:
             assert _as_new(text) == _as_old(text), (soup, text[:200])
 
 
-@pytest.mark.parametrize("name", list(BENCH.hostile_inputs(2_000)))
+@pytest.mark.parametrize("name", list(_hostile(3_000)))
 def test_every_hostile_pattern_gives_the_old_output(name: str) -> None:
-    text = BENCH.hostile_inputs(3_000)[name]
+    text = _hostile(3_000)[name]
     assert _as_new(text) == _as_old(text)
 
 
@@ -652,9 +659,9 @@ def _python_lines(run: Callable[[], object], files: set[str]) -> int:
 SMALL = 4_000
 
 
-@pytest.mark.parametrize("name", list(BENCH.hostile_inputs(2_000)))
+@pytest.mark.parametrize("name", list(_hostile(3_000)))
 def test_work_is_linear_in_the_size_of_a_hostile_input(name: str) -> None:
-    small, large = BENCH.hostile_inputs(SMALL)[name], BENCH.hostile_inputs(4 * SMALL)[name]
+    small, large = _hostile(SMALL)[name], _hostile(4 * SMALL)[name]
     lines_small = _python_lines(lambda: extract_markdown_media(small), _FILES)
     lines_large = _python_lines(lambda: extract_markdown_media(large), _FILES)
     # Four times the text, at most about four times the Python work (a constant on top).
@@ -677,6 +684,6 @@ NO_WORK_PER_LINE_OR_BRACKET = [
 
 @pytest.mark.parametrize("name", NO_WORK_PER_LINE_OR_BRACKET)
 def test_floods_of_fences_lines_and_brackets_cost_no_python_work_per_line_or_bracket(name: str) -> None:
-    text = BENCH.hostile_inputs(4 * SMALL)[name]
+    text = _hostile(4 * SMALL)[name]
     lines = _python_lines(lambda: extract_markdown_media(text), _FILES)
     assert lines * 1000 / len(text) <= 25, lines
