@@ -141,6 +141,8 @@ def _inline_segments(text: str, start: int, end: int) -> list[Range]:
 _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
 _BRACKETS_ONLY = re.compile(r"[\[\]]")
+_FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
+_FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
@@ -411,6 +413,9 @@ def _image_pairs(
         # No code span and no backslash here (the usual case, and most floods): brackets only,
         # matched a run of ']' at a time against runs of '[' found by searching backwards.
         opens, closes = text.count("[", start, end), text.count("]", start, end)
+        if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
+            # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
+            return [(m.start() + 1, m.end() - 1) for m in _FLAT_IMAGE.finditer(text, start, end)]
         if opens > 4 * closes:
             _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
         elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
