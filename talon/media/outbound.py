@@ -22,9 +22,10 @@ at every update), so every pass is linear in the length of the text and does its
 per-bracket work in C where it can: the block structure is one regex of possessive quantifiers (no
 backtracking) that takes runs of fences, blank lines and paragraphs whole; a run of text whose
 images are all plain ``![alt](path)`` (no nesting, escapes or code) is lifted by one regex step per
-image; elsewhere brackets are matched a run at a time (or, when ``[`` floods, per ``]`` only, the
-open ones found by searching backwards), backtick runs through a "next run of this length" table,
-and each parenthesis match is computed once and memoised. Figures: benchmarks/bench_extract.py.
+image; elsewhere brackets that never nest are paired by one regex, others a run at a time (or,
+when ``[`` floods, per ``]`` only, the open ones found by searching backwards), backtick runs
+through a "next run of this length" table, and each parenthesis match is computed once and
+memoised. Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
@@ -588,6 +589,7 @@ _SIMPLE_LOCAL = re.compile(
     rf"\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\)"
 )
 def _lift_simple(text: str, start: int, end: int, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
+    """Lift the local images of a run that ``_SIMPLE_RUN`` matches whole."""
     # One match at a time: holding them all would only feed the garbage collector.
     add_ref, add_removal, fold = refs.append, removals.append, _SPACES.sub
     for m in _SIMPLE_LOCAL.finditer(text, start, end):
