@@ -493,10 +493,11 @@ def _tail_state(piece: str, line_empty: bool, ends_blank: bool) -> tuple[bool, b
         if piece.strip(" \t\r"):
             return False, False
         return line_empty, ends_blank
+    if piece[last_nl + 1 :].strip(" \t\r"):
+        return False, False  # the last line has content
     before = piece.rfind("\n", 0, last_nl)
     prev_blank = not piece[before + 1 : last_nl].strip(" \t\r") and (before >= 0 or line_empty)
-    line_empty = not piece[last_nl + 1 :].strip(" \t\r")
-    return line_empty, line_empty and prev_blank
+    return True, prev_blank
 
 
 def _rebuild(text: str, removals: list[Range]) -> str:
