@@ -9,16 +9,23 @@ Rules, in the order they are applied:
 1. Code is masked first. Fenced blocks (``` or ~~~, three or more, indented up to three spaces; an
    unclosed fence runs to the end), indented code blocks and inline code spans of any backtick run
    length are never searched, so an example in code is never sent as a file. Fences, headings and
-   code spans are recognised by ``talon.render.markdown``, the same grammar the renderers use.
+   indentation follow the grammar of ``talon.render.markdown`` (the renderers' own), read here by
+   one regex; code spans are ``talon.render.markdown.code_spans``.
 2. Outside code, ``![alt](dest)`` is parsed the CommonMark way: balanced brackets in the alt text,
    ``<...>`` destinations (may hold spaces), balanced parentheses in plain destinations, an optional
    "title"/'title'/(title), and backslash escapes (``\\![x](y)`` is not an image).
 3. Only local paths are lifted. Anything with a URL scheme (http, https, data, file, mailto...) or a
    network path (``//host/x``) stays in the text exactly as written.
 
-Hostile input is expected (a model can be made to emit anything), so every pass is linear in the
-length of the text: regexes are only single character classes or anchored literals, bracket and
-backtick matching use precomputed tables, and each parenthesis match is computed once and memoised.
+Hostile input is expected (a model can be made to emit anything, and a streamed reply is read again
+at every update), so every pass is linear in the length of the text and does its per-line and
+per-bracket work in C where it can: the block structure is one regex of possessive quantifiers (no
+backtracking) that takes runs of fences, blank lines and paragraphs whole; a run of text whose
+images are all plain ``![alt](path)`` (no nesting, escapes or code) is lifted by one regex step per
+image; elsewhere brackets that never nest are paired by one regex, others a run at a time (or,
+when ``[`` floods, per ``]`` only, the open ones found by searching backwards), backtick runs
+through a "next run of this length" table, and each parenthesis match is computed once and
+memoised. Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
@@ -27,14 +34,18 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from talon.render.markdown import closes_fence, code_spans, fence_of, heading_text, unescape
+from talon.render.markdown import code_spans, unescape
 
 __all__ = ["MarkdownMediaRef", "extract_markdown_media"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MarkdownMediaRef:
-    """One lifted image reference: its alt text and the destination as written (unescaped)."""
+    """One lifted image reference: its alt text and the destination as written (unescaped).
+
+    Slotted: a reply can lift tens of thousands, and each without a ``__dict__`` is half the
+    objects for the garbage collector to walk.
+    """
 
     alt: str
     path: str
@@ -43,74 +54,87 @@ class MarkdownMediaRef:
 Range = tuple[int, int]
 
 # --- block structure ------------------------------------------------------------------------
+#
+# One regex reads the block structure, line by line in C, without a Python step per line. At a
+# line start it takes either a run of code (fenced blocks, indented code lines, blank lines) or a
+# run of text (blank lines, ATX headings, paragraphs); a paragraph runs on until a blank line, a
+# fence or a heading, and its indented lines are continuation lines, not code. Inside, every
+# quantifier is possessive or a single character class, and a fence body stops at the first
+# closing line; the outer repeats are greedy loops of atomic groups (CPython 3.11's possessive
+# repeat of a group with a capture is broken; an atomic group also keeps the engine from saving
+# a backtracking point per block, which made a 4 MB flood of fences cost twice as much per MB as a
+# 1 MB one) with nothing after them that could fail. So nothing backtracks beyond one line's
+# leading blanks: the scan is linear, and a flood of fences, blank lines or carriage returns
+# costs a few C steps per line.
+
+_EOL = r"(?:\n|\Z)"
+_BLANKS = r"[ \t\r\n]*+\Z|[ \t\r\n]*\n"  # blank lines (a \r is only ever followed by \n here)
+_FENCE_START = r" {0,3}+(?:`{3,}+(?![^`\n]*+`)|~{3,}+)"
+_HEADING_START = r" {0,3}+#{1,6}+(?=[ \t]|\r?" + _EOL + ")"
+_INDENT_START = r"(?: {0,3}+\t| {4})"
+_BREAK = rf"(?:[ \t]*+(?:\r?\n|\Z)|{_FENCE_START}|{_HEADING_START})"  # ends a paragraph
 
 
-def _indent_width(line: str) -> int:
-    width = 0
-    for ch in line:
-        if ch == " ":
-            width += 1
-        elif ch == "\t":
-            width += 4 - width % 4
-        else:
+def _fence(group: str, opener: str, char: str) -> str:
+    """A fenced block: the opening line, then lines up to a closing fence (or the end)."""
+    close = rf" {{0,3}}+(?P={group}){char}*+[ \t]*+\r?{_EOL}"
+    return rf" {{0,3}}+(?P<{group}>{opener})[^\n]*+{_EOL}(?:(?!{close})[^\n]*+\n)*+(?:{close}|[^\n]*+\Z)"
+
+
+_FENCED = _fence("b", r"`{3,}+(?![^`\n]*+`)", "`") + "|" + _fence("t", r"~{3,}+", "~")
+_PARAGRAPH = rf"(?!{_FENCE_START}|{_INDENT_START})[^\n]*+(?:\n(?!{_BREAK})[^\n]*+)*+{_EOL}"
+_BLOCKS = re.compile(
+    rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)"
+    rf"|(?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))+"
+)
+# Inside a run of text: its segments (a heading line, or a paragraph) and the blank lines between.
+# A line without "![", one without "](", one without ")": a segment made only of one kind of them
+# can lift nothing (every lifted image has all three) and is skipped inside the regex.
+_LACKING = (r"[^!\n]*+(?:!++(?!\[)[^!\n]*+)*+", r"[^\]\n]*+(?:\]++(?!\()[^\]\n]*+)*+", r"[^)\n]*+")
+
+
+def _dead(line: str) -> str:
+    head = rf"{_HEADING_START}{line}{_EOL}"
+    para = rf"(?!{_FENCE_START}|{_INDENT_START}){line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)"
+    return f"{head}|{para}"
+
+
+_SEGMENTS = re.compile(
+    rf"(?P<dead>(?:(?>{_BLANKS}|{'|'.join(_dead(line) for line in _LACKING)}))+)"
+    rf"|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}"
+)
+
+
+def _text_runs(text: str) -> list[Range]:
+    """Runs of lines outside code in which an image reference may be lifted.
+
+    A run holds paragraphs and headings (and the blank lines between them); a run without a
+    ``![`` or without a ``](`` can lift nothing and is left out.
+    """
+    runs: list[Range] = []
+    find = text.find
+    for m in _BLOCKS.finditer(text):
+        start, end = m.span()
+        if start == end:
             break
-        if width >= 4:
-            break
-    return width
+        if m.lastgroup is None and find("![", start, end) >= 0 and find("](", start, end) >= 0:
+            runs.append((start, end))
+    return runs
 
 
-def _inline_segments(text: str) -> list[Range]:
-    """Runs of lines inside which inline markup may continue (paragraphs and headings).
+def _inline_segments(text: str, start: int, end: int) -> list[Range]:
+    """The segments of a run of text: each paragraph (its lines together) and each heading line.
 
-    Code blocks and blank lines are left out: they are never searched, and neither code spans
-    nor image references can cross them.
+    Code spans and image references never cross a segment's ends.
     """
     segments: list[Range] = []
-    n = len(text)
-    pos = 0
-    fence: str | None = None  # the open fence
-    paragraph_open = False  # an indented line right after paragraph text is a continuation
-    seg_start = -1
-
-    while pos < n:
-        nl = text.find("\n", pos)
-        end = n if nl < 0 else nl + 1
-        line = text[pos : (n if nl < 0 else nl)]
-        if line.endswith("\r"):
-            line = line[:-1]
-
-        if fence is not None:
-            if closes_fence(line, fence):
-                fence = None
-            pos = end
-            continue
-
-        opener = fence_of(line)
-        if not line.strip(" \t"):
-            kind = "blank"
-        elif opener:
-            kind = "fence"
-            fence = opener[0]
-        elif not paragraph_open and _indent_width(line) >= 4:
-            kind = "indented code"
-        elif heading_text(line) is not None:
-            kind = "heading"
-        else:
-            kind = "text"
-
-        if kind != "text" and seg_start >= 0:
-            segments.append((seg_start, pos))
-            seg_start = -1
-        if kind == "heading":
-            segments.append((pos, end))
-        elif kind == "text" and seg_start < 0:
-            seg_start = pos
-        paragraph_open = kind == "text"
-        pos = end
-
-    if seg_start >= 0:
-        segments.append((seg_start, n))
-    return segments
+    for m in _SEGMENTS.finditer(text, start, end):
+        s, e = m.span()
+        if s == e:
+            break
+        if m.lastgroup is None:
+            segments.append((s, e))
+    return segments  # (those that cannot lift anything are left out)
 
 
 # --- image references -----------------------------------------------------------------------
@@ -118,6 +142,8 @@ def _inline_segments(text: str) -> list[Range]:
 _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
 _BRACKETS_ONLY = re.compile(r"[\[\]]")
+_FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
+_FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
@@ -291,6 +317,92 @@ class _Scanner:
         return -1
 
 
+_CLOSER_RUN = re.compile(r"\]+")
+_OPENER_RUN = re.compile(r"\[+")
+
+
+def _pair_open_regions(text: str, start: int, end: int, pairs: list[Range]) -> None:
+    """Bracket pairs of ``text[start:end]`` (no escapes, no code) whose '[' follows a '!'.
+
+    The same pairs as a stack of every '[' (each ']' closes the nearest open '[' before it), for
+    text with few ']': the open '[' are not listed one by one but stay in regions of text,
+    searched backwards (``rfind``, in C) only when a ']' needs one, and a run of '[' is matched
+    with a run of ']' in one step. Python work is per run of ']', and every character is searched
+    at most once, so a flood of '[' (or of '![') costs next to nothing.
+    """
+    rev = text[start:end][::-1]  # the run of '[' ending at o: _OPENER_RUN on the reversed text
+    last = end - 1
+    # The regions, as three lists of ints (no container per region for the collector to walk):
+    # text[lo:hi] holds open '['; run: the known length of the run of '[' ending at hi - 1 (0:
+    # not known yet).
+    los: list[int] = []
+    his: list[int] = []
+    runs: list[int] = []
+    scanned = start
+    rfind = text.rfind
+    for m in _CLOSER_RUN.finditer(text, start, end):
+        q, e = m.span()
+        if scanned < q:
+            los.append(scanned)
+            his.append(q)
+            runs.append(0)
+        scanned = e
+        while q < e and los:
+            lo, hi, run = los[-1], his[-1], runs[-1]
+            if run:
+                o = hi - 1
+            else:
+                o = rfind("[", lo, hi)
+                if o < 0:
+                    los.pop()
+                    his.pop()
+                    runs.pop()
+                    continue
+                found = _OPENER_RUN.match(rev, last - o, last - lo + 1)
+                run = found.end() - found.start() if found else 1
+            take = min(run, e - q)
+            if take == run:  # the whole run closes: its first '[' is the one a '!' may precede
+                first = o - run + 1
+                if first > start and text[first - 1] == "!":
+                    pairs.append((first, q + run - 1))
+                if first > lo:
+                    his[-1], runs[-1] = first, 0
+                else:
+                    los.pop()
+                    his.pop()
+                    runs.pop()
+            else:
+                his[-1], runs[-1] = o - take + 1, run - take
+            q += take
+
+
+_BRACKET_RUN = re.compile(r"\[+|\]+")
+
+
+def _pair_stacked_runs(text: str, start: int, end: int, pairs: list[Range]) -> None:
+    """As ``_pair_open_regions``, with a stack of runs of '[' (two lists of ints): Python work per
+    run of brackets, so runs of ']' against runs of '[' cost one step each."""
+    starts: list[int] = []
+    counts: list[int] = []
+    for m in _BRACKET_RUN.finditer(text, start, end):
+        q, e = m.span()
+        if text[q] == "[":
+            starts.append(q)
+            counts.append(e - q)
+            continue
+        while q < e and starts:
+            first, run = starts[-1], counts[-1]
+            if run <= e - q:  # the whole run closes: its first '[' is the one a '!' may precede
+                if first > start and text[first - 1] == "!":
+                    pairs.append((first, q + run - 1))
+                starts.pop()
+                counts.pop()
+                q += run
+            else:
+                counts[-1] = run - (e - q)
+                q = e
+
+
 def _image_pairs(
     text: str, start: int, end: int, spans: list[Range], span_starts: list[int]
 ) -> list[Range]:
@@ -299,16 +411,26 @@ def _image_pairs(
     stack: list[int] = []
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
     if (ci >= len(spans) or spans[ci][0] >= end) and text.find("\\", start, end) < 0:
-        # No code span and no backslash here (the usual case, and most floods): brackets only.
-        push, pop = stack.append, stack.pop
-        for m in _BRACKETS_ONLY.finditer(text, start, end):
-            p = m.start()
-            if text[p] == "[":
-                push(p)
-            elif stack:
-                opener = pop()
-                if opener > start and text[opener - 1] == "!":
-                    pairs.append((opener, p))
+        # No code span and no backslash here (the usual case, and most floods): brackets only,
+        # matched a run of ']' at a time against runs of '[' found by searching backwards.
+        opens, closes = text.count("[", start, end), text.count("]", start, end)
+        if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
+            # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
+            return [(m.start() + 1, m.end() - 1) for m in _FLAT_IMAGE.finditer(text, start, end)]
+        if opens > 4 * closes:
+            _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
+        elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
+            _pair_stacked_runs(text, start, end, pairs)  # runs of brackets: work per run
+        else:  # single brackets: one step each
+            push, pop = stack.append, stack.pop
+            for m in _BRACKETS_ONLY.finditer(text, start, end):
+                p = m.start()
+                if text[p] == "[":
+                    push(p)
+                elif stack:
+                    opener = pop()
+                    if opener > start and text[opener - 1] == "!":
+                        pairs.append((opener, p))
         pairs.sort()
         return pairs
     escape_end = -1
@@ -360,99 +482,171 @@ def _reference_image_end(text: str, opener: int, closer: int, limit: int, labels
 # --- removal and tidying --------------------------------------------------------------------
 
 
-class _Rebuilder:
-    """Rebuilds the text without the lifted references, closing up the gaps they leave.
+def _tail_state(piece: str, line_empty: bool, ends_blank: bool) -> tuple[bool, bool]:
+    """(line_empty, ends_blank) after ``piece`` is appended to output in that state.
+
+    line_empty: the output's last line has no content yet; ends_blank: the output ends with a
+    blank line (or is empty).
+    """
+    last_nl = piece.rfind("\n")
+    if last_nl < 0:
+        if piece.strip(" \t\r"):
+            return False, False
+        return line_empty, ends_blank
+    if piece[last_nl + 1 :].strip(" \t\r"):
+        return False, False  # the last line has content
+    before = piece.rfind("\n", 0, last_nl)
+    prev_blank = not piece[before + 1 : last_nl].strip(" \t\r") and (before >= 0 or line_empty)
+    return True, prev_blank
+
+
+def _rebuild(text: str, removals: list[Range]) -> str:
+    """The text without the lifted references, closing up the gaps they leave.
 
     A reference inside a sentence becomes a single space; one alone on its line takes the line
     with it; blank lines do not pile up where several lines vanished; the line's indentation is
-    kept when text follows the reference. Text away from a removal is copied untouched.
+    kept when text follows the reference. Text away from a removal is copied untouched. One pass
+    over the removals, each piece of text between them looked at once (at its ends).
     """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.out: list[str] = []
-        self.line_empty = True  # the current output line has no content yet
-        self.ends_blank = True  # the output ends with a blank line (or is empty)
-        self.pending = False  # a reference was removed and the gap is not closed yet
-        self.held_indent = ""
-        self._state_before_last = (True, True)  # (line_empty, ends_blank) before out[-1]
-
-    def copy(self, start: int, end: int) -> None:
-        piece = self.text[start:end]
-        if self.pending:
-            piece = self._close_gap(piece)
-            if self.pending:
-                return
-        self._emit(piece)
-
-    def remove(self, start: int) -> None:
-        """Called with the text before the reference already copied up to ``start``."""
-        if self.out:
-            last = self.out[-1]
+    out: list[str] = []
+    line_empty = True
+    ends_blank = True
+    pending = False  # a reference was removed and the gap is not closed yet
+    held_indent = ""
+    before_last = (True, True)  # (line_empty, ends_blank) before out[-1]
+    pos = 0
+    count = len(removals)
+    for i in range(count + 1):
+        start, end = removals[i] if i < count else (len(text), -1)
+        piece = text[pos:start]
+        if pending:  # close the gap the last removal left
+            rest = piece.lstrip(" \t")
+            if not rest:
+                piece = ""
+            elif rest[0] in "\r\n":
+                if line_empty:
+                    rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
+                    held_indent = ""
+                    if ends_blank:
+                        # drop whole blank lines, keep the next content line's indentation
+                        content = len(rest) - len(rest.lstrip(" \t\r\n"))
+                        rest = rest[rest.rfind("\n", 0, content) + 1 :]
+                if rest:
+                    pending = False
+                piece = rest
+            else:
+                pending = False
+                piece = held_indent + rest if line_empty else " " + rest
+                held_indent = ""
+        if piece:
+            before_last = (line_empty, ends_blank)
+            out.append(piece)
+            if "\n" in piece:
+                line_empty, ends_blank = _tail_state(piece, line_empty, ends_blank)
+            elif line_empty and piece.strip(" \t\r"):
+                line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
+        if end < 0:
+            break
+        if out:  # the reference goes: so do the blanks before it on its line
+            last = out[-1]
             stripped = last.rstrip(" \t")
             if stripped != last:
-                self.out[-1] = stripped
-                gap = last[len(stripped) :]
+                out[-1] = stripped
                 # re-derive the tail from the state before that piece, not by rescanning
-                self.line_empty, self.ends_blank = self._state_before_last
-                self._update_tail(stripped)
-                if self.line_empty and not self.pending:
-                    self.held_indent = gap
-        self.pending = True
+                line_empty, ends_blank = before_last
+                if "\n" in stripped:
+                    line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
+                elif line_empty and stripped.strip(" \t\r"):
+                    line_empty = ends_blank = False
+                if line_empty and not pending:
+                    held_indent = last[len(stripped) :]
+        pending = True
+        pos = end
+    body = "".join(out)
+    if pending and line_empty:
+        # the last line vanished: drop the blank lines it leaves at the end
+        cut = len(body.rstrip())
+        while cut < len(body) and body[cut] in " \t":
+            cut += 1
+        body = body[:cut]
+    return body
 
-    def result(self) -> str:
-        text = "".join(self.out)
-        if self.pending and self.line_empty:
-            # the last line vanished: drop the blank lines it leaves at the end
-            end = len(text.rstrip())
-            while end < len(text) and text[end] in " \t":
-                end += 1
-            text = text[:end]
-        return text
 
-    def _close_gap(self, piece: str) -> str:
-        rest = piece.lstrip(" \t")
-        if not rest:
-            return ""
-        if rest[0] in "\r\n":
-            if self.line_empty:
-                rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
-                self.held_indent = ""
-                if self.ends_blank:
-                    # drop whole blank lines, keep the next content line's indentation
-                    content = len(rest) - len(rest.lstrip(" \t\r\n"))
-                    rest = rest[rest.rfind("\n", 0, content) + 1 :]
-                if not rest:
-                    return ""
-            self.pending = False
-            return rest
-        self.pending = False
-        joined = self.held_indent + rest if self.line_empty else " " + rest
-        self.held_indent = ""
-        return joined
+# --- lifting ---------------------------------------------------------------------------------
 
-    def _emit(self, piece: str) -> None:
-        if not piece:
+# A run of text whose every bracket is in a one-line ``[...]`` without backslashes or backticks,
+# whose every ``![alt](`` goes on as a plain ``(path)`` and has no brackets in its alt text, and
+# whose other ``[...]`` (links) hold nothing but text and such images. Its images cannot nest in
+# one another or hide in code, so one regex step finds each, with no bracket matching at all.
+_SIMPLE_DEST = r"[^\x00-\x20()\\\x7f<\[\]][^\x00-\x20()\\\x7f\[\]]*+"
+_SIMPLE_IMAGE = rf"!\[[^\[\]\\`\n]*+\](?:\([ \t]*+{_SIMPLE_DEST}[ \t]*+\)|(?!\())"
+_SIMPLE_RUN = re.compile(
+    rf"(?:[^\[\]\\`!]++|!(?!\[)|{_SIMPLE_IMAGE}|\[(?:[^\[\]\\`\n!]++|!(?!\[)|{_SIMPLE_IMAGE})*+\])*+"
+)
+# In such a run, an image with a local destination (no URL scheme, no network path): its alt
+# text already folded (group 1) or not (group 2), and its path (group 3).
+_SIMPLE_LOCAL = re.compile(
+    r"!\[(?:((?:[^\s\[\]\\`]++(?: [^\s\[\]\\`]++)*+)?)\]|([^\[\]\\`\n]*+)\])"
+    rf"\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\)"
+)
+def _lift_simple(text: str, start: int, end: int, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
+    """Lift the local images of a run that ``_SIMPLE_RUN`` matches whole."""
+    # One match at a time: holding them all would only feed the garbage collector.
+    add_ref, add_removal, fold = refs.append, removals.append, _SPACES.sub
+    for m in _SIMPLE_LOCAL.finditer(text, start, end):
+        alt, other, path = m.groups()
+        add_ref(MarkdownMediaRef(alt if alt is not None else fold(" ", other).strip(), path))
+        add_removal(m.span())
+
+
+class _Lifter:
+    """The general case, one segment at a time: code spans, bracket pairs, then each tail."""
+
+    def __init__(self, text: str, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
+        self.text = text
+        self.refs = refs
+        self.removals = removals
+        self.scanner = _Scanner(text)
+        self.labels: set[str] | None = None  # reference definitions, read only if an image might use one
+
+    def segment(self, seg_start: int, seg_end: int) -> None:
+        text = self.text
+        if text.find("![", seg_start, seg_end) < 0 or text.find("](", seg_start, seg_end) < 0:
             return
-        self._state_before_last = (self.line_empty, self.ends_blank)
-        self.out.append(piece)
-        self._update_tail(piece)
-
-    def _update_tail(self, piece: str) -> None:
-        if not piece:
-            return
-        last_nl = piece.rfind("\n")
-        if last_nl < 0:
-            if piece.strip(" \t\r"):
-                self.line_empty = False
-                self.ends_blank = False
-            return
-        tail = piece[last_nl + 1 :]
-        before = piece.rfind("\n", 0, last_nl)
-        prev_line = piece[before + 1 : last_nl]
-        prev_blank = not prev_line.strip(" \t\r") and (before >= 0 or self.line_empty)
-        self.line_empty = not tail.strip(" \t\r")
-        self.ends_blank = self.line_empty and prev_blank
+        spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
+        span_starts = [s for s, _ in spans]
+        consumed = seg_start
+        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
+            if opener - 1 < consumed:
+                continue  # inside an earlier image's alt text: only alt text, never a file
+            if span_starts:
+                nxt = bisect_left(span_starts, closer + 1)
+                limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+            else:
+                limit = seg_end
+            parsed = self.scanner.tail(closer + 1, limit)
+            if parsed is None:
+                if text.find("![", opener + 1, closer) >= 0:
+                    # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
+                    # (which is not lifted) makes the images in its label mere alt text.
+                    if self.labels is None:
+                        self.labels = _reference_labels(text)
+                    reference_end = _reference_image_end(text, opener, closer, limit, self.labels)
+                    if reference_end is not None:
+                        consumed = reference_end
+                continue
+            raw_dest, end = parsed
+            consumed = end
+            path = unescape(raw_dest) if "\\" in raw_dest else raw_dest
+            if not path.strip() or _is_remote(path):
+                continue
+            alt = text[opener + 1 : closer]
+            if "\\" in alt:
+                alt = unescape(alt)
+            if not _PLAIN_ALT.fullmatch(alt):
+                alt = _SPACES.sub(" ", alt).strip()
+            self.refs.append(MarkdownMediaRef(alt=alt, path=path))
+            self.removals.append((opener - 1, end))
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -471,63 +665,19 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
         # CommonMark ends a line at \n, \r\n or a bare \r; the scanners below know \n and
         # \r\n, so a bare \r is read (and, if anything is lifted, returned) as \n.
         text = _BARE_CR.sub("\n", text)
-    segments = _inline_segments(text)
-    spans: list[Range] = []
-    for start, end in segments:
-        if text.find("`", start, end) >= 0:
-            spans.extend(code_spans(text, start, end))
-    span_starts = [s for s, _ in spans]
-    scanner = _Scanner(text)
-
     refs: list[MarkdownMediaRef] = []
     removals: list[Range] = []
-    labels: set[str] | None = None  # reference definitions, read only if an image might use one
-    for seg_start, seg_end in segments:
-        if text.find("![", seg_start, seg_end) < 0:
-            continue
-        consumed = seg_start
-        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
-            if opener - 1 < consumed:
-                continue  # inside an earlier image's alt text: only alt text, never a file
-            if span_starts:
-                nxt = bisect_left(span_starts, closer + 1)
-                limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
-            else:
-                limit = seg_end
-            parsed = scanner.tail(closer + 1, limit)
-            if parsed is None:
-                if text.find("![", opener + 1, closer) >= 0:
-                    # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
-                    # (which is not lifted) makes the images in its label mere alt text.
-                    if labels is None:
-                        labels = _reference_labels(text)
-                    reference_end = _reference_image_end(text, opener, closer, limit, labels)
-                    if reference_end is not None:
-                        consumed = reference_end
-                continue
-            raw_dest, end = parsed
-            consumed = end
-            path = unescape(raw_dest) if "\\" in raw_dest else raw_dest
-            if not path.strip() or _is_remote(path):
-                continue
-            alt = text[opener + 1 : closer]
-            if "\\" in alt:
-                alt = unescape(alt)
-            if not _PLAIN_ALT.fullmatch(alt):
-                alt = _SPACES.sub(" ", alt).strip()
-            refs.append(MarkdownMediaRef(alt=alt, path=path))
-            removals.append((opener - 1, end))
-
+    lifter = _Lifter(text, refs, removals)
+    for run_start, run_end in _text_runs(text):
+        if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
+                and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
+            _lift_simple(text, run_start, run_end, refs, removals)
+        else:
+            for seg_start, seg_end in _inline_segments(text, run_start, run_end):
+                lifter.segment(seg_start, seg_end)
     if not removals:
         return original, []
-    rebuilt = _Rebuilder(text)
-    pos = 0
-    for start, end in removals:
-        rebuilt.copy(pos, start)
-        rebuilt.remove(start)
-        pos = end
-    rebuilt.copy(pos, len(text))
-    body = rebuilt.result()
+    body = _rebuild(text, removals)
     if not body.strip(" \t\n"):
         body = ""  # nothing but the blanks the references stood between
     return body, refs
