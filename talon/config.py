@@ -232,7 +232,9 @@ class Settings(BaseSettings):
     tts_max_seconds: float = Field(default=120.0, gt=0, le=900, validation_alias=_env("TALON_TTS_MAX_SECONDS"))
     tts_concurrency: int = Field(default=1, ge=1, validation_alias=_env("TALON_TTS_CONCURRENCY"))
     # Load the Whisper model and the voice in the background at start when voice replies are on.
-    speech_warmup: bool = Field(default=True, validation_alias=_env("TALON_SPEECH_WARMUP"))
+    # Off by default: they load with the first voice note (docs/voice.md says what that costs),
+    # and Talon at rest holds ~90 MB instead of ~450 MB.
+    speech_warmup: bool = Field(default=False, validation_alias=_env("TALON_SPEECH_WARMUP"))
 
     # --- whatsapp / http server --------------------------------------------------------------
     twilio_account_sid: str = Field(default="", validation_alias=_env("TWILIO_ACCOUNT_SID"))

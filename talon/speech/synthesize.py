@@ -35,13 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import av
-import numpy as np
-
 from talon.speech.cpu_pool import CpuPool
 from talon.errors import SpeechUnavailable, SynthesisError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from talon.config import Settings
 
 log = logging.getLogger(__name__)
@@ -106,6 +105,9 @@ def primary_language(code: str | None) -> str | None:
 
 def encode_voice_note(samples: np.ndarray, rate: int) -> bytes:
     """Mono float samples in [-1, 1] at ``rate`` as OGG/Opus, mono, 48 kHz."""
+    import av  # PyAV and numpy load with the first voice reply, not with Talon
+    import numpy as np
+
     if samples.size == 0:
         raise SynthesisError("the voice produced no audio")
     buf = io.BytesIO()
@@ -277,6 +279,8 @@ class PiperEngine(SpeechEngine):
 
     @staticmethod
     def _run(model: Any, sentences: Sequence[str], max_seconds: float) -> _Spoken:
+        import numpy as np
+
         rate = int(model.config.sample_rate)
         pause = np.zeros(int(SENTENCE_PAUSE_S * rate), dtype=np.float32)
         budget = int(max_seconds * rate)
@@ -323,6 +327,7 @@ class OpenAISpeechEngine(SpeechEngine):
 
     async def speak(self, sentences: Sequence[str], language: str | None, max_seconds: float,
                     offload: Offload[Any]) -> _Spoken:
+        import numpy as np
         import openai
 
         chars = min(_OPENAI_MAX_CHARS, int(max_seconds * _CHARS_PER_SECOND))

@@ -54,6 +54,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -62,14 +63,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-import av
-import numpy as np
-
 from talon.config import Limits
 from talon.speech.cpu_pool import CpuPool
 from talon.errors import TranscriberUnavailable, TranscriptionError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from talon.config import Settings
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,9 @@ class DecodedAudio:
 
 def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
     """Decode the first audio track of ``path`` to 16 kHz mono float32, within the limits."""
+    import av  # PyAV and numpy load with the first recording, not with Talon
+    import numpy as np
+
     size = path.stat().st_size
     if size == 0:
         raise TranscriptionError("the recording is empty (0 bytes)")
@@ -166,6 +169,8 @@ def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
 
 def probe_duration(path: Path) -> float | None:
     """The audio duration the container declares, without decoding; None when unknown."""
+    import av
+
     try:
         with av.open(str(path), metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -178,6 +183,8 @@ def probe_duration(path: Path) -> float | None:
 def probe_file_duration(fh: BinaryIO) -> float | None:
     """``probe_duration`` for an open file (an outbound file is read only through the handle it
     was checked with); its position is put back at the start."""
+    import av
+
     try:
         fh.seek(0)
         with av.open(fh, metadata_errors="ignore") as container:
@@ -200,6 +207,8 @@ def format_duration(seconds: float) -> str:
 
 def encode_opus(audio: DecodedAudio) -> bytes:
     """16 kHz mono OGG/Opus, ~3 MB for the 15-minute maximum: an upload the API always takes."""
+    import av
+
     buf = io.BytesIO()
     with av.open(buf, "w", format="ogg") as out:
         stream = out.add_stream("libopus", rate=SAMPLE_RATE)
@@ -219,6 +228,8 @@ def encode_opus(audio: DecodedAudio) -> bytes:
 
 
 def _declared_seconds(container: Any, stream: Any) -> float | None:
+    import av
+
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
     if container.duration is not None:
@@ -734,7 +745,8 @@ def short_reason(exc: BaseException) -> str:
 
     FFmpeg errors name the file; ours is a store path that means nothing to the reader, so they
     give their error text alone."""
-    strerror = exc.strerror if isinstance(exc, av.FFmpegError) else None
+    av = sys.modules.get("av")  # an FFmpeg error comes only once PyAV is loaded: never load it here
+    strerror = exc.strerror if av is not None and isinstance(exc, av.FFmpegError) else None
     text = strerror or str(exc) or type(exc).__name__
     return text if len(text) <= 160 else text[:157] + "..."
 
