@@ -3,7 +3,8 @@
 Files are read streaming: only ``max_chars`` characters are ever held, however large the file;
 the rest is counted chunk by chunk so the agent can be told exactly how much it is not seeing.
 PDFs are read through an open file handle (``PdfReader`` given a path would load the whole file
-into memory) and page extraction stops as soon as the bound is reached.
+into memory) and page extraction stops as soon as the bound is reached; pypdf is imported with
+the first PDF, not with this module.
 
 Document text is wrapped in ``<<<UNTRUSTED DOCUMENT ...>>>`` markers because a file is third-party
 content: a prompt injection in a PDF must read as data, not as the user speaking. Anything in the

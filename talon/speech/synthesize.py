@@ -16,7 +16,8 @@ behind a semaphore of the same size), so synthesis never runs on the event loop 
 voice replies queues instead of loading the CPU. ``synthesize`` speaks sentence by sentence and
 stops before ``max_seconds``: a long answer is spoken up to the limit, and ``VoiceNote.rest`` is
 what was not spoken. Every output, whatever the engine's own rate, is encoded with PyAV to the
-format Telegram voice notes and WhatsApp voice messages share: Opus in OGG, mono, 48 kHz.
+format Telegram voice notes and WhatsApp voice messages share: Opus in OGG, mono, 48 kHz. PyAV,
+numpy and Piper are imported there, with the first voice reply, not with this module.
 """
 
 from __future__ import annotations
