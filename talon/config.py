@@ -233,7 +233,7 @@ class Settings(BaseSettings):
     tts_concurrency: int = Field(default=1, ge=1, validation_alias=_env("TALON_TTS_CONCURRENCY"))
     # Load the Whisper model and the voice in the background at start when voice replies are on.
     # Off by default: they load with the first voice note (docs/voice.md says what that costs),
-    # and Talon at rest holds ~90 MB instead of ~450 MB.
+    # and Talon at rest holds ~105 MB instead of ~440 MB.
     speech_warmup: bool = Field(default=False, validation_alias=_env("TALON_SPEECH_WARMUP"))
 
     # --- whatsapp / http server --------------------------------------------------------------
