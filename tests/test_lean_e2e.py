@@ -197,3 +197,46 @@ def test_two_data_dirs_share_one_copy_and_a_concurrent_first_use_writes_it_once(
     # Written once: the second process waited for the first and found it done.
     joined = sum("joining the bundled Whisper base model" in err for _, err in outputs)
     assert joined == 1, [err for _, err in outputs]
+
+
+# --- letting the models go when unused -----------------------------------------------------------
+
+
+def let_go(log: str) -> bool:
+    return ("Whisper unloaded" in log or "Whisper and the voice unloaded" in log) and "the voice unloaded" in log
+
+
+def test_unused_speech_models_are_let_go_and_load_again_for_the_next_note(tmp_path: Path) -> None:
+    with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
+        env = clean_env(**settings_env(tmp_path, tg.base_url, llm.base_url, TALON_SPEECH_IDLE="0.2"))
+        log_path = tmp_path / "run.log"
+        with open(log_path, "wb") as log:
+            popen = subprocess.Popen([sys.executable, "-m", "talon.cli", "run"], cwd=tmp_path, env=env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        proc = psutil.Process(popen.pid)
+        try:
+            tg.wait_for_sync("getUpdates", timeout=120, include_failed=True)
+            tg.push_update(tg.voice_message(ALICE, data=FOX.read_bytes(), duration=5, user_id=ALICE))
+            tg.wait_for_sync("sendVoice", timeout=180)  # heard (Whisper) and answered aloud (Piper)
+            loaded = tree_rss_mb(proc)
+            deadline = time.monotonic() + 120
+            while not let_go(log_path.read_text()):  # both, in one line or two
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.2)
+            wait_quiet(proc)
+            after = tree_rss_mb(proc)
+            # Most of the models' memory is given back (the libraries stay imported).
+            assert after < loaded - 150, (loaded, after)
+            tg.push_update(tg.voice_message(ALICE, data=FOX.read_bytes(), duration=5, user_id=ALICE))
+            tg.wait_for_sync("sendVoice", count=2, timeout=180)
+            heard = last_user_text(llm.requests[-1])
+            assert "machine transcription, in English" in heard and "fox" in heard.lower(), heard
+        finally:
+            popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+        assert popen.returncode == 0, log_path.read_text()[-3000:]
+        print(f"RSS with the models loaded {loaded:.0f} MB, after letting them go {after:.0f} MB")

@@ -215,6 +215,10 @@ class SpeechEngine(ABC):
     def warm_up(self) -> None:
         """Load what is slow to load; a no-op for remote engines."""
 
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of voices unused for ``idle_s`` (True when any was let go); remote: nothing."""
+        return False
+
     async def aclose(self) -> None:
         """Let go of what it holds open (an HTTP client); a no-op for local engines."""
 
@@ -234,6 +238,8 @@ class PiperEngine(SpeechEngine):
         self.voices = list(voices)
         self._loaded: dict[Path, Any] = {}
         self._lock = threading.Lock()
+        self._busy = 0
+        self._last_used = 0.0
 
     @property
     def languages(self) -> list[str]:
@@ -250,6 +256,15 @@ class PiperEngine(SpeechEngine):
 
     def warm_up(self) -> None:
         self._load(self.voices[0])
+        with self._lock:
+            self._last_used = time.monotonic()
+
+    def unload_if_idle(self, idle_s: float) -> bool:
+        with self._lock:
+            if not self._loaded or self._busy or time.monotonic() - self._last_used < idle_s:
+                return False
+            self._loaded = {}  # a reply being spoken keeps its voice until it ends
+            return True
 
     def _load(self, voice: PiperVoiceFile) -> Any:
         model = self._loaded.get(voice.model)
@@ -275,7 +290,17 @@ class PiperEngine(SpeechEngine):
         voice = self.voice_for(language)
         if voice is None:
             raise SpeechUnavailable(f"no Piper voice speaks {language!r} (voices: {', '.join(self.languages)})")
-        result: _Spoken = await offload(lambda: self._run(self._load(voice), sentences, max_seconds))
+        def work() -> _Spoken:
+            with self._lock:
+                self._busy += 1
+            try:
+                return self._run(self._load(voice), sentences, max_seconds)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._last_used = time.monotonic()
+
+        result: _Spoken = await offload(work)
         return result
 
     @staticmethod
@@ -413,6 +438,11 @@ class Synthesizer:
             spoken=" ".join(sentences[: spoken.sentences]),
             rest=" ".join(sentences[spoken.sentences:]), synth_s=elapsed, language=language,
         )
+
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of the voices when no reply has used them for ``idle_s`` seconds (the next reply
+        loads them again); True when a loaded voice was let go."""
+        return self.engine is not None and self.engine.unload_if_idle(idle_s)
 
     def close(self) -> None:
         """The worker threads only: for a synthesizer that never ran in an event loop."""

@@ -65,6 +65,7 @@ import re
 import shutil
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -493,6 +494,10 @@ class SpeechBackend(ABC):
     def warm_up(self) -> None:
         """Load what is slow to load; a no-op for remote backends."""
 
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of a model unused for ``idle_s`` (True when one was let go); remote: nothing."""
+        return False
+
     async def aclose(self) -> None:
         """Let go of what it holds open (an HTTP client); a no-op for local backends."""
 
@@ -503,9 +508,21 @@ class _LocalBackend(SpeechBackend):
     def __init__(self) -> None:
         self._model: Any = None
         self._lock = threading.Lock()
+        self._busy = 0
+        self._last_used = 0.0
 
     def warm_up(self) -> None:
         self._loaded()
+        with self._lock:
+            self._last_used = time.monotonic()
+
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of the model when nothing has used it for ``idle_s``; True when it was loaded."""
+        with self._lock:
+            if self._model is None or self._busy or time.monotonic() - self._last_used < idle_s:
+                return False
+            self._model = None  # a run that holds it keeps it until it ends
+            return True
 
     def _loaded(self) -> Any:
         if self._model is None:
@@ -522,7 +539,17 @@ class _LocalBackend(SpeechBackend):
         return self._model
 
     async def recognize(self, audio: DecodedAudio, offload: Offload[Any]) -> _Recognized:
-        result: _Recognized = await offload(lambda: self._run(self._loaded(), audio.samples))
+        def work() -> _Recognized:
+            with self._lock:
+                self._busy += 1
+            try:
+                return self._run(self._loaded(), audio.samples)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._last_used = time.monotonic()
+
+        result: _Recognized = await offload(work)
         return result
 
     @abstractmethod
@@ -695,6 +722,11 @@ class Transcriber:
             text=text, duration_s=audio.duration_s, language=recognized.language,
             partial=audio.partial,
         )
+
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of the model when no note has used it for ``idle_s`` seconds (the next note loads
+        it again); True when a loaded model was let go. Cheap: callable from the event loop."""
+        return self.backend is not None and self.backend.unload_if_idle(idle_s)
 
     def close(self) -> None:
         """The worker threads only: for a transcriber that never ran in an event loop (doctor)."""
