@@ -196,6 +196,7 @@ class Runtime:
             self.warmup.cancel()
         if self.speech_idle is not None:
             self.speech_idle.cancel()
+            await asyncio.gather(self.speech_idle, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop()
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
