@@ -11,9 +11,10 @@ Engines, chosen by ``Settings.tts`` (``TALON_TTS``):
             every language.
     off     no speech; replies stay text.
 
-Voices are loaded once, lazily, in the synthesizer's own thread pool (``concurrency`` workers
-behind a semaphore of the same size), so synthesis never runs on the event loop and a burst of
-voice replies queues instead of loading the CPU. ``synthesize`` speaks sentence by sentence and
+Voices are loaded lazily (and let go by ``unload_if_idle`` when unused: ``TALON_SPEECH_IDLE``),
+in the synthesizer's own thread pool (``concurrency`` workers behind a semaphore of the same
+size), so synthesis never runs on the event loop and a burst of voice replies queues instead of
+loading the CPU. ``synthesize`` speaks sentence by sentence and
 stops before ``max_seconds``: a long answer is spoken up to the limit, and ``VoiceNote.rest`` is
 what was not spoken. Every output, whatever the engine's own rate, is encoded with PyAV to the
 format Telegram voice notes and WhatsApp voice messages share: Opus in OGG, mono, 48 kHz. PyAV,

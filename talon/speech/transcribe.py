@@ -503,7 +503,8 @@ class SpeechBackend(ABC):
 
 
 class _LocalBackend(SpeechBackend):
-    """A model in this process: loaded once, on first use, by whichever thread gets there first."""
+    """A model in this process: loaded on first use, by whichever thread gets there first; let go
+    by ``unload_if_idle`` when unused (never while a run is using it), and loaded again after."""
 
     def __init__(self) -> None:
         self._model: Any = None
