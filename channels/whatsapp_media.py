@@ -12,7 +12,8 @@ images. ``fit_for_whatsapp`` takes a file that already passed the media-root che
   M4A and AMR otherwise go as audio. Audio that cannot be decoded goes as a document.
 - GIFs and everything else: document.
 
-Everything here is synchronous and CPU-bound; the channel runs it in a worker thread.
+Everything here is synchronous and CPU-bound; the channel runs it in a worker thread. Pillow and
+PyAV are imported there, by the first file that needs them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import BinaryIO, Literal
 
-import av
-from PIL import Image
-
 from talon.config import MB, Limits
 from talon.errors import MediaError, MediaTooLarge
 from talon.media import OutboundMedia
-from talon.media.images import encode_to_fit, upright
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +111,10 @@ def _renamed(name: str, suffix: str) -> str:
 
 def reencode_image(media: OutboundMedia, limits: Limits) -> WhatsAppMedia:
     """The image as JPEG (or PNG with transparency) within WhatsApp's image limit."""
+    from PIL import Image  # Pillow and PyAV load with the first file that needs them, not with Talon
+
+    from talon.media.images import encode_to_fit, upright
+
     fh: BinaryIO = media.file
     fh.seek(0)
     with warnings.catch_warnings():
@@ -134,6 +135,8 @@ def reencode_image(media: OutboundMedia, limits: Limits) -> WhatsAppMedia:
 
 def transcode_voice(media: OutboundMedia, limits: Limits) -> WhatsAppMedia:
     """The audio as an OGG/Opus voice note (mono, 48 kHz), within the audio limits."""
+    import av
+
     if media.size > limits.audio_max_bytes:
         raise MediaError(f"{media.size / MB:.1f} MB is over the {limits.audio_max_bytes / MB:.0f} MB audio limit")
     fh = media.file

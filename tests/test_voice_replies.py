@@ -15,7 +15,7 @@ import av
 import pytest
 
 from talon.config import Settings
-from talon.speech.transcribe import Transcriber, bundled_base_parts, join_bundled_base
+from talon.speech.transcribe import Transcriber, bundled_base_dir, bundled_base_parts, join_bundled_base
 from talon.speech.synthesize import bundled_voice
 from tests.conftest import ALICE, make_settings
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
@@ -90,7 +90,7 @@ def ogg_opus_facts(data: bytes, path: Path) -> tuple[str, int, int, float]:
 async def test_voice_note_in_spoken_answer_out_on_telegram(
     tg: FakeTelegram, llm: FakeOpenAI, settings: Settings, ears: Transcriber, tmp_path: Path
 ) -> None:
-    """The round trip, with every setting at its default (Whisper base joined into the data dir)."""
+    """The round trip, with every setting at its default (Whisper base joined into the model cache)."""
     llm.queue(ANSWER)
     async with running(settings) as runtime:
         tg.push_update(tg.voice_message(ALICE, data=FOX.read_bytes(), duration=5))
@@ -113,8 +113,9 @@ async def test_voice_note_in_spoken_answer_out_on_telegram(
     transcript = await ears.transcribe(tmp_path / "reply.ogg")
     assert transcript.language == "en"
     assert word_error_rate(ANSWER, transcript.text) <= 0.25, transcript.text
-    # The multilingual model was assembled in Talon's own data dir, once.
-    assert (settings.data_dir / "models" / "whisper-base" / "model.bin").is_file()
+    # The multilingual model was assembled once, in the model cache every data dir shares.
+    assert (bundled_base_dir() / "model.bin").is_file()
+    assert not (settings.data_dir / "models").exists()
 
 
 async def test_code_and_urls_stay_in_the_text_and_are_not_spoken(

@@ -3,7 +3,8 @@
 Files are read streaming: only ``max_chars`` characters are ever held, however large the file;
 the rest is counted chunk by chunk so the agent can be told exactly how much it is not seeing.
 PDFs are read through an open file handle (``PdfReader`` given a path would load the whole file
-into memory) and page extraction stops as soon as the bound is reached.
+into memory) and page extraction stops as soon as the bound is reached; pypdf is imported with
+the first PDF, not with this module.
 
 Document text is wrapped in ``<<<UNTRUSTED DOCUMENT ...>>>`` markers because a file is third-party
 content: a prompt injection in a PDF must read as data, not as the user speaking. Anything in the
@@ -19,14 +20,14 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-from pypdf import PdfReader
-from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
+from typing import TYPE_CHECKING, Literal
 
 from talon.errors import DocumentError
 from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES
+
+if TYPE_CHECKING:
+    from pypdf import PdfReader
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,9 @@ def read_text_document(path: Path, *, max_chars: int, encoding: str | None = Non
 
 def read_pdf_document(path: Path, *, max_chars: int) -> DocumentText:
     """The text layer of the PDF at ``path``, page by page until ``max_chars`` is reached."""
+    from pypdf import PdfReader  # loaded with the first PDF, not with Talon
+    from pypdf.errors import PyPdfError
+
     with open(path, "rb") as fh:
         try:
             reader = PdfReader(fh)
@@ -197,6 +201,8 @@ def render_document(
 
 
 def _unlock(reader: PdfReader) -> None:
+    from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
+
     if not reader.is_encrypted:
         return
     try:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Literal, TypeVar
 
 from talon.storage.attachments import AttachmentStore
@@ -44,10 +45,8 @@ from talon.media.documents import (
     read_text_document,
     render_document,
 )
-from talon.media.images import prepare_image
 from talon.media.markers import defang_untrusted
 from talon.media.sniff import SNIFF_BYTES, sniff
-from talon.media.video import sample_video
 from talon.safe_files import new_file_beneath
 from talon.speech.transcribe import Transcriber, Transcript, format_duration, language_name, probe_duration
 
@@ -219,10 +218,24 @@ def sniff_media(head: bytes) -> Literal["image", "audio", "video", "pdf"] | None
     return sniffed.family
 
 
+# Pillow and PyAV are imported with the first image or video, in the pool's thread (an import
+# reads files: never on the event loop), not with Talon: most chats never send one.
+def _images() -> ModuleType:
+    from talon.media import images
+
+    return images
+
+
+def _video_frames() -> ModuleType:
+    from talon.media import video
+
+    return video
+
+
 async def _image(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: InboundContext) -> PreparedAttachment:
     prepared = await _run(
         ctx,
-        lambda: prepare_image(
+        lambda: _images().prepare_image(
             blob, store=ctx.store.blocking, limits=ctx.limits, name=base.name, source_ref=file.ref
         ),
     )
@@ -253,7 +266,7 @@ async def _audio(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: I
 
 async def _video(file: InboundFile, blob: Path, base: PreparedAttachment, ctx: InboundContext) -> PreparedAttachment:
     sample = await _run(
-        ctx, lambda: sample_video(blob, store=ctx.store.blocking, limits=ctx.limits, name=base.name)
+        ctx, lambda: _video_frames().sample_video(blob, store=ctx.store.blocking, limits=ctx.limits, name=base.name)
     )
     if not sample.has_video:
         # An audio-only MP4/WebM sent as a video or document: it is a recording.

