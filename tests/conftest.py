@@ -3,8 +3,11 @@ and Talon settings pointed at them. Nothing here touches the internet."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +26,13 @@ if TYPE_CHECKING:
 # Talon warms Whisper and the voice at every start; most tests start a runtime and never speak,
 # so the suite turns that off (Settings reads the environment). Tests of the warm-up turn it on.
 os.environ.setdefault("TALON_SPEECH_WARMUP", "false")
+
+# The bundled Whisper model is joined once per installation into $XDG_CACHE_HOME/talon/models.
+# The suite (and every Talon process it starts) uses a cache of its own, made for this run and
+# removed after it, so no run depends on what an earlier one left in the user's home.
+_CACHE = tempfile.mkdtemp(prefix="talon-test-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 TOKEN = "123456:TEST-token"
 ALICE = 111
