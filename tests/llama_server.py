@@ -47,7 +47,11 @@ def main() -> None:
     params.port = _free_port()
     params.hostnames = ["127.0.0.1"]
     params.endpoint_props = True
-    params.cpuparams.n_threads = 2
+    # One thread: a 135M model needs no more, and llama.cpp's threads wait for each other at every
+    # step by spinning, so two threads on a machine whose two cores are busy with other work ran
+    # at under one token a second (a CI run: 12 tokens in 19-24 s, a 240 s wait ran out).
+    params.cpuparams.n_threads = 1
+    params.cpuparams_batch.n_threads = 1
     # With ignore-eos every reply runs to the requested length, so a test knows how long a
     # generation takes.
     params.sampling.ignore_eos = "ignore-eos" in sys.argv[2:]
