@@ -7,6 +7,7 @@ the bound and that advancing the clock past the idle time drops what the idle ch
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from pathlib import Path
 
 import pytest
@@ -124,8 +125,8 @@ async def test_many_telegram_chats_leave_bounded_state_everywhere(tmp_path: Path
     runtime = build_runtime(settings, [channel])
     agent = runtime.bridge.agent
 
-    def per_chat() -> list[BoundedMap[object, object]]:
-        return [agent.last_usage, agent._threads, agent._chat_workspaces, channel.budget._spent,  # type: ignore[list-item]
+    def per_chat() -> list[Sized]:
+        return [agent.last_usage, agent._threads, agent._chat_workspaces, channel.budget._spent,
                 channel.budget._cosmetic, channel.budget._locks]
 
     await runtime.start()

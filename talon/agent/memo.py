@@ -19,8 +19,10 @@ from talon.bounded import BoundedMap
 S = TypeVar("S")
 V = TypeVar("V")
 
-DEFAULT_ENTRIES = 50_000
-"""About 250 chats' worth of 200-message conversations; least recently used go first."""
+DEFAULT_ENTRIES = 12_800
+"""About 64 chats' worth of 200-message conversations, as many chats as the session stores keep
+parsed (an entry of a chat they dropped holds messages nothing else reads); least recently used
+go first."""
 
 
 class DerivedCache:
