@@ -9,7 +9,8 @@ first, on an ``OrderedDict``) with two bounds:
   or ``sweep()``; nothing runs in the background).
 
 An entry still in use (``in_use(value)`` true: a lock held, a task running) is never dropped; it
-counts as just used. So a map holds at most ``max_entries`` entries plus those in use at once.
+counts as just used. So a map holds at most ``max_entries`` entries plus those in use at once. An
+entry ``stale(value)`` says is no longer needed is dropped as an idle one is.
 
 The bounds are the constants below (``CHAT_STATE_MAX``, ``CHAT_IDLE_S``, docs/limits.md), read
 from ``DEFAULTS`` when a map is given none of its own; tests replace ``DEFAULTS`` (smaller bounds,
@@ -53,12 +54,14 @@ class BoundedMap(MutableMapping[K, V], Generic[K, V]):
     """A dict with a size bound and an idle bound (see the module docstring)."""
 
     def __init__(self, name: str, *, max_entries: int | None = None, idle_s: float | None = None,
-                 clock: Callable[[], float] | None = None, in_use: Callable[[V], bool] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, in_use: Callable[[V], bool] | None = None,
+                 stale: Callable[[V], bool] | None = None) -> None:
         self.name = name
         self._max = max_entries
         self._idle = idle_s
         self._clock = clock
         self._in_use = in_use
+        self._stale = stale  # an entry that is stale (its subject gone) is dropped like an idle one
         self._data: OrderedDict[K, tuple[V, float]] = OrderedDict()
         _live[next(_ids)] = self  # type: ignore[assignment]
 
@@ -115,7 +118,7 @@ class BoundedMap(MutableMapping[K, V], Generic[K, V]):
             if not self._data:
                 break
             key, (value, used) = next(iter(self._data.items()))
-            idle = now - used >= self.idle_s
+            idle = now - used >= self.idle_s or (self._stale is not None and self._stale(value))
             if not idle and len(self._data) <= self.max_entries:
                 break
             if self._in_use is not None and self._in_use(value):
