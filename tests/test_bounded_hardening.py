@@ -7,6 +7,7 @@ the bound and that advancing the clock past the idle time drops what the idle ch
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sized
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from channels.send_budget import SendBudget, Window
 from talon import bounded
 from talon.agent.memo import DerivedCache
 from talon.bounded import BoundedMap, Bounds
+from talon.content import Message, TextBlock
 from talon.metrics import Metrics
 from tests.conftest import ALICE, make_settings
 from tests.fakes.openai_server import FakeOpenAI
@@ -96,6 +98,21 @@ def test_the_memo_is_bounded_and_forgets_what_was_not_used(clock: Clock) -> None
     clock.now += IDLE + 1
     cache.derive(sources[0], "t", id)
     assert len(cache) == 1
+
+
+def test_the_memo_lets_go_of_messages_nothing_else_holds(clock: Clock) -> None:
+    """A chat's log read again from disk is new message objects: the memo must not keep the old
+    ones (and their copies) alive until its size bound."""
+    cache = DerivedCache(max_entries=10 * BOUND)
+    for _ in range(5 * BOUND):
+        old = Message(role="user", content=[TextBlock(text="x" * 1000)])
+        cache.derive(old, "t", lambda m: m.model_copy())
+    del old
+    gc.collect()
+    kept = Message(role="user", content=[TextBlock(text="kept")])
+    copy = cache.derive(kept, "t", lambda m: m.model_copy())
+    assert len(cache) == 1
+    assert cache.derive(kept, "t", lambda m: m.model_copy()) is copy  # still a hit
 
 
 def test_metrics_show_rss_and_each_cache(clock: Clock) -> None:
