@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from channels.send_budget import SendBudget, Window
+from channels.telegram.groups import ChatterLog
 from talon import bounded
 from talon.agent.memo import DerivedCache
 from talon.bounded import BoundedMap, Bounds
@@ -87,6 +88,17 @@ async def test_send_budgets_of_many_chats_stay_bounded_and_idle_chats_are_forgot
     budget.try_spend("last")
     budget.penalize("last", 0.5)
     assert [len(book) for book in books] == [1, 1, 1, 1]
+
+
+def test_group_chatter_of_groups_that_never_address_the_bot_is_bounded_and_forgotten(clock: Clock) -> None:
+    chatter = ChatterLog(size=5)
+    for n in range(20 * BOUND):
+        chatter.add(f"-100{n}", "Bob", "not for the bot")
+        assert len(chatter._lines) <= BOUND
+    assert [c.text for c in chatter.take(f"-100{20 * BOUND - 1}")] == ["not for the bot"]
+    clock.now += IDLE + 1
+    chatter.add("-1", "Bob", "hello")
+    assert len(chatter._lines) == 1
 
 
 def test_the_memo_is_bounded_and_forgets_what_was_not_used(clock: Clock) -> None:
