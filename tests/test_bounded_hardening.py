@@ -176,5 +176,8 @@ async def test_many_telegram_chats_leave_bounded_state_everywhere(tmp_path: Path
         # (real) clock, and its idle forgetting is the test above.
         assert [len(m) for m in per_chat_now[:3]] == [1, 1, 1]
         assert all(len(m) <= BOUND for m in per_chat_now)
+        others: list[Sized] = [channel.reactions._acknowledged, channel.live._views, channel.intake._albums,
+                  runtime.bridge._live_ids, runtime.bridge._stops]
+        assert all(len(m) <= BOUND for m in others), [len(m) for m in others]
     finally:
         await runtime.stop()
