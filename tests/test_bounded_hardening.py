@@ -181,3 +181,32 @@ async def test_many_telegram_chats_leave_bounded_state_everywhere(tmp_path: Path
         assert all(len(m) <= BOUND for m in others), [len(m) for m in others]
     finally:
         await runtime.stop()
+
+
+async def test_the_metrics_route_serves_rss_and_cache_sizes(tmp_path: Path, tg: FakeTelegram,
+                                                           llm: FakeOpenAI) -> None:
+    import httpx
+
+    from channels.http import HttpServer
+    from channels.telegram import TelegramChannel
+    from talon.runtime import build_runtime
+
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_MODEL_DISCOVERY="false",
+                             TALON_HTTP_HOST="127.0.0.1", TALON_HTTP_PORT=0)
+    http = HttpServer("127.0.0.1", 0)
+    runtime = build_runtime(settings, [TelegramChannel(settings)], http=http)
+    await runtime.start()
+    try:
+        tg.push_update(tg.text_message(ALICE, "hello", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "echo: hello", timeout=30)
+        await runtime.bridge.idle()
+        async with httpx.AsyncClient(base_url=http.local_url) as client:
+            text = (await client.get("/metrics")).text
+    finally:
+        await runtime.stop()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("process_resident_memory_bytes", ())] > 10_000_000
+    assert samples[("talon_cache_entries", (("cache", "agent_threads"),))] >= 1
+    assert samples[("talon_cache_entries", (("cache", "send_budget"),))] >= 1
+    assert str(ALICE) not in {value for (_, pairs) in samples for _, value in pairs}  # no chat in a label
