@@ -19,7 +19,7 @@ Which windows apply to a chat is the caller's choice (``window_for``, ``cosmetic
 same budget serves Telegram (groups tighter than private chats) and a later channel. Clock and
 sleep are injectable, so the arithmetic is tested without waiting. ``waits`` counts the answers
 that had to wait for their window (a 429's wait is not counted there), for logs, benchmarks and
-tests.
+tests. What it keeps per chat is bounded and dropped for chats idle an hour (``talon.bounded``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+from talon.bounded import BoundedMap
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ def _unlimited(chat: str) -> Window | None:
     return None
 
 
+def _held(lock: asyncio.Lock) -> bool:
+    return lock.locked()
+
+
 class SendBudget:
     def __init__(self, window_for: Callable[[str], Window | None], *,
                  cosmetic_for: Callable[[str], Window | None] = _unlimited,
@@ -56,17 +62,19 @@ class SendBudget:
         self._cosmetic_for = cosmetic_for
         self._clock = clock
         self._sleep = sleep
-        self._spent: dict[str, deque[float]] = {}  # answers
-        self._cosmetic: dict[str, deque[float]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._blocked_until: dict[str, float] = {}
+        # Per chat, bounded and dropped when the chat is idle (``talon.bounded``): a window is a
+        # minute or so long, so an hour idle has nothing left to remember.
+        self._spent: BoundedMap[str, deque[float]] = BoundedMap("send_budget", clock=clock)  # answers
+        self._cosmetic: BoundedMap[str, deque[float]] = BoundedMap("send_budget_cosmetic", clock=clock)
+        self._locks: BoundedMap[str, asyncio.Lock] = BoundedMap("send_budget_locks", clock=clock, in_use=_held)
+        self._blocked_until: BoundedMap[str, float] = BoundedMap("send_budget_blocked", clock=clock)
         self.waited_s = 0.0  # total time answers waited (a 429's wait included)
         self.waits = 0  # answers that waited for room in their window
         self.dropped = 0  # cosmetic calls refused
         self.spent = 0  # calls counted, of both kinds
 
     def _trim(self, chat: str, window: Window, now: float,
-              book: dict[str, deque[float]] | None = None) -> deque[float]:
+              book: BoundedMap[str, deque[float]] | None = None) -> deque[float]:
         spent = (self._spent if book is None else book).setdefault(chat, deque())
         while spent and spent[0] <= now - window.seconds:
             spent.popleft()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from talon.agent.loop import Agent
+from talon.bounded import BoundedMap
 from talon.storage.sessions import ChatKey
 from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
@@ -153,7 +154,9 @@ class Bridge:
     def __post_init__(self) -> None:
         self._queues: dict[ChatKey, deque[InboxItem]] = {}
         self._running: dict[ChatKey, _Running] = {}
-        self._stops: dict[str, str] = {}  # /stop message key -> "stopped", "idle" or "refused"
+        # Per message, each removed when its message is answered; bounded and dropped when idle
+        # all the same (a message that never comes back must not keep its entry for weeks).
+        self._stops: BoundedMap[str, str] = BoundedMap("bridge_stops")  # /stop key -> "stopped", "idle" or "refused"
         self._workers: dict[ChatKey, asyncio.Task[None]] = {}
         self._asides: set[asyncio.Task[None]] = set()
         # Channels whose messages may be handled now. A chat's worker starts only once its channel
@@ -162,8 +165,8 @@ class Bridge:
         self._started: set[str] = set()
         self._stopped = False
         self._delivering: set[ChatKey] = set()  # chats whose reply is being sent right now
-        self._live_ids: dict[str, str] = {}  # message key -> the live message its answer edits
-        self._refused: dict[str, str] = {}  # scheduled run's key -> why the platform refused its reply
+        self._live_ids: BoundedMap[str, str] = BoundedMap("bridge_live_ids")  # message key -> its live message
+        self._refused: BoundedMap[str, str] = BoundedMap("bridge_refused")  # run's key -> why its reply was refused
         self.turns_started = 0
         self._answering: set[asyncio.Task[None]] = set()  # yes/no replies being matched to approvals
 

@@ -4,15 +4,25 @@ Each bridge has a registry of its own (no process-wide globals, so tests and emb
 collide). Labels carry only bounded, non-personal values: channel names, model names, tool names,
 kinds and outcomes; never chat ids, people or message text. ``TALON_METRICS=false`` leaves the
 route out.
+
+Each registry also has the client's process collector (``process_resident_memory_bytes``, the
+process's RSS, and its CPU and open files, read from /proc on Linux) and
+``talon_cache_entries{cache=...}``: the size of each bounded per-chat structure (``talon.bounded``),
+counted at scrape time, summed over the process.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               generate_latest)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from talon import bounded
 
 if TYPE_CHECKING:
     from talon.runtime import Runtime
@@ -23,10 +33,23 @@ METRICS_PATH = "/metrics"
 UNKNOWN_TOOL = "unknown"
 
 
+class CacheSizes(Collector):
+    """``talon_cache_entries``: every bounded structure's size, as of the scrape."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("talon_cache_entries", "Entries held by each bounded per-chat structure.",
+                                   labels=["cache"])
+        for name, size in sorted(bounded.sizes().items()):
+            family.add_metric([name], size)
+        yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes and the rest, on Linux
+        r.register(CacheSizes())
         self.received = Counter("talon_messages_received", "Messages taken into the inbox.", ["channel"], registry=r)
         self.answered = Counter("talon_messages_answered", "Replies delivered.", ["channel"], registry=r)
         self.turns = Counter("talon_turns", "Agent turns, by how they ended.", ["channel", "outcome"], registry=r)

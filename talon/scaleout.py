@@ -23,6 +23,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from talon.bounded import BoundedMap
 from talon.storage.sessions import ChatKey
 from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
@@ -49,7 +50,7 @@ class SharedBridge(Bridge):
         self._leases: Leases = self.leases
         self._coordinator: asyncio.Task[None] | None = None
         self._lease_watch: asyncio.Task[None] | None = None
-        self._retry_at: dict[ChatKey, float] = {}
+        self._retry_at: BoundedMap[ChatKey, float] = BoundedMap("scaleout_retry_at")
         # How many times each chat's lease was taken here: a renewal that started before the
         # latest taking says nothing about it.
         self._taken: dict[ChatKey, int] = {}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from telegram import Message as TgMessage
 from telegram import MessageEntity
 
+from talon.bounded import BoundedMap
 from talon.envelope import Chatter, conversation_id
 from talon.groups import speaker_label
 
@@ -144,7 +145,9 @@ class ChatterLog:
     """The recent unaddressed messages of each group conversation (see the module docstring)."""
 
     size: int
-    _lines: dict[str, deque[Chatter]] = field(default_factory=dict)
+    # Taken at the conversation's next turn; a group that never addresses the bot is bounded and
+    # forgotten when idle (``talon.bounded``).
+    _lines: BoundedMap[str, deque[Chatter]] = field(default_factory=lambda: BoundedMap("telegram_chatter"))
 
     def add(self, conversation: str, speaker: str, text: str) -> None:
         if self.size <= 0 or not text.strip():

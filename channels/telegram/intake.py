@@ -16,6 +16,7 @@ from telegram import Update
 from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
+from talon.bounded import BoundedMap
 from talon.content import InboundKind
 from talon.envelope import InboundMessage, RemoteFile
 from talon.errors import DeliveryError
@@ -62,6 +63,10 @@ class Album:
     error: BaseException | None = None  # why submitting it failed
 
 
+def _gathering(album: Album) -> bool:
+    return not album.submitted.is_set()
+
+
 class Intake:
     """Updates in: who may speak, groups, albums, and the InboundMessage handed to the bridge
     (given at start, ``bind``). ``allowed_chats`` are the groups served, ``chatter`` what was
@@ -72,8 +77,11 @@ class Intake:
         self.allowed_chats = allowed_chats
         self.chatter = chatter
         self._bridge: BridgeHandle | None = None
-        self._unlisted_logged: set[int] = set()
-        self._albums: dict[str, Album] = {}
+        # Groups not served whose first message was logged (bounded, forgotten when idle).
+        self._unlisted_logged: BoundedMap[int, bool] = BoundedMap("telegram_unlisted_groups")
+        # Albums being gathered: each is flushed ALBUM_WAIT_S after its last item, and one not yet
+        # submitted is never dropped (nothing lost), so the bound counts gathered ones only.
+        self._albums: BoundedMap[str, Album] = BoundedMap("telegram_albums", in_use=_gathering)
         self._album_tasks: set[asyncio.Task[None]] = set()  # albums being stored
 
     def bind(self, bridge: BridgeHandle) -> None:
@@ -184,7 +192,7 @@ class Intake:
                             "TALON_TELEGRAM_ALLOWED_CHATS", chat.id, chat.title, msg.migrate_to_chat_id,
                             msg.migrate_to_chat_id)
             elif chat.id not in self._unlisted_logged:
-                self._unlisted_logged.add(chat.id)
+                self._unlisted_logged[chat.id] = True
                 log.warning("telegram: message in %s %s (%r) ignored: the group is not listed; to serve it "
                             "add %s to TALON_TELEGRAM_ALLOWED_CHATS", chat.type, chat.id, chat.title, chat.id)
             else:

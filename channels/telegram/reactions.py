@@ -16,6 +16,7 @@ import logging
 
 from telegram.constants import ReactionEmoji
 
+from talon.bounded import BoundedMap
 from talon.envelope import InboundMessage
 from talon.errors import ConfigError
 
@@ -44,7 +45,9 @@ class Reactions:
     def __init__(self, api: TelegramApi, emoji: str) -> None:
         self.api = api
         self.ack_reaction = check_reaction(emoji)
-        self._acknowledged: set[str] = set()  # keys of the messages that carry it now
+        # Keys of the messages that carry it now; bounded, and forgotten after an hour (a turn
+        # lasts at most TALON_TURN_TIMEOUT), so a message never cleared cannot keep its key.
+        self._acknowledged: BoundedMap[str, bool] = BoundedMap("telegram_reactions")
 
     async def acknowledge(self, message: InboundMessage) -> None:
         if not self.ack_reaction or not message.message_id.isdigit() or message.key in self._acknowledged:
@@ -55,12 +58,12 @@ class Reactions:
             return
         await self.api.bot.set_message_reaction(chat_id=int(message.chat_id), message_id=int(message.message_id),
                                             reaction=self.ack_reaction)
-        self._acknowledged.add(message.key)
+        self._acknowledged[message.key] = True
 
     async def unacknowledge(self, message: InboundMessage) -> None:
         if message.key not in self._acknowledged:
             return
-        self._acknowledged.discard(message.key)
+        self._acknowledged.pop(message.key, None)
         blocked = self.api.budget.blocked_for(message.chat_id)
         if blocked > CLEAR_WAIT_MAX_S:
             log.info("telegram: chat=%s: the reaction on %s stays: Telegram asked to wait %.0fs", message.chat_id,

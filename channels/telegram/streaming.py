@@ -31,6 +31,7 @@ from telegram import ReplyParameters
 from telegram.constants import ParseMode
 from telegram.error import BadRequest, RetryAfter, TelegramError
 
+from talon.bounded import BoundedMap
 from talon.envelope import InboundMessage, LiveReply, conversation_id
 from talon.media import extract_markdown_media
 from talon.render.telegram import markdown_to_telegram_html, plain_text_fallback, split_markdown_for_telegram
@@ -126,12 +127,18 @@ class TelegramLiveView:
         self.views.closed(self)
 
 
+def _writing(view: "TelegramLiveView") -> bool:
+    return not view.text.stopped
+
+
 class LiveViews:
     """The live view of each conversation whose answer is being written (see the module docstring)."""
 
     def __init__(self, api: TelegramApi) -> None:
         self.api = api
-        self._views: dict[str, TelegramLiveView] = {}  # conversation -> the answer shown as it is written
+        # conversation -> the answer shown as it is written; a view is removed when its turn closes
+        # it, and a stopped one left behind is dropped by the bound or when idle.
+        self._views: BoundedMap[str, TelegramLiveView] = BoundedMap("telegram_live_views", in_use=_writing)
 
     def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
                    resume_id: str | None = None) -> LiveReply | None:

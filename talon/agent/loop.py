@@ -70,6 +70,7 @@ from talon.agent.tokens import (CHARS_PER_TOKEN, estimate_messages, estimate_ove
 from talon.agent.tools import ToolContext, ToolRegistry, ToolResult
 from talon.agent.workspace import Workspace
 from talon.agent.workspace_tools import WorkspaceTool
+from talon.bounded import BoundedMap
 from talon.content import ImageBlock, Message
 from talon.errors import CapReached, ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
@@ -207,26 +208,27 @@ class Agent:
         )
         self.workspace = Workspace(workspace) if isinstance(workspace, Path) else workspace
         # Per conversation (``talon.workspaces``): each chat's tools and AGENTS.md are its own.
+        # Everything kept per chat here is bounded and dropped when the chat is idle (``talon.bounded``).
         # Without it, ``workspace`` is shared by every chat.
         self.workspaces = workspaces
-        self._chat_workspaces: dict[Path, tuple[Workspace, Memory]] = {}
+        self._chat_workspaces: BoundedMap[Path, tuple[Workspace, Memory]] = BoundedMap("agent_chat_workspaces")
         # AGENTS.md may take a tenth of the window, and never more than 16,000 characters.
         self.memory_chars = min(16_000, int(profile.context_window * CHARS_PER_TOKEN * 0.1))
         self.memory = Memory(self.workspace, max_chars=self.memory_chars) if self.workspace is not None else None
-        self.last_usage: dict[ChatKey, Usage] = {}
+        self.last_usage: BoundedMap[ChatKey, Usage] = BoundedMap("agent_last_usage")
         self.token_scale = 1.0
         self._tools_fit: dict[tuple[tuple[str, ...], int, float], bool] = {}
         # Attachment ids of images the provider refused, per chat (see ``_complete``).
-        self.refused_images: dict[ChatKey, set[str]] = {}
+        self.refused_images: BoundedMap[ChatKey, set[str]] = BoundedMap("agent_refused_images")
         # The copies each request makes of the log (``conversation_view``, ``_wire``), kept so a
         # turn late in a long chat does not copy every earlier message again.
         self.copies = DerivedCache()
         self._apply_learned()
         # What the system prompt says about one chat (a group's name and people), set by the
         # bridge; it goes after the cached prefix, so every chat shares that prefix.
-        self.chat_notes: dict[ChatKey, str] = {}
+        self.chat_notes: BoundedMap[ChatKey, str] = BoundedMap("agent_chat_notes")
         # The thread each chat's turn runs in (read with its log at the start of the turn).
-        self._threads: dict[ChatKey, str] = {}
+        self._threads: BoundedMap[ChatKey, str] = BoundedMap("agent_threads")
         # A turn's user message, written to the log with the turn's first other record: one
         # write per answered text message (a crash before then reruns the turn, which adds it).
         self._unsaved: dict[ChatKey, list[Message]] = {}

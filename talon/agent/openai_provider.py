@@ -272,7 +272,7 @@ class OpenAIProvider(Provider):
         self.total_timeout_s = total_timeout_s
         self.idle_timeout_s = timeout_s
         self._hydrate = hydrate
-        self.copies = DerivedCache()  # each message's wire form, for every later request of its chat
+        self.copies = DerivedCache(name="wire_memo")  # each message's wire form, for every later request of its chat
         # ``timeout_s`` bounds each read: between streamed chunks, or while the server reads the
         # prompt. The SDK's own retries are off: a timed-out generation must never be repeated
         # behind the person's back (``complete`` retries only what cannot have generated anything).

@@ -41,6 +41,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from talon.bounded import BoundedMap
 from talon.content import ToolCall
 from talon.errors import ApprovalNotShown, ConfigError, StoreUnavailable
 from talon.storage.approvals import Approval, ApprovalStore, Grant, Status
@@ -272,6 +273,10 @@ class Answer:
 OnDecision = Callable[[Approval], None]
 
 
+def _undecided(event: asyncio.Event) -> bool:
+    return not event.is_set()
+
+
 class Approvals:
     def __init__(self, store: ApprovalStore, policy: ApprovalPolicy, *, poll_s: float = 1.0,
                  clock: Callable[[], float] = time.time, on_decision: OnDecision | None = None) -> None:
@@ -280,7 +285,8 @@ class Approvals:
         self.poll_s = poll_s
         self.clock = clock
         self.on_decision = on_decision  # metrics
-        self._decided: dict[str, asyncio.Event] = {}  # approval id -> set when decided here
+        # approval id -> set when decided here; removed when its wait ends, bounded all the same.
+        self._decided: BoundedMap[str, asyncio.Event] = BoundedMap("approval_waits", in_use=_undecided)
         # The agent's tool names now (MCP servers may add some); None: assume every kind occurs.
         self.tool_names: Callable[[], Collection[str]] | None = None
         # The configured MCP server a tool belongs to (``McpTool.server``), for ``mcp:<server>``.

@@ -30,6 +30,7 @@ from typing import Any
 
 from talon.storage.sessions import safe_path_part
 from talon.agent.tools import Tool, ToolResult
+from talon.bounded import BoundedMap
 from talon.content import InboundKind, Message
 from talon.envelope import InboundMessage, OutboundReply, VoiceWish
 from talon.media.outbound import MarkdownMediaRef
@@ -177,7 +178,7 @@ class VoiceReplies:
     # so that its outbound containment lets them out; None: ``media_root`` for every chat.
     workspace: Callable[[InboundMessage], Path] | None = None
     # Language heard in each message's voice note, by message key, until its turn reads it.
-    _heard: dict[str, str | None] = field(default_factory=dict)
+    _heard: BoundedMap[str, str | None] = field(default_factory=lambda: BoundedMap("voice_heard"))
     notes_made: int = 0
 
     # --- intake: what was heard -------------------------------------------------------------
