@@ -39,40 +39,10 @@ sys.path.insert(0, str(ROOT))
 from tests.conftest import TOKEN  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.fakes.telegram import FakeTelegram  # noqa: E402
+from tests.processes import tree_cpu, tree_rss, wait_quiet  # noqa: E402
 
 USER = 4242
 FIXTURE = ROOT / "tests" / "fixtures" / "speech_fox.ogg"
-
-
-def tree_rss(proc: psutil.Process) -> int:
-    """RSS of ``proc`` and all its descendants, in bytes (a process gone meanwhile counts 0)."""
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_info().rss
-    return total
-
-
-def tree_cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
-
-
-def quiet(proc: psutil.Process, *, window_s: float = 1.0, limit_s: float = 120.0) -> None:
-    """Wait until the process tree has used under 10 ms of CPU over ``window_s``."""
-    deadline = time.monotonic() + limit_s
-    last = tree_cpu(proc)
-    while time.monotonic() < deadline:
-        time.sleep(window_s)
-        now = tree_cpu(proc)
-        if now - last < 0.01:
-            return
-        last = now
-    raise TimeoutError(f"the bot did not go quiet within {limit_s:.0f} s")
 
 
 def env_for(kind: str, work: Path, tg: FakeTelegram, llm: FakeOpenAI, extra: dict[str, str]) -> dict[str, str]:
@@ -110,7 +80,7 @@ def measure(kind: str, extra: dict[str, str], voice: bool) -> dict[str, float]:
         proc = psutil.Process(popen.pid)
         try:
             tg.wait_for_sync("getUpdates", timeout=180, include_failed=True)
-            quiet(proc)
+            wait_quiet(proc)
             figures["idle"] = tree_rss(proc) / 1e6
             if voice and kind != "naive":
                 for n in (1, 2):
@@ -120,7 +90,7 @@ def measure(kind: str, extra: dict[str, str], voice: bool) -> dict[str, float]:
                                      count=n, timeout=180)
                     figures[f"answer {n} s"] = time.monotonic() - started
                     figures[f"cpu {n} s"] = tree_cpu(proc) - cpu
-                    quiet(proc)
+                    wait_quiet(proc)
                     figures[f"after voice {n}"] = tree_rss(proc) / 1e6
         except Exception:
             log.flush()

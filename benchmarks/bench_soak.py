@@ -32,19 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.conftest import TOKEN, settings_env  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.fakes.telegram import Call, FakeTelegram  # noqa: E402
+from tests.processes import tree_rss  # noqa: E402
 
 FIRST_USER = 10_000_000  # chat n is user FIRST_USER + n (private chats)
-
-
-def tree_rss(pid: int) -> int:
-    proc = psutil.Process(pid)
-    total = proc.memory_info().rss
-    for child in proc.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 async def scrape(url: str) -> tuple[float, dict[str, float]]:
@@ -93,14 +83,14 @@ async def soak(messages: int, chats: int, batch: int) -> None:
                     sent += count
                     if first is None and sent >= chats:
                         rss, caches = await scrape(url)
-                        first = (rss, tree_rss(proc.pid), caches)
+                        first = (rss, tree_rss(psutil.Process(proc.pid)), caches)
                         print(f"after {sent:,} messages ({time.monotonic() - start:.0f} s): RSS "
                               f"{rss / 1e6:.1f} MB (process tree {first[1] / 1e6:.1f} MB)", flush=True)
                     elif sent % (10 * batch) == 0:
                         rss, _ = await scrape(url)
                         print(f"  {sent:,} messages: RSS {rss / 1e6:.1f} MB", flush=True)
                 rss, caches = await scrape(url)
-                tree = tree_rss(proc.pid)
+                tree = tree_rss(psutil.Process(proc.pid))
                 elapsed = time.monotonic() - start
             finally:
                 proc.terminate()

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -26,6 +25,7 @@ import pytest
 from tests.conftest import ALICE, TOKEN, settings_env
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.processes import tree_rss, wait_quiet
 from talon.speech.transcribe import bundled_base_parts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,36 +85,6 @@ def test_building_talon_with_its_defaults_imports_no_media_or_speech_library(tmp
 # --- memory at rest ------------------------------------------------------------------------------
 
 
-def tree_rss_mb(proc: psutil.Process) -> float:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_info().rss
-    return total / 1e6
-
-
-def tree_cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
-
-
-def wait_quiet(proc: psutil.Process, *, window_s: float = 1.0, limit_s: float = 120.0) -> None:
-    """Until the process tree has used under 10 ms of CPU in ``window_s``: its work is done."""
-    deadline = time.monotonic() + limit_s
-    last = tree_cpu(proc)
-    while time.monotonic() < deadline:
-        time.sleep(window_s)
-        now = tree_cpu(proc)
-        if now - last < 0.01:
-            return
-        last = now
-    raise AssertionError(f"talon did not go quiet within {limit_s:.0f} s")
-
-
 def test_talon_run_with_its_defaults_is_lean_at_rest_and_still_hears_a_voice_note(tmp_path: Path) -> None:
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
         env = clean_env(**settings_env(tmp_path, tg.base_url, llm.base_url))
@@ -127,11 +97,11 @@ def test_talon_run_with_its_defaults_is_lean_at_rest_and_still_hears_a_voice_not
         try:
             tg.wait_for_sync("getUpdates", timeout=120, include_failed=True)  # started: polling
             wait_quiet(proc)
-            at_start = tree_rss_mb(proc)
+            at_start = tree_rss(proc) / 1e6
             tg.push_update(tg.text_message(ALICE, "hello", user_id=ALICE))
             tg.wait_for_sync("sendMessage", lambda c: c.params.get("text") == "echo: hello", timeout=60)
             wait_quiet(proc)
-            after_text = tree_rss_mb(proc)
+            after_text = tree_rss(proc) / 1e6
             assert at_start <= IDLE_LIMIT_MB and after_text <= IDLE_LIMIT_MB, (at_start, after_text)
             # The first voice note loads the model, and is heard.
             tg.push_update(tg.voice_message(ALICE, data=FOX.read_bytes(), duration=5, user_id=ALICE))
@@ -218,13 +188,13 @@ def test_unused_speech_models_are_let_go_and_load_again_for_the_next_note(tmp_pa
             tg.wait_for_sync("getUpdates", timeout=120, include_failed=True)
             tg.push_update(tg.voice_message(ALICE, data=FOX.read_bytes(), duration=5, user_id=ALICE))
             tg.wait_for_sync("sendVoice", timeout=180)  # heard (Whisper) and answered aloud (Piper)
-            loaded = tree_rss_mb(proc)
+            loaded = tree_rss(proc) / 1e6
             deadline = time.monotonic() + 120
             while not let_go(log_path.read_text()):  # both, in one line or two
                 assert time.monotonic() < deadline, log_path.read_text()[-3000:]
                 time.sleep(0.2)
             wait_quiet(proc)
-            after = tree_rss_mb(proc)
+            after = tree_rss(proc) / 1e6
             # Most of the models' memory is given back (the libraries stay imported).
             assert after < loaded - 150, (loaded, after)
             tg.push_update(tg.voice_message(ALICE, data=FOX.read_bytes(), duration=5, user_id=ALICE))
