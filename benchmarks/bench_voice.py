@@ -1,6 +1,17 @@
-"""Voice replies: how fast the bundled voice speaks, and what a voice reply adds, in one run.
+"""Voice: how fast and how well the bundled Whisper hears, how fast the bundled voice speaks, and
+what a voice reply adds, in one run.
 
-Run: ``python benchmarks/bench_voice.py`` (about a minute on 2 cores). Figures:
+Run: ``python benchmarks/bench_voice.py`` (a few minutes on 2 cores); ``--only stt`` for the
+transcription table alone, ``--rounds N`` to repeat it more. Figures:
+
+0. **Transcription settings** — the bundled multilingual Whisper base through Talon's own
+   faster-whisper backend (``FasterWhisperBackend``, ``WhisperOptions``) on the project's voice
+   notes in five languages (tests/fixtures/voice_samples.json): for each configuration, the
+   real-time factor (seconds of decoding and transcribing per second of audio, the best of the
+   rounds for each note, all notes together and the worst language) and the word error rate per
+   language (jiwer, lowercase, no punctuation). The configurations run interleaved, round after
+   round, all models loaded, so a machine busy with other work slows them alike. Aim: RTF <= 0.15
+   on 2 cores at a word error rate no worse than the settings before issue 28 ("before").
 
 1. **Synthesis real-time factor** — seconds spent making a voice note (Piper with the bundled
    en_US "joe" medium voice, then PyAV's OGG/Opus 48 kHz encoding) per second of speech, over
@@ -19,6 +30,7 @@ Run: ``python benchmarks/bench_voice.py`` (about a minute on 2 cores). Figures:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -31,11 +43,21 @@ from channels.telegram import TelegramChannel  # noqa: E402
 from talon.config import Settings  # noqa: E402
 from talon.runtime import build_runtime  # noqa: E402
 from talon.speech.synthesize import Synthesizer, encode_voice_note  # noqa: E402
+from talon.speech.transcribe import (  # noqa: E402
+    FasterWhisperBackend,
+    WhisperOptions,
+    bundled_base_dir,
+    decode_audio,
+    prepare_bundled_base,
+)
+from talon.config import Limits  # noqa: E402
+from tests.support.voice_samples import VoiceSample, voice_samples, wer_by_language  # noqa: E402
 from tests.conftest import ALICE, TOKEN, make_settings  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.fakes.telegram import FakeTelegram  # noqa: E402
 
 RUNS = 5
+STT_ROUNDS = 3
 FOX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "speech_fox.ogg"
 SENTENCES = [
     "Good morning, here is what I found about your question.",
@@ -57,6 +79,90 @@ def ogg_seconds(data: bytes) -> float:
 
     with av.open(io.BytesIO(data)) as container:
         return float(container.duration / av.time_base)
+
+
+# (name, options): "before" is what Talon ran before issue 28 (CTranslate2's default of 4 threads,
+# a beam of 5, timestamps, the language detected in a pass of its own: "sep"); the row marked *
+# is WhisperOptions() as it ships (its cpu_threads=0 is the cores: 2 here); "ts": with
+# timestamps; "lang-given": the note's language passed in (no detection at all).
+_SEPARATE = {"shared_language_detection": False}
+STT_CONFIGS: list[tuple[str, WhisperOptions]] = [
+    ("before: int8 4thr beam5 ts sep", WhisperOptions(cpu_threads=4, beam_size=5, without_timestamps=False,
+                                                      **_SEPARATE)),
+    ("int8 2thr beam5 ts sep", WhisperOptions(cpu_threads=2, beam_size=5, without_timestamps=False, **_SEPARATE)),
+    ("int8 2thr beam5 sep", WhisperOptions(cpu_threads=2, beam_size=5, **_SEPARATE)),
+    ("int8 2thr beam5", WhisperOptions(cpu_threads=2, beam_size=5)),
+    ("int8 2thr beam3", WhisperOptions(cpu_threads=2, beam_size=3)),
+    ("int8 2thr beam2", WhisperOptions(cpu_threads=2, beam_size=2)),
+    ("int8 2thr beam1", WhisperOptions(cpu_threads=2, beam_size=1)),
+    ("int8 2thr beam1 ts", WhisperOptions(cpu_threads=2, beam_size=1, without_timestamps=False)),
+    ("int8 1thr beam5", WhisperOptions(cpu_threads=1, beam_size=5)),
+    ("float32 2thr beam5", WhisperOptions(compute_type="float32", cpu_threads=2, beam_size=5)),
+    ("int8 2thr beam5 no-vad", WhisperOptions(cpu_threads=2, beam_size=5, vad_filter=False)),
+    ("int8 2thr beam5 lang-given", WhisperOptions(cpu_threads=2, beam_size=5, language="given")),
+]
+
+
+def _stt_model_dir() -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        return prepare_bundled_base(bundled_base_dir(), Path(tmp))
+
+
+def transcription_table(rounds: int) -> None:
+    samples = voice_samples()
+    limits = Limits()
+    model_dir = _stt_model_dir()
+    backends: list[tuple[str, WhisperOptions, FasterWhisperBackend, object]] = []
+    for name, options in STT_CONFIGS:
+        backend = FasterWhisperBackend(model_dir, options=options)
+        model = backend._loaded()
+        backends.append((name, options, backend, model))
+    durations = {s: decode_audio(s.path, limits=limits).duration_s for s in samples}
+    best: dict[tuple[str, VoiceSample], float] = {}
+    heard: dict[tuple[str, VoiceSample], str] = {}
+
+    def run(options: WhisperOptions, backend: FasterWhisperBackend, model: object,
+            sample: VoiceSample) -> tuple[str, float]:
+        # "given": the note's language is passed, to show what detecting it costs.
+        language = sample.language if options.language == "given" else options.language
+        backend.options = dataclasses.replace(options, language=language)
+        start = time.perf_counter()
+        audio = decode_audio(sample.path, limits=limits)
+        text = backend._run(model, audio.samples).text
+        return text, time.perf_counter() - start
+
+    for _, options, backend, model in backends:  # warm: a model's first run allocates its buffers
+        run(options, backend, model, samples[0])
+    for _ in range(rounds):
+        for name, options, backend, model in backends:
+            for sample in samples:
+                text, elapsed = run(options, backend, model, sample)
+                key = (name, sample)
+                best[key] = min(best.get(key, elapsed), elapsed)
+                heard[key] = text
+    languages = sorted({s.language for s in samples}, key=lambda code: (code != "en", code))
+    audio_total = sum(durations.values())
+    print(f"0. transcription: bundled Whisper base (faster-whisper), {len(samples)} voice notes, "
+          f"{audio_total:.0f}s of audio in {len(languages)} languages; best of {rounds} rounds per note")
+    header = (f"   {'configuration':30} {'RTF':>5} {'worst':>5} | "
+              + " ".join(f"{'WER ' + code:>6}" for code in languages) + f" {'WER all':>7}")
+    print(header)
+    shipped = dataclasses.replace(WhisperOptions(), cpu_threads=WhisperOptions().threads())
+    for name, options, _, _ in backends:
+        mark = "*" if options == shipped else " "
+        rtf = sum(best[(name, s)] for s in samples) / audio_total
+        by_language = {
+            code: sum(best[(name, s)] for s in samples if s.language == code)
+            / sum(durations[s] for s in samples if s.language == code)
+            for code in languages
+        }
+        wer = wer_by_language({s: heard[(name, s)] for s in samples})
+        print(f"  {mark}{name:30} {rtf:5.3f} {max(by_language.values()):5.3f} | "
+              + " ".join(f"{wer[code]:6.3f}" for code in languages) + f" {wer['all']:7.3f}")
+    print("   RTF: all notes together; worst: the slowest language; * the default. Its transcripts:")
+    default = next((name for name, options, _, _ in backends if options == shipped), backends[0][0])
+    for sample in samples:
+        print(f"   [{sample.language}] {heard[(default, sample)]}")
 
 
 async def synthesis_rtf() -> None:
@@ -167,6 +273,15 @@ async def voice_in_voice_out() -> None:
 
 
 async def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["stt"], help="the transcription table alone")
+    parser.add_argument("--rounds", type=int, default=STT_ROUNDS, help="rounds of the transcription table")
+    args = parser.parse_args()
+    transcription_table(args.rounds)
+    if args.only:
+        return
     await synthesis_rtf()
     await channel_latency()
     await voice_in_voice_out()

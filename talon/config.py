@@ -222,6 +222,15 @@ class Settings(BaseSettings):
     )
     whisper_model: str = Field(default="bundled", validation_alias=_env("TALON_WHISPER_MODEL"))
     transcribe_concurrency: int = Field(default=1, validation_alias=_env("TALON_TRANSCRIBE_CONCURRENCY"))
+    # faster-whisper's compute, threads and beam (talon.speech.transcribe.WhisperOptions; the
+    # defaults are the fastest benchmarks/bench_voice.py measured at no worse word error rate).
+    whisper_compute: Literal["int8", "int8_float32", "int16", "float32"] = Field(
+        default="int8", validation_alias=_env("TALON_WHISPER_COMPUTE")
+    )
+    # 0: one per core Talon may run on.
+    whisper_threads: int = Field(default=0, ge=0, le=64, validation_alias=_env("TALON_WHISPER_THREADS"))
+    # 1: greedy decoding.
+    whisper_beam: int = Field(default=5, ge=1, le=10, validation_alias=_env("TALON_WHISPER_BEAM"))
     # --- voice replies (talon.speech.synthesize, talon.speech.voice_replies) ---------------------
     voice_replies: Literal["mirror", "always", "off"] = Field(
         default="mirror", validation_alias=_env("TALON_VOICE_REPLIES")

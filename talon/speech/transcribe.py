@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -560,6 +561,83 @@ class _LocalBackend(SpeechBackend):
     def _run(self, model: Any, samples: np.ndarray) -> _Recognized: ...
 
 
+@dataclass(frozen=True)
+class WhisperOptions:
+    """How faster-whisper runs: the model's compute and threads, and the decoding of a note.
+
+    The defaults are what ``benchmarks/bench_voice.py`` measured fastest at no worse word error
+    rate on the project's multilingual samples (docs/voice.md); ``Settings`` can change the
+    first three (``TALON_WHISPER_COMPUTE``, ``TALON_WHISPER_THREADS``, ``TALON_WHISPER_BEAM``).
+    """
+
+    compute_type: str = "int8"
+    # 0: one thread per core this process may run on (CTranslate2's own default is 4, which
+    # oversubscribes two cores).
+    cpu_threads: int = 0
+    # 5 (Whisper's and faster-whisper's default); greedy decoding (1) measured barely faster on
+    # notes (the encoder's fixed 30 s window dominates) and twice the word error rate.
+    beam_size: int = 5
+    # The Silero VAD model ships inside the faster-whisper package (no download); it trims the
+    # silence before, between and after the words, and keeps Whisper from "hearing" words like
+    # "You" in silence or hiss.
+    vad_filter: bool = True
+    without_timestamps: bool = True
+    condition_on_previous_text: bool = False
+    # Detect the language from the encoder pass that transcribes each 30 s window (faster-whisper's
+    # ``multilingual`` mode) instead of a pass of its own before transcribing: for a voice note
+    # under 30 s that halves the encoder's work, a third or more of the whole.
+    shared_language_detection: bool = True
+    # None: detected per note (what Talon does); a code only for measuring what detection costs.
+    language: str | None = None
+
+    def threads(self) -> int:
+        if self.cpu_threads > 0:
+            return self.cpu_threads
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+            return max(1, os.cpu_count() or 1)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"compute_type": self.compute_type, "cpu_threads": self.threads()}
+
+    def transcribe_kwargs(self, *, multilingual_model: bool = True) -> dict[str, Any]:
+        """The keywords of ``WhisperModel.transcribe`` for one note."""
+        kwargs: dict[str, Any] = {
+            "beam_size": self.beam_size,
+            "vad_filter": self.vad_filter,
+            "without_timestamps": self.without_timestamps,
+            "condition_on_previous_text": self.condition_on_previous_text,
+            "language": self.language,
+        }
+        if self.language is None and self.shared_language_detection and multilingual_model:
+            # A language skips the separate detection pass; ``multilingual`` then replaces it,
+            # before the first token, by the one each window's own encoder output shows.
+            kwargs.update(language="en", multilingual=True)
+        return kwargs
+
+
+@functools.cache
+def _whisper_model_class() -> type:
+    """faster-whisper's ``WhisperModel``, noting the language its multilingual mode detects.
+
+    In that mode the language is detected per 30 s window while transcribing, and
+    ``TranscriptionInfo.language`` only repeats the one passed in; the tokenizer carries the
+    detected one, so the run's first window's language is kept, per thread, in ``detected``."""
+    from faster_whisper import WhisperModel
+
+    class _WhisperModel(WhisperModel):
+        detected = threading.local()
+
+        def generate_segments(self, features: Any, tokenizer: Any, *args: Any, **kwargs: Any) -> Any:
+            for segment in super().generate_segments(features, tokenizer, *args, **kwargs):
+                if getattr(self.detected, "language", None) is None:
+                    self.detected.language = getattr(tokenizer, "language_code", None)
+                yield segment
+
+    return _WhisperModel
+
+
 class FasterWhisperBackend(_LocalBackend):
     name = "faster-whisper"
 
@@ -569,46 +647,44 @@ class FasterWhisperBackend(_LocalBackend):
         *,
         prepare: Callable[[], Path] | None = None,
         device: str = "cpu",
-        compute_type: str = "int8",
-        cpu_threads: int = 0,
+        options: WhisperOptions | None = None,
         num_workers: int = 1,
     ) -> None:
         super().__init__()
         self.model_dir = model_dir
         self._prepare = prepare
         self._device = device
-        self._compute_type = compute_type
-        self._cpu_threads = cpu_threads
+        self.options = options or WhisperOptions()
         # CTranslate2 serializes calls on one worker; match the transcriber's concurrency.
         self._num_workers = max(1, num_workers)
 
     def _load(self) -> Any:
-        from faster_whisper import WhisperModel
-
         if self._prepare is not None:
             self.model_dir = self._prepare()
-        log.info("loading faster-whisper model from %s", self.model_dir)
-        return WhisperModel(
+        log.info("loading faster-whisper model from %s (%s)", self.model_dir, self.options)
+        return _whisper_model_class()(
             str(self.model_dir),
             device=self._device,
-            compute_type=self._compute_type,
-            cpu_threads=self._cpu_threads,
             num_workers=self._num_workers,
             local_files_only=True,
+            **self.options.model_kwargs(),
         )
 
     def _run(self, model: Any, samples: np.ndarray) -> _Recognized:
-        # vad_filter: the Silero VAD model ships inside the faster-whisper package (no download)
-        # and keeps Whisper from "hearing" words like "You" in silence or hiss.
-        segments, info = model.transcribe(
-            samples, beam_size=5, condition_on_previous_text=False, vad_filter=True
-        )
+        kwargs = self.options.transcribe_kwargs(multilingual_model=bool(model.model.is_multilingual))
+        detected = getattr(model, "detected", None)
+        if detected is not None:
+            detected.language = None
+        segments, info = model.transcribe(samples, **kwargs)
         words = [
             seg.text.strip()
             for seg in segments
             if not (seg.no_speech_prob > _NO_SPEECH_PROB and seg.avg_logprob < _LOGPROB_FLOOR)
         ]
-        return _Recognized(" ".join(w for w in words if w), getattr(info, "language", None))
+        language = getattr(info, "language", None)
+        if kwargs.get("multilingual"):
+            language = getattr(detected, "language", None)
+        return _Recognized(" ".join(w for w in words if w), language)
 
 
 class OpenAIWhisperBackend(_LocalBackend):
@@ -756,15 +832,17 @@ def _choose_backend(settings: Settings) -> SpeechBackend:
     if choice == "off":
         raise TranscriberUnavailable("transcription is turned off (TALON_TRANSCRIBER=off)")
     workers = settings.transcribe_concurrency
+    options = whisper_options(settings)
     if choice == "faster-whisper":
-        return _faster_whisper(model, workers, settings.data_dir)
+        return _faster_whisper(model, workers, settings.data_dir, options)
     if choice == "whisper":
         return _openai_whisper(model)
     if choice == "openai":
         return _openai_api(settings)
 
     tried: list[str] = []
-    candidates = (partial(_faster_whisper, model, workers, settings.data_dir), partial(_openai_whisper, model))
+    candidates = (partial(_faster_whisper, model, workers, settings.data_dir, options),
+                  partial(_openai_whisper, model))
     for make in candidates:
         try:
             return make()
@@ -776,11 +854,18 @@ def _choose_backend(settings: Settings) -> SpeechBackend:
     raise TranscriberUnavailable("no transcription backend can run: " + "; ".join(tried))
 
 
-def _faster_whisper(model: str, workers: int, data_dir: Path) -> SpeechBackend:
+def whisper_options(settings: Settings) -> WhisperOptions:
+    """The faster-whisper options the settings ask for (``TALON_WHISPER_COMPUTE``, ``_THREADS``,
+    ``_BEAM``); the rest are ``WhisperOptions``' defaults."""
+    return WhisperOptions(compute_type=settings.whisper_compute, cpu_threads=settings.whisper_threads,
+                          beam_size=settings.whisper_beam)
+
+
+def _faster_whisper(model: str, workers: int, data_dir: Path, options: WhisperOptions) -> SpeechBackend:
     if importlib.util.find_spec("faster_whisper") is None:
         raise TranscriberUnavailable("faster-whisper is not installed")
     choice = choose_ctranslate2_model(model, data_dir)
-    return FasterWhisperBackend(choice.path, prepare=choice.prepare, num_workers=workers)
+    return FasterWhisperBackend(choice.path, prepare=choice.prepare, options=options, num_workers=workers)
 
 
 def _openai_whisper(model: str) -> SpeechBackend:
@@ -848,6 +933,8 @@ __all__ = [
     "SAMPLE_RATE",
     "SpeechBackend",
     "Transcriber",
+    "WhisperOptions",
+    "whisper_options",
     "ModelChoice",
     "TranscriberUnavailable",
     "Transcript",
