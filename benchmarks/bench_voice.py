@@ -1,8 +1,9 @@
 """Voice: how fast and how well the bundled Whisper hears, how fast the bundled voice speaks, and
 what a voice reply adds, in one run.
 
-Run: ``python benchmarks/bench_voice.py`` (a few minutes on 2 cores); ``--only stt`` for the
-transcription table alone, ``--rounds N`` to repeat it more. Figures:
+Run: ``python benchmarks/bench_voice.py`` (the transcription table takes 5-10 minutes on 2
+cores, more when they are busy; the rest about a minute); ``--only stt`` for the transcription
+table alone, ``--rounds N`` for more or fewer rounds of it (default 3). Figures:
 
 0. **Transcription settings** — the bundled multilingual Whisper base through Talon's own
    faster-whisper backend (``FasterWhisperBackend``, ``WhisperOptions``) on the project's voice

@@ -13,7 +13,10 @@ since headers can lie.
 
 Backends, chosen by ``Settings.transcriber`` (``TALON_TRANSCRIBER``):
 
-    faster-whisper  CTranslate2 Whisper (the default engine; fast on CPU, int8)
+    faster-whisper  CTranslate2 Whisper (the default engine; fast on CPU, int8), run with the
+                    options of ``WhisperOptions`` (compute, threads and beam from
+                    ``TALON_WHISPER_COMPUTE``/``_THREADS``/``_BEAM``; docs/voice.md gives the
+                    benchmark that chose them)
     whisper         openai-whisper (optional extra; needs torch)
     openai          the OpenAI transcription API (``client.audio.transcriptions.create``)
     off             no transcription; voice notes reach the agent as a notice saying so
