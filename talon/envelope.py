@@ -125,6 +125,9 @@ class OutboundReply:
     # The message that showed this answer while it was written (streamed, then edited): the
     # reply's first text part edits it instead of sending a new message.
     live_message_id: str | None = None
+    # The text of the scheduled task this reply answers (None for a person's message): a channel
+    # that may not speak first freely (WhatsApp outside its 24-hour window) puts it in a reminder.
+    scheduled_task: str | None = None
 
 
 @dataclass

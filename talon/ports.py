@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from talon.storage.access import Pairing
     from talon.storage.approvals import Approval
     from talon.storage.leases import Leases
+    from talon.metrics import Metrics
 
 log = logging.getLogger("channels.base")  # the name these lines have always been logged under
 
@@ -55,6 +56,8 @@ class ApprovalAnswers(Protocol):
 
     async def settle(self, prompter: Prompter, approval: Approval) -> None: ...
 
+    async def get(self, approval_id: str) -> Approval | None: ...
+
 
 class ApprovalsHost(Protocol):
     """The part of ``talon.control.Control`` a channel reaches: its approvals."""
@@ -71,6 +74,9 @@ class BridgeHandle(Protocol):
 
     @property
     def control(self) -> ApprovalsHost | None: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
     async def submit(self, message: InboundMessage) -> bool:
         """Persist and queue a message; False when it is a duplicate (already seen)."""
@@ -155,6 +161,10 @@ class Channel(abc.ABC):
     async def settle_approval(self, approval: Approval, text: str) -> None:
         """Show how an approval ended (approved, denied, no answer, stopped) and who decided."""
         await self.deliver(approval.platform_chat, OutboundReply(text=text, thread_id=approval.thread_id))
+
+    async def status_lines(self, chat_id: str) -> list[str]:
+        """Lines the channel adds to ``/status`` for this chat (the platform's own state); none by default."""
+        return []
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""
