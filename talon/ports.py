@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from talon.config import Limits
 from talon.content import InboundFile
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
+from talon.metrics import Metrics
 from talon.storage.attachments import AttachmentStore
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from talon.storage.access import Pairing
     from talon.storage.approvals import Approval
     from talon.storage.leases import Leases
-    from talon.metrics import Metrics
 
 log = logging.getLogger("channels.base")  # the name these lines have always been logged under
 

@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from talon.errors import DeliveryError, StoreUnavailable, TwilioRefused
 from talon.storage.whatsapp import WhatsAppStore
@@ -63,7 +63,7 @@ class Window:
         self.pending_s = pending_days * 86400
         self.clock = clock
         self.send_approval: SendApproval | None = None  # set by the approvals part
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, list[Any]] = {}  # chat -> [lock, users]
         self._told_missing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -80,12 +80,17 @@ class Window:
 
     @contextlib.asynccontextmanager
     async def lock(self, chat_id: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(chat_id, asyncio.Lock())
+        """One sender at a time per chat in this process (the store's claim orders workers)."""
+        entry = self._locks.get(chat_id)
+        if entry is None:
+            entry = self._locks[chat_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
         try:
-            async with lock:
+            async with entry[0]:
                 yield
         finally:
-            if not lock.locked() and not lock._waiters:
+            entry[1] -= 1
+            if entry[1] == 0:
                 self._locks.pop(chat_id, None)
 
     async def status_lines(self, chat_id: str) -> list[str]:
