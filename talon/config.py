@@ -66,6 +66,7 @@ class Limits:
     whatsapp_body_max: int = 1600
     whatsapp_media_max_bytes: int = 16 * MB
     whatsapp_image_max_bytes: int = 5 * MB
+    whatsapp_document_max_bytes: int = 100 * MB  # WhatsApp: documents up to 100 MB, other media 16 MB
     # A reply longer than this many messages goes as its head plus the whole text as reply.md.
     telegram_reply_max_messages: int = 8
     whatsapp_reply_max_messages: int = 5
