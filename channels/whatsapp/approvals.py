@@ -121,7 +121,8 @@ class ApprovalPrompts:
             await self.api.send(chat, media_url=url, what=name, kind="approval")
             note = (f"…\n\n[This call is too long for WhatsApp messages ({len(text):,} characters): ALL of "
                     f"it is in the file {name} just sent. Read it before you answer: "
-                    f"{'Approve' if buttons else 'yes'} covers exactly what is in it.]")
+                    + ("Approve covers exactly what is in it.]" if buttons else
+                       "yes covers exactly what is in it. Reply yes or no.]"))
             head = text[:self.limits.whatsapp_body_max - len(note)]
             await self.api.send(chat, body=head + note, what="an approval prompt", kind="approval")
         if buttons:
