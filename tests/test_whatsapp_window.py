@@ -286,10 +286,7 @@ async def test_an_approval_is_decided_by_its_button_once_and_forged_or_foreign_p
         await post(channel, twilio.inbound_params(ALICE, "Approve", ButtonPayload=approve, ButtonText="Approve",
                                                   profile_name="Alice"), sign_with=twilio)
         await runtime.bridge.idle()
-        for _ in range(100):
-            if any(m.body == "Written." for m in twilio.sent(to=ALICE)):
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: any(m.body == "Written." for m in twilio.sent(to=ALICE)))
         # replayed: the same press again, and the Deny of the same prompt, are refused
         before = len(twilio.sent(to=ALICE))
         for payload in (approve, deny):
@@ -311,3 +308,53 @@ async def test_a_malformed_button_payload_is_refused_with_400(tmp_path: Path, tw
                                       sign_with=twilio)
             assert status == 400
     assert twilio.messages == [] and llm.requests == []
+
+
+async def wait_until(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_outside_the_window_a_short_call_goes_whole_in_the_approval_template_and_a_press_decides(
+        tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> None:
+    llm.queue(FakeOpenAI.tool_call("write_file", {"path": "late.txt", "content": "ok"}), "Done late.")
+    settings = templated(tmp_path, twilio, llm, TALON_APPROVAL="write", TALON_WHATSAPP_TEMPLATE_APPROVAL=APPROVAL)
+    async with running(settings) as (runtime, channel):
+        await close_window(channel, twilio)
+        await runtime.bridge.submit(InboundMessage(channel="whatsapp", chat_id=ALICE, sender_id=ALICE, message_id="r",
+                                                   text="write late.txt", scheduled=ScheduledRun(task_id="t", due=time.time())))
+        [buttons] = await twilio.wait_for_messages(1, to=ALICE)
+        assert buttons.content_sid == APPROVAL and "late.txt" in buttons.content_variables["1"]
+        assert "\n" not in buttons.content_variables["1"]  # one template variable, on one line
+        await post(channel, twilio.inbound_params(ALICE, "Approve", ButtonPayload=buttons.content_variables["2"]),
+                   sign_with=twilio)
+        await wait_until(lambda: any(m.body == "Done late." for m in twilio.sent(to=ALICE)))
+        await runtime.bridge.idle()
+    assert (settings.workspace_dir("whatsapp", ALICE) / "late.txt").read_text() == "ok"
+
+
+async def test_outside_the_window_a_long_call_waits_and_comes_whole_with_its_buttons_when_the_person_writes(
+        tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> None:
+    content = "\n".join(f"line {i}: " + "text " * 20 for i in range(40))  # far over one template variable
+    llm.queue(FakeOpenAI.tool_call("write_file", {"path": "big.txt", "content": content}), "Big file written.")
+    settings = templated(tmp_path, twilio, llm, TALON_APPROVAL="write", TALON_WHATSAPP_TEMPLATE_APPROVAL=APPROVAL)
+    async with running(settings) as (runtime, channel):
+        await close_window(channel, twilio)
+        await runtime.bridge.submit(InboundMessage(channel="whatsapp", chat_id=ALICE, sender_id=ALICE, message_id="r",
+                                                   text="write big.txt", scheduled=ScheduledRun(task_id="t", due=time.time())))
+        [template] = await twilio.wait_for_messages(1, to=ALICE)
+        assert template.content_sid == REOPEN  # no buttons for a call the person has not seen
+        assert await channel.state.pending_count(ALICE) == 1
+        await post(channel, twilio.inbound_params(ALICE, "what is it?"), sign_with=twilio)
+        await wait_until(lambda: any(m.content_sid == APPROVAL for m in twilio.sent(to=ALICE)))
+        sent = twilio.sent(to=ALICE)
+        buttons = next(m for m in sent if m.content_sid == APPROVAL)
+        shown = "".join(m.body for m in sent[1:sent.index(buttons)])
+        assert "line 39:" in shown and all(len(m.body) <= 1600 for m in sent)  # the whole call, before the buttons
+        await post(channel, twilio.inbound_params(ALICE, "Deny", ButtonPayload=buttons.content_variables["3"]),
+                   sign_with=twilio)
+        await wait_until(lambda: any("Denied by" in m.body for m in twilio.sent(to=ALICE)))
+        await runtime.bridge.idle()
+    assert not (settings.workspace_dir("whatsapp", ALICE) / "big.txt").exists()
