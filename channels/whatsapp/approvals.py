@@ -36,7 +36,7 @@ from channels.media_links import MediaLinks
 from channels.whatsapp.api import WINDOW_CODES, TwilioApi
 from channels.whatsapp.intake import ButtonPress
 from channels.whatsapp.parts import ApprovalPart
-from channels.whatsapp.templates import Templates, fit_variable
+from channels.whatsapp.templates import VARIABLE_MAX, Templates, fit_variable
 from channels.whatsapp.window import Window
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class ApprovalPrompts:
             clear = await self.window.flush(chat)
             state = await self.window.state(chat)
             if clear and state == "closed" and self.templates.approval is not None:
-                whole = fit_variable(text)
+                whole = fit_variable(text, VARIABLE_MAX - 100)
                 if whole is not None:  # the template carries the whole call and its buttons
                     await self._buttons(chat, approval, whole)
                     return None
