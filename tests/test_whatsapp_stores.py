@@ -49,6 +49,10 @@ async def test_the_window_only_moves_forward(store: Any) -> None:
     await store.mark_read("+1555", 40.0)
     assert await store.last_read("+1555") == 50.0
     assert await store.last_inbound("+1555") == 2000.0
+    assert await store.last_refused("+1555") is None
+    await store.refused("+1555", 2500.0)
+    await store.refused("+1555", 2400.0)
+    assert await store.last_refused("+1555") == 2500.0 and await store.last_inbound("+1555") == 2000.0
 
 
 async def test_pending_parts_keep_their_order_per_chat_and_expire(store: Any) -> None:

@@ -358,3 +358,26 @@ async def test_outside_the_window_a_long_call_waits_and_comes_whole_with_its_but
         await wait_until(lambda: any("Denied by" in m.body for m in twilio.sent(to=ALICE)))
         await runtime.bridge.idle()
     assert not (settings.workspace_dir("whatsapp", ALICE) / "big.txt").exists()
+
+
+async def test_after_a_63016_the_window_counts_as_closed_until_the_person_writes(
+        tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> None:
+    llm.queue("first", "second")
+    async with running(templated(tmp_path, twilio, llm)) as (runtime, channel):
+        await post(channel, twilio.inbound_params(ALICE, "hi"), sign_with=twilio)
+        await twilio.wait_for_messages(1, to=ALICE)
+        await runtime.bridge.idle()
+        assert await channel.window.state(ALICE) == "open"
+        twilio.close_window(ALICE)  # Twilio's clock disagrees with ours
+        await channel.deliver(ALICE, OutboundReply(text="a late addition"))
+        assert await channel.window.state(ALICE) == "closed"
+        await channel.window.sweep()  # nothing is tried again in vain
+        await channel.deliver(ALICE, OutboundReply(text="and another"))
+        refused = [m for m in twilio.messages if m.status == 400]
+        assert len(refused) == 1 and await channel.state.pending_count(ALICE) == 2
+        await post(channel, twilio.inbound_params(ALICE, "back"), sign_with=twilio)
+        await twilio.wait_for_messages(5, to=ALICE)
+        await runtime.bridge.idle()
+    bodies = [m.body for m in twilio.sent(to=ALICE)]
+    assert bodies[0] == "first" and twilio.sent(to=ALICE)[1].content_sid == REOPEN
+    assert bodies[2:] == ["a late addition", "and another", "second"]

@@ -82,6 +82,7 @@ class ApprovalPrompts:
                 await self._prompt(chat, approval, text)
             except TwilioRefused as exc:
                 if exc.code in WINDOW_CODES:
+                    await self.window.refused(chat)
                     await self.window.hold(chat, [ApprovalPart(approval.id, text)], why="an approval prompt")
                     return None
                 raise ApprovalNotShown(f"WhatsApp refused a part of the prompt: {exc}") from exc

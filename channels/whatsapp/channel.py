@@ -213,6 +213,7 @@ class WhatsAppChannel(Channel):
                     await self.delivery.send_part(chat_id, part)
                 except TwilioRefused as exc:
                     if exc.code in WINDOW_CODES:
+                        await self.window.refused(chat_id)
                         await held(index, f"Twilio refused it with error {exc.code}")
                         return
                     if exc.chat_level:

@@ -32,6 +32,8 @@ log = logging.getLogger("channels.whatsapp")
 
 _SID = re.compile(r"(?:SM|MM)[0-9a-f]{32}")
 ERROR_WORDS_MAX = 300
+# A callback for a message not (yet) recorded is looked up again after these waits (seconds).
+RECORD_WAITS_S = (0.05, 0.2, 0.5, 1.0)
 
 
 class Receipts:
@@ -52,6 +54,12 @@ class Receipts:
         code = code_of(form.get("ErrorCode"))
         words = (form.get("ErrorMessage") or explain(code) or "")[:ERROR_WORDS_MAX]
         record = await self.store.record_status(sid, status, code, words, time.time())
+        for delay in RECORD_WAITS_S:
+            if record is not None:
+                break
+            # Twilio may call back before our own record of the message is written: look again.
+            await asyncio.sleep(delay)
+            record = await self.store.record_status(sid, status, code, words, time.time())
         if record is None:
             log.warning("whatsapp: status callback for %s, which Talon did not send (or long ago); ignored", sid)
             return "not ours"
@@ -84,6 +92,8 @@ class Receipts:
             return  # a template, a notice, a pairing code: the log line says it
         part = part_of(record.payload) if record.payload else None
         chat = record.chat_id
+        if record.error_code in WINDOW_CODES:
+            await self.window.refused(chat)
         if isinstance(part, TextPart) and record.error_code in WINDOW_CODES:
             async with self.window.lock(chat):
                 await self.window.hold(chat, [part], why=f"Twilio reported error {record.error_code}")

@@ -6,7 +6,8 @@ channel knows before sending whether the window is open:
 
 - open (the person wrote within 24 hours), or unknown (no message from them recorded yet, e.g.
   right after an upgrade): the message is sent; if Twilio refuses it with 63016 or 63032 anyway,
-  it waits like below from the part that was refused.
+  it waits like below from the part that was refused, and the window counts as closed until the
+  person writes again (so nothing is tried again in vain).
 - closed: the message waits. Its parts go into the store, in order, behind any already waiting;
   when the chat had none waiting, a template goes out instead (the reminder template with a
   scheduled task's text, else the reopen template: ``templates.py``). Without a template the
@@ -71,9 +72,16 @@ class Window:
     # --- state --------------------------------------------------------------------------------
     async def state(self, chat_id: str) -> State:
         last = await self.store.last_inbound(chat_id)
+        refused = await self.store.last_refused(chat_id)
+        if refused is not None and (last is None or refused >= last):
+            return "closed"  # Twilio said so after the person's last message
         if last is None:
             return "unknown"
         return "open" if self.clock() - last < WINDOW_S else "closed"
+
+    async def refused(self, chat_id: str) -> None:
+        """Twilio refused a message for the window: closed until the person writes."""
+        await self.store.refused(chat_id, self.clock())
 
     async def seen(self, chat_id: str, at: float | None = None) -> None:
         await self.store.seen(chat_id, self.clock() if at is None else at)
@@ -191,6 +199,8 @@ class Window:
                     try:
                         await self._send_waiting(chat_id, part)
                     except TwilioRefused as exc:
+                        if exc.code in WINDOW_CODES:
+                            await self.refused(chat_id)
                         if exc.code in WINDOW_CODES or exc.chat_level:
                             log.info("whatsapp: chat=%s: the waiting messages still cannot go (%s)", chat_id, exc)
                             return False

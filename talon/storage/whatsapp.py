@@ -3,7 +3,8 @@
 WhatsApp lets a business number send free-form messages only within 24 hours of the person's last
 message. What the channel must remember across restarts and share between workers lives here:
 
-- per conversation: when the person last wrote (the window), when they last read a message, and
+- per conversation: when the person last wrote (the window), when Twilio last refused a message
+  for the window (closed until they write again), when they last read a message, and
   which worker is delivering its waiting messages right now (a claim with an expiry, so a dead
   worker's claim lapses);
 - the waiting messages themselves (``PendingPart``: one reply part each, in order, as the
@@ -72,6 +73,12 @@ class WhatsAppStore(Protocol):
         """The person wrote at ``at`` (a later time only ever moves the window forward)."""
 
     async def last_inbound(self, chat_id: str) -> float | None: ...
+
+    async def refused(self, chat_id: str, at: float) -> None:
+        """Twilio refused a free-form message for the window at ``at``: closed until the person
+        writes after that (a later time only ever moves it forward)."""
+
+    async def last_refused(self, chat_id: str) -> float | None: ...
 
     async def mark_read(self, chat_id: str, at: float) -> None: ...
 

@@ -13,7 +13,7 @@ from talon.storage.whatsapp import (SENT_COLUMNS, STATUS_RANK, ButtonToken, Pend
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS wa_windows (
-    chat_id TEXT PRIMARY KEY, last_inbound REAL, last_read REAL, holder TEXT, until REAL
+    chat_id TEXT PRIMARY KEY, last_inbound REAL, last_read REAL, holder TEXT, until REAL, last_refused REAL
 );
 CREATE TABLE IF NOT EXISTS wa_pending (
     id INTEGER PRIMARY KEY AUTOINCREMENT, chat_id TEXT NOT NULL, created REAL NOT NULL, payload TEXT NOT NULL
@@ -56,6 +56,16 @@ class SqliteWhatsAppStore:
     async def last_inbound(self, chat_id: str) -> float | None:
         row = await self.runner.run(lambda c: c.execute(
             "SELECT last_inbound FROM wa_windows WHERE chat_id = ?", (chat_id,)).fetchone())
+        return float(row[0]) if row is not None and row[0] is not None else None
+
+    async def refused(self, chat_id: str, at: float) -> None:
+        await self.runner.run(lambda c: c.execute(
+            "INSERT INTO wa_windows (chat_id, last_refused) VALUES (?, ?) ON CONFLICT (chat_id) DO UPDATE SET "
+            "last_refused = max(coalesce(last_refused, 0), excluded.last_refused)", (chat_id, at)))
+
+    async def last_refused(self, chat_id: str) -> float | None:
+        row = await self.runner.run(lambda c: c.execute(
+            "SELECT last_refused FROM wa_windows WHERE chat_id = ?", (chat_id,)).fetchone())
         return float(row[0]) if row is not None and row[0] is not None else None
 
     async def mark_read(self, chat_id: str, at: float) -> None:

@@ -157,7 +157,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE talon_wa_windows (
         chat_id TEXT PRIMARY KEY, last_inbound DOUBLE PRECISION, last_read DOUBLE PRECISION,
-        holder TEXT, until DOUBLE PRECISION
+        holder TEXT, until DOUBLE PRECISION, last_refused DOUBLE PRECISION
     );
     CREATE TABLE talon_wa_pending (
         id BIGSERIAL PRIMARY KEY, chat_id TEXT NOT NULL, created DOUBLE PRECISION NOT NULL, payload TEXT NOT NULL

@@ -26,6 +26,16 @@ class PgWhatsAppStore:
         row = await self.db.fetchone("SELECT last_inbound FROM talon_wa_windows WHERE chat_id = %s", (chat_id,))
         return float(row[0]) if row is not None and row[0] is not None else None
 
+    async def refused(self, chat_id: str, at: float) -> None:
+        await self.db.execute(
+            "INSERT INTO talon_wa_windows (chat_id, last_refused) VALUES (%s, %s) ON CONFLICT (chat_id) DO UPDATE "
+            "SET last_refused = greatest(coalesce(talon_wa_windows.last_refused, 0), EXCLUDED.last_refused)",
+            (chat_id, at))
+
+    async def last_refused(self, chat_id: str) -> float | None:
+        row = await self.db.fetchone("SELECT last_refused FROM talon_wa_windows WHERE chat_id = %s", (chat_id,))
+        return float(row[0]) if row is not None and row[0] is not None else None
+
     async def mark_read(self, chat_id: str, at: float) -> None:
         await self.db.execute(
             "INSERT INTO talon_wa_windows (chat_id, last_read) VALUES (%s, %s) ON CONFLICT (chat_id) DO UPDATE "
