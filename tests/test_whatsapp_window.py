@@ -381,3 +381,16 @@ async def test_after_a_63016_the_window_counts_as_closed_until_the_person_writes
     bodies = [m.body for m in twilio.sent(to=ALICE)]
     assert bodies[0] == "first" and twilio.sent(to=ALICE)[1].content_sid == REOPEN
     assert bodies[2:] == ["a late addition", "and another", "second"]
+
+
+async def test_status_in_the_chat_shows_the_window_and_the_last_failure(
+        tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> None:
+    async with running(templated(tmp_path, twilio, llm)) as (runtime, channel):
+        sid = "SM" + "e" * 32
+        await channel.state.record_sent(sid, ALICE, "answer", "", time.time())
+        await channel.state.record_status(sid, "undelivered", 63019, "media could not be fetched", time.time())
+        await post(channel, twilio.inbound_params(ALICE, "/status"), sign_with=twilio)
+        [status] = await twilio.wait_for_messages(1, to=ALICE)
+        await runtime.bridge.idle()
+    assert "WhatsApp window: open for" in status.body
+    assert "last failed delivery" in status.body and "63019" in status.body and "media could not be fetched" in status.body
