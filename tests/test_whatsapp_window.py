@@ -185,7 +185,7 @@ async def test_a_failed_answer_is_sent_once_more_then_reported_with_twilios_word
         failure = await channel.state.last_failure(ALICE)
         lines = await channel.status_lines(ALICE)
     assert [m.body for m in sent[:2]] == ["An answer WhatsApp will not take."] * 2  # retried once
-    assert "could not be delivered" in sent[2].body and "30008" in sent[2].body
+    assert "could not be delivered" in sent[2].body and "30008: unknown delivery error" in sent[2].body
     assert failure is not None and failure.error_code == 30008 and failure.status == "undelivered"
     assert any("last failed delivery" in line and "30008" in line for line in lines)
 

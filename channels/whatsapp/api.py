@@ -62,8 +62,24 @@ MEDIA_EXPLANATIONS: dict[int, str] = {
 }
 
 
+# Codes Twilio reports on the status callback when a message did not reach the person (it sends
+# the code alone; these are Twilio's meanings, in short).
+DELIVERY_EXPLANATIONS: dict[int, str] = {
+    30003: "the person's phone is unreachable",
+    30005: "the number is unknown or no longer exists",
+    30006: "the number cannot receive this message (a landline or unreachable carrier)",
+    30007: "the message was filtered as spam",
+    30008: "unknown delivery error",
+    63003: "WhatsApp could not find the person's number",
+    63018: "the WhatsApp sender's rate limit was exceeded",
+    63024: "the recipient is not a valid WhatsApp user",
+    63049: "Meta chose not to deliver this message",
+}
+
+
 def explain(code: int | None) -> str | None:
-    return EXPLANATIONS.get(code or 0) or MEDIA_EXPLANATIONS.get(code or 0)
+    return (EXPLANATIONS.get(code or 0) or MEDIA_EXPLANATIONS.get(code or 0)
+            or DELIVERY_EXPLANATIONS.get(code or 0))
 
 
 def _detail(exc: TwilioRestException) -> str:

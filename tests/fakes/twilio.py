@@ -24,7 +24,8 @@ Point the client at it with ``TWILIO_API_BASE_URL=fake.base_url``. What it imita
   window; ``ContentVariables`` without ``ContentSid`` is 21654, malformed ones 21656.
 - Status callbacks: with ``callbacks_to(public_base, local_base)`` every accepted message that names
   a ``StatusCallback`` under ``public_base`` gets signed callbacks (X-Twilio-Signature over the public
-  URL, with MessageSid, MessageStatus, ErrorCode, To, From, AccountSid) posted to the same path on
+  URL, with MessageSid, MessageStatus, ErrorCode, To, From, AccountSid; like Twilio, none for the
+  initial ``queued``) posted to the same path on
   ``local_base``: ``sent`` then ``delivered`` unless ``statuses_next`` scripts others (``failed``
   with an error code). ``callbacks`` records what was posted and answered.
 
@@ -461,8 +462,7 @@ class FakeTwilio(LoopbackServer):
                         "AccountSid": self.account_sid, "From": self.whatsapp_from, "To": to,
                         "ApiVersion": API_VERSION, "ChannelPrefix": "whatsapp"}
                 if status in ("failed", "undelivered") and code is not None:
-                    form["ErrorCode"] = str(code)
-                    form["ErrorMessage"] = f"Twilio error {code}"
+                    form["ErrorCode"] = str(code)  # Twilio sends the code alone, no words
                 headers = {"X-Twilio-Signature": self.sign(public, form)}
                 try:
                     async with session.post(local, data=form, headers=headers) as resp:
