@@ -102,4 +102,4 @@ def test_status_callbacks_are_signed_for_the_public_url_and_posted_locally(twili
         assert validator.validate(public + path, form, signature)
     assert [f["MessageStatus"] for _, f, _ in receiver.got] == ["sent", "undelivered"]
     assert receiver.got[1][1]["ErrorCode"] == "63016" and "ErrorCode" not in receiver.got[0][1]
-    assert [c.answered for c in twilio.callbacks] == [200, 200]
+    assert [c.answered for c in twilio.wait_for_callbacks_sync(2)] == [200, 200]

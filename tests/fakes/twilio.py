@@ -205,12 +205,19 @@ class FakeTwilio(LoopbackServer):
         with self._cond:
             self._statuses.append((statuses, error_code, when))
 
-    async def wait_for_callbacks(self, n: int, timeout: float = 20.0) -> list[Callback]:
+    def _callbacks(self, n: int) -> Callable[[], list[Callback] | None]:
         def check() -> list[Callback] | None:
             with self._cond:
                 return list(self.callbacks) if len(self.callbacks) >= n else None
 
-        return await self._wait_until(check, timeout, lambda: f"waited for {n} callbacks; got {self.callbacks}")
+        return check
+
+    async def wait_for_callbacks(self, n: int, timeout: float = 20.0) -> list[Callback]:
+        """Wait until ``n`` status callbacks were posted and answered."""
+        return await self._wait_until(self._callbacks(n), timeout, lambda: f"waited for {n} callbacks; got {self.callbacks}")
+
+    def wait_for_callbacks_sync(self, n: int, timeout: float = 20.0) -> list[Callback]:
+        return self._wait_until_sync(self._callbacks(n), timeout, lambda: f"waited for {n} callbacks; got {self.callbacks}")
 
     def add_media(self, data: bytes, content_type: str, *, redirect: bool | str = False,
                   message_sid: str | None = None) -> str:
