@@ -742,7 +742,7 @@ class Bridge:
                                         reply_to_message_id=None if message.scheduled else message.message_id)
         if message.scheduled is not None and reply.scheduled_task is None:
             # A channel that must ask leave to speak (WhatsApp's window) names the task in its reminder.
-            reply = dataclasses.replace(reply, scheduled_task=message.text)
+            reply = dataclasses.replace(reply, scheduled_task=message.scheduled.task_text or message.text)
         live_id = self._live_ids.pop(message.key, None) or item.live_message
         if live_id is not None and reply.live_message_id is None:
             # The streamed message becomes the answer (also after a restart): edited, not doubled.

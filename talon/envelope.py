@@ -45,6 +45,7 @@ class ScheduledRun(BaseModel):
 
     task_id: str
     due: float  # when the run was due (epoch seconds)
+    task_text: str = ""  # what the task says, as its owner wrote it ("" in runs queued before it was kept)
 
 
 class InboundMessage(BaseModel):

@@ -394,3 +394,25 @@ async def test_status_in_the_chat_shows_the_window_and_the_last_failure(
         await runtime.bridge.idle()
     assert "WhatsApp window: open for" in status.body
     assert "last failed delivery" in status.body and "63019" in status.body and "media could not be fetched" in status.body
+
+
+async def test_a_real_scheduled_task_due_after_the_window_closed_sends_the_reminder_then_follows_in_order(
+        tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> None:
+    llm.queue(FakeOpenAI.tool_call("schedule_task", {"when": "PT2S", "task": "Remind Alice to drink water"}),
+              "Done.", "Time to drink water!", "You're welcome.")
+    settings = templated(tmp_path, twilio, llm, TALON_TASK_POLL_INTERVAL=0.1)
+    async with running(settings) as (runtime, channel):
+        await post(channel, twilio.inbound_params(ALICE, "remind me in 2 seconds to drink water"), sign_with=twilio)
+        [done] = await twilio.wait_for_messages(1, to=ALICE)
+        assert done.body == "Done."
+        # Before the task is due, WhatsApp closes the window (as if a day had passed).
+        await channel.window.refused(ALICE)
+        twilio.close_window(ALICE)
+        [_, reminder] = await twilio.wait_for_messages(2, to=ALICE)
+        assert reminder.content_sid == REMINDER
+        assert reminder.content_variables == {"1": "Remind Alice to drink water"}
+        await runtime.bridge.idle()
+        await post(channel, twilio.inbound_params(ALICE, "thanks"), sign_with=twilio)
+        sent = await twilio.wait_for_messages(4, to=ALICE)
+        await runtime.bridge.idle()
+    assert [m.body for m in sent[2:]] == ["Time to drink water!", "You're welcome."]
