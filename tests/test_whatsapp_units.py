@@ -77,3 +77,22 @@ def test_documents_may_be_larger_than_media() -> None:
 
     limits = Limits()
     assert limits.whatsapp_document_max_bytes == 100 * MB and limits.whatsapp_media_max_bytes == 16 * MB
+
+
+def test_a_document_may_be_up_to_100_mb_and_a_video_up_to_16() -> None:
+    from types import SimpleNamespace
+
+    from channels.whatsapp.media import fit_for_whatsapp
+    from talon.config import MB, Limits
+    from talon.errors import MediaTooLarge
+
+    def media(kind: str, mime: str, size: int) -> object:
+        return SimpleNamespace(kind=kind, mime=mime, size=size, name=f"f.{mime.split('/')[1]}")
+
+    limits = Limits()
+    assert fit_for_whatsapp(media("document", "application/pdf", 60 * MB), limits).kind == "document"  # type: ignore[arg-type]
+    with pytest.raises(MediaTooLarge, match="100 MB limit for a document"):
+        fit_for_whatsapp(media("document", "application/pdf", 101 * MB), limits)  # type: ignore[arg-type]
+    assert fit_for_whatsapp(media("video", "video/mp4", 15 * MB), limits).kind == "video"  # type: ignore[arg-type]
+    with pytest.raises(MediaTooLarge, match="16 MB limit for media"):
+        fit_for_whatsapp(media("video", "video/mp4", 17 * MB), limits)  # type: ignore[arg-type]
