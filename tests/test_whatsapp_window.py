@@ -416,3 +416,26 @@ async def test_a_real_scheduled_task_due_after_the_window_closed_sends_the_remin
         sent = await twilio.wait_for_messages(4, to=ALICE)
         await runtime.bridge.idle()
     assert [m.body for m in sent[2:]] == ["Time to drink water!", "You're welcome."]
+
+
+async def test_a_store_that_does_not_answer_makes_the_webhook_503_so_twilio_tries_again(
+        tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    from talon.errors import StoreUnavailable
+
+    async def down(*args: object) -> None:
+        raise StoreUnavailable("the database gave no connection within 5s")
+
+    llm.queue("after the outage")
+    async with running(templated(tmp_path, twilio, llm)) as (runtime, channel):
+        params = twilio.inbound_params(ALICE, "hi")
+        with monkeypatch.context() as patched:
+            patched.setattr(channel.state, "seen", down)
+            patched.setattr(channel.state, "record_status", down)
+            assert (await post(channel, params, sign_with=twilio))[0] == 503
+            status = {"MessageSid": "SM" + "1" * 32, "MessageStatus": "delivered", "AccountSid": twilio.account_sid}
+            assert (await post(channel, status, path=f"{HOOK}/status", sign_with=twilio))[0] == 503
+        assert not await runtime.inbox.pending() and llm.requests == []
+        assert (await post(channel, params, sign_with=twilio))[0] == 200  # Twilio's retry, once it answers
+        [m] = await twilio.wait_for_messages(1, to=ALICE)
+        await runtime.bridge.idle()
+    assert m.body == "after the outage"
