@@ -105,10 +105,13 @@ class Window:
         """For /status: the window, what waits, the last failed delivery, a missing template."""
         lines: list[str] = []
         last = await self.store.last_inbound(chat_id)
-        if last is not None:
+        state = await self.state(chat_id)
+        if state == "open" and last is not None:
             left = WINDOW_S - (self.clock() - last)
-            lines.append(f"WhatsApp window: open for {left / 3600:.1f} more hours" if left > 0 else
-                         "WhatsApp window: closed (no message from you in 24 hours)")
+            lines.append(f"WhatsApp window: open for {left / 3600:.1f} more hours")
+        elif state == "closed":
+            lines.append("WhatsApp window: closed (WhatsApp takes only templates until you write; "
+                         "what waits is sent then)")
         waiting = await self.store.pending_count(chat_id)
         if waiting:
             lines.append(f"WhatsApp: {waiting} message part(s) waiting for the window")
