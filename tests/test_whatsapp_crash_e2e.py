@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -61,11 +62,26 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     raise AssertionError("Talon did not become ready:\n" + log.read_text())
 
 
-def say(twilio: FakeTwilio, local: str, text: str) -> None:
+def say(twilio: FakeTwilio, local: str, text: str) -> str:
+    """Post a message from Alice; its inbox key."""
     params = twilio.inbound_params(ALICE, text)
     resp = httpx.post(local + HOOK, data=params, timeout=10,
                       headers={"X-Twilio-Signature": twilio.sign(PUBLIC + HOOK, params)})
     assert resp.status_code == 200, resp.text
+    return f"whatsapp:{ALICE}:{params['MessageSid']}"
+
+
+def inbox_status(data: Path, key: str) -> str | None:
+    """The message's status in the embedded inbox, read as another process would."""
+    path = data / "inbox.sqlite3"
+    if not path.is_file():
+        return None
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = conn.execute("SELECT status FROM inbox WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else None
+    finally:
+        conn.close()
 
 
 def test_sigkill_while_messages_wait_for_the_window_loses_none(
@@ -90,7 +106,7 @@ def test_sigkill_while_messages_wait_for_the_window_loses_none(
     proc, log = start(tmp_path, env, "first.log")
     try:
         wait_ready(local, proc, log)
-        say(twilio, local, "tell me everything")
+        first = say(twilio, local, "tell me everything")
         [template] = twilio.wait_for_messages_sync(1, to=ALICE, timeout=60)
         assert template.content_sid == REOPEN
         from talon.storage.embedded.whatsapp import SqliteWhatsAppStore
@@ -102,8 +118,10 @@ def test_sigkill_while_messages_wait_for_the_window_loses_none(
             finally:
                 store.runner.close()
 
+        # The message is closed in the inbox once its parts are safe in the WhatsApp store: kill
+        # then (a kill before that replays the turn, as for any reply part sent but not recorded).
         deadline = time.monotonic() + 30
-        while waiting() < 2:  # the template goes after the parts are stored; all are there by now
+        while inbox_status(tmp_path / "data", first) != "done":
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         held = waiting()
