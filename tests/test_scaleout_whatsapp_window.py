@@ -18,7 +18,7 @@ from talon.runtime import Runtime, build_runtime
 from talon.storage.factory import open_stores
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
-from tests.test_whatsapp import ALICE, post, wa_settings
+from tests.support.whatsapp import ALICE, post, wa_settings
 
 REOPEN = "HX" + "a" * 32
 

@@ -17,7 +17,7 @@ import pytest_asyncio
 from talon.envelope import InboundMessage, OutboundReply, ScheduledRun
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
-from tests.test_whatsapp import ALICE, BOB, HOOK, PUBLIC, post, running, wa_settings
+from tests.support.whatsapp import ALICE, BOB, HOOK, PUBLIC, post, running, wa_settings
 
 REOPEN = "HX" + "a" * 32
 REMINDER = "HX" + "b" * 32
