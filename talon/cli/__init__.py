@@ -1,4 +1,5 @@
-"""``talon run | chat | doctor | pair | migrate | usage``."""
+"""The `talon` command: ``run | chat | doctor | pair | migrate | usage`` here, and one module per
+later command in this package (``search``: the index behind `talon migrate`)."""
 
 from __future__ import annotations
 
@@ -438,15 +439,17 @@ async def _pair(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy."""
+    """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy; with no
+    ``--to``, bring the configured stores up to date in place (schema, search index)."""
     from talon.storage.postgres.db import redact
 
     settings = _load_settings()
     _setup_logging("WARNING", _secrets(settings))
     url = (args.to or "").strip()
     if not url:
-        return _fail("talon migrate needs --to postgresql://... (the TALON_DATABASE_URL the workers will use)",
-                     ["TALON_DATABASE_URL"])
+        from talon.cli.reindex import run as reindex
+
+        return reindex(settings, rebuild=args.rebuild_index)
     if not settings.data_dir.is_dir():
         return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"],
                      settings)
@@ -492,8 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("-v", "--verbose", action="store_true", help="show logs")
     chat.set_defaults(func=cmd_chat)
     sub.add_parser("doctor", help="show what is configured").set_defaults(func=cmd_doctor)
-    migrate = sub.add_parser("migrate", help="copy an embedded deployment (TALON_DATA_DIR) into PostgreSQL")
+    migrate = sub.add_parser(
+        "migrate", help="bring the stores up to date (schema, search index), or copy an embedded deployment "
+                        "(TALON_DATA_DIR) into PostgreSQL with --to",
+        description="Without --to: upgrade the configured stores in place and index every stored message "
+                    "for search (safe to repeat, also while Talon runs). With --to URL: copy the embedded "
+                    "stores of TALON_DATA_DIR into that PostgreSQL database and check the copy.")
     migrate.add_argument("--to", metavar="URL", help="the PostgreSQL URL (TALON_DATABASE_URL of the workers)")
+    migrate.add_argument("--rebuild-index", action="store_true",
+                         help="embedded: forget the search index and index every message again")
     migrate.set_defaults(func=cmd_migrate)
     pair = sub.add_parser("pair", help="list pairing requests, approve a code, or revoke an approval")
     which = pair.add_mutually_exclusive_group()
