@@ -17,6 +17,7 @@ from talon.agent.local_server import LocalModelServer, local_model_server
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.profiles import settings_profile, split_summary_model
 from talon.agent.provider import Provider, data_url
+from talon.agent.search_tool import SearchConversationsTool
 from talon.agent.sandbox import SandboxLimits
 from talon.agent.tools import ToolRegistry
 from talon.agent.workspace import Workspace, WorkspacePolicy
@@ -275,6 +276,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     scheduler = build_scheduler(settings, stores)
     for tool in scheduler_tools(scheduler):
         tools.add(tool)
+    tools.add(SearchConversationsTool(sessions))  # this chat's own history (talon.storage.search)
     agent = Agent(
         provider,
         sessions,
