@@ -374,3 +374,8 @@ class CapReached(TalonError):
     def __init__(self, line: str, scope: str) -> None:
         super().__init__(line)
         self.scope = scope
+
+
+class BackupError(TalonError):
+    """A backup, verification or restore that cannot go on (talon.storage.backup); ``str(exc)``
+    says what is wrong: a damaged or tampered archive, a target that is not empty, a newer schema."""

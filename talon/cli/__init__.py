@@ -514,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     usage.add_argument("--grant", nargs=2, metavar=("CHANNEL:ID", "AMOUNT"),
                        help="give a person more on top of TALON_LIMIT_PER_PERSON: 50000 (tokens) or $5")
     usage.set_defaults(func=cmd_usage)
+    from talon.cli.backup import add_commands as backup_commands
+
+    backup_commands(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
