@@ -476,7 +476,10 @@ def _extract(path: Path, manifest: Manifest, data_dir: Path, media_root: Path, p
         with os.fdopen(open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as out:
             while chunk := fh.read(_CHUNK):
                 sha.update(chunk)
-                out.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as exc:  # the target's disk, not the archive
+                    raise BackupError(f"could not write {target}: {exc}") from None
                 done += len(chunk)
                 if progress is not None:
                     progress(done, manifest.total_bytes)
