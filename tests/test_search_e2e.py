@@ -80,7 +80,7 @@ async def test_search_finds_an_earlier_session_in_this_chat_and_never_another_ch
 @pytest.mark.parametrize("args", [{"query": ""}, {"query": 5}, {"query": "x", "limit": "all"},
                                   {"query": "x", "limit": True}])
 async def test_the_tool_refuses_bad_arguments_with_the_reason(args: dict[str, Any], tmp_path: Path) -> None:
-    from talon.agent.search_tool import SearchConversationsTool
+    from talon.agent.tools.search import SearchConversationsTool
     from talon.envelope import TURN_MESSAGE, InboundMessage
     from talon.errors import ToolError
     from talon.storage.sessions import MemorySessions

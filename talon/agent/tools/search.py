@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from talon.agent.tools import Tool, ToolResult
+from talon.agent.tools.registry import Tool, ToolResult
 from talon.envelope import TURN_MESSAGE
 from talon.errors import ToolError
 from talon.storage.search import MAX_LIMIT, clamp_limit, format_hits

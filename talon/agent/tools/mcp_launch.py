@@ -45,8 +45,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from talon.agent.mcp_config import WORKSPACE_VAR, McpServerConfig
-from talon.agent.sandbox import SANDBOX_PATH, SANDBOX_WORKDIR, CommandCgroup, Sandbox, SandboxLimits, \
+from talon.agent.tools.mcp_config import WORKSPACE_VAR, McpServerConfig
+from talon.agent.tools.sandbox import SANDBOX_PATH, SANDBOX_WORKDIR, CommandCgroup, Sandbox, SandboxLimits, \
     find_sandbox, remove_cgroup, trusted_program
 from talon.errors import McpUnavailable, SandboxUnavailable
 
