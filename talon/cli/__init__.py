@@ -517,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     from talon.cli.backup import add_commands as backup_commands
 
     backup_commands(sub)
+    from talon.cli.export import add_command as export_command
+
+    export_command(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

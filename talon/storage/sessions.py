@@ -120,6 +120,9 @@ class SessionStore(Protocol):
     async def size_bytes(self, chat: ChatKey) -> int:
         """The size of the current thread's log."""
 
+    async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
+        """Every (chat, thread) stored, or only ``chat``'s, sorted (``talon export``)."""
+
     async def search(self, chat: ChatKey, query: str, limit: int = 10) -> "list[SearchHit]":
         """The chat's stored messages (every thread) holding all the words of ``query``, newest
         first. The query is words, never syntax (``talon.storage.search.query_words``)."""
@@ -158,6 +161,10 @@ class MemorySessions(SessionFiles):
     async def size_bytes(self, chat: ChatKey) -> int:
         lines = self._logs.get((chat, await self.current_thread(chat)), [])
         return sum(len(line.encode("utf-8")) + 1 for line in lines)
+
+    async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
+        return sorted((key for key in self._logs if chat is None or key[0] == chat),
+                      key=lambda k: (str(k[0]), k[1]))
 
     async def search(self, chat: ChatKey, query: str, limit: int = 10) -> "list[SearchHit]":
         from talon.storage.search import clamp_limit, memory_search, query_words

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from talon.content import Message
 from talon.permissions import open_private, private_dir
-from talon.storage.embedded.search import INDEX_FILE, SearchIndex
+from talon.storage.embedded.search import INDEX_FILE, SearchIndex, chat_of
 from talon.storage.search import SearchHit, clamp_limit, query_words
 from talon.storage.sessions import ChatKey, SessionFiles, new_thread_name, stamped
 
@@ -190,6 +190,19 @@ class JsonlSessions(SessionFiles):
                 return self.thread_path(chat).stat().st_size
             except FileNotFoundError:
                 return 0
+
+        return await self._run(go)
+
+    async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
+        def go() -> list[tuple[ChatKey, str]]:
+            found: list[tuple[ChatKey, str]] = []
+            dirs = [self.chat_dir(chat)] if chat is not None else [
+                c for ch in sorted(self.root.iterdir()) if ch.is_dir() for c in sorted(ch.iterdir()) if c.is_dir()]
+            for directory in dirs:
+                if directory.is_dir():
+                    key = chat if chat is not None else chat_of(directory)
+                    found += [(key, p.stem) for p in sorted(directory.glob("*.jsonl"))]
+            return sorted(found, key=lambda k: (str(k[0]), k[1]))
 
         return await self._run(go)
 

@@ -111,6 +111,14 @@ class PgSessions(SessionFiles):
              [m.at for m in ready], [m.role for m in ready],
              [str(m.meta.get("sender") or "") for m in ready], texts))
 
+    async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
+        if chat is None:
+            rows = await self.db.fetchall("SELECT DISTINCT channel, chat_id, thread FROM talon_session_lines")
+        else:
+            rows = await self.db.fetchall("SELECT DISTINCT channel, chat_id, thread FROM talon_session_lines "
+                                          "WHERE channel = %s AND chat_id = %s", (chat.channel, chat.chat_id))
+        return sorted(((ChatKey(str(c), str(i)), str(t)) for c, i, t in rows), key=lambda k: (str(k[0]), k[1]))
+
     async def search(self, chat: ChatKey, query: str, limit: int = 10) -> list[SearchHit]:
         words = query_words(query)
         if not words:
