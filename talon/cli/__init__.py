@@ -520,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     from talon.cli.export import add_command as export_command
 
     export_command(sub)
+    from talon.cli.setup import add_command as setup_command
+
+    setup_command(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
