@@ -41,10 +41,6 @@ _CODE_CHARS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
 PAIR_TIMEOUT_S = 600.0
 
 
-class SetupAbort(Exception):
-    """The person stopped the wizard at a prompt (end of input)."""
-
-
 # --- the .env file --------------------------------------------------------------------------
 def env_value(value: str) -> str:
     if "\n" in value or "\r" in value:
@@ -120,10 +116,7 @@ class Io:
     say: Callable[[str], None] = print
 
     def line(self, prompt: str) -> str:
-        try:
-            return self.ask(prompt).strip()
-        except EOFError:
-            raise SetupAbort() from None
+        return self.ask(prompt).strip()  # end of input (Ctrl-D) stops the wizard like Ctrl-C
 
     def secret(self, prompt: str) -> str:
         if not sys.stdin.isatty():
@@ -456,7 +449,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
     io = Io(interactive=interactive, say=lambda text: print(text, flush=True))
     try:
         return _run(args, io)
-    except (KeyboardInterrupt, SetupAbort):
+    except (KeyboardInterrupt, EOFError):
         print("\ntalon setup stopped: nothing more was written", file=sys.stderr, flush=True)
         return 130
 
