@@ -75,7 +75,10 @@ def _fail(message: str, missing: list[str] | None = None, settings: Settings | N
     if missing and settings is not None:
         missing = unset(settings, missing)
     if missing:
-        print(f"talon: missing settings: {', '.join(missing)} (see .env.example)", file=sys.stderr)
+        # Point at .env.example only where there is one (a checkout); else at what writes them.
+        where = ("see .env.example" if Path(".env.example").is_file()
+                 else "`talon setup` writes them to .env; see the README's settings")
+        print(f"talon: missing settings: {', '.join(missing)} ({where})", file=sys.stderr)
     return 2
 
 
@@ -490,11 +493,24 @@ def cmd_usage(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="start every configured channel").set_defaults(func=cmd_run)
-    chat = sub.add_parser("chat", help="talk to the agent in this terminal")
+    sub.add_parser(
+        "run", help="start every configured channel",
+        description="Start Talon: every configured channel (Telegram, WhatsApp), the agent, scheduled tasks "
+                    "and, when a port is set or a webhook needs one, the HTTP server (/healthz, /metrics). "
+                    "Settings come from the environment and .env (`talon setup` writes it; `talon doctor` "
+                    "checks it). Stops cleanly on Ctrl-C or SIGTERM.").set_defaults(func=cmd_run)
+    chat = sub.add_parser("chat", help="talk to the agent in this terminal",
+                          description="Talk to the agent in this terminal, with no platform account; without "
+                                      "TALON_MODEL the small bundled model answers. Ctrl-C stops an answer, "
+                                      "Ctrl-D leaves.")
     chat.add_argument("-v", "--verbose", action="store_true", help="show logs")
     chat.set_defaults(func=cmd_chat)
-    sub.add_parser("doctor", help="show what is configured").set_defaults(func=cmd_doctor)
+    sub.add_parser(
+        "doctor", help="show what is configured",
+        description="Show where the settings come from and what they configure, and check each live: the "
+                    "bot token (getMe), the Twilio account, the model server (one short request), the database, "
+                    "MCP servers, the transcriber. No secret is printed. Exits 1 when something cannot work, "
+                    "naming the setting.").set_defaults(func=cmd_doctor)
     migrate = sub.add_parser(
         "migrate", help="bring the stores up to date (schema, search index), or copy an embedded deployment "
                         "(TALON_DATA_DIR) into PostgreSQL with --to",
