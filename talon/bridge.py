@@ -879,8 +879,10 @@ class Bridge:
                 return "Approvals are not used here."
             return await self.control.approvals.grants_command(message.channel, chat.chat_id, message.text)
         if word == "/search":
-            from talon.storage.search import format_hits
+            from talon.storage.search import SEARCH_OFF, format_hits
 
+            if not self.agent.sessions.search_enabled:
+                return SEARCH_OFF
             query = message.text.strip().split(maxsplit=1)[1] if len(message.text.split()) > 1 else ""
             if not query.strip():
                 return "Say what to look for: /search boiler March"

@@ -276,7 +276,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     scheduler = build_scheduler(settings, stores)
     for tool in scheduler_tools(scheduler):
         tools.add(tool)
-    tools.add(SearchConversationsTool(sessions))  # this chat's own history (talon.storage.search)
+    if settings.search_index:
+        tools.add(SearchConversationsTool(sessions))  # this chat's own history (talon.storage.search)
     agent = Agent(
         provider,
         sessions,

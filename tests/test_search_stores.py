@@ -133,7 +133,7 @@ async def test_existing_logs_are_indexed_once_and_a_lost_index_is_rebuilt(tmp_pa
     index = SearchIndex(tmp_path / INDEX_FILE)
     try:
         assert index_files(index, tmp_path / "sessions") == (3, 3)
-        assert index_files(index, tmp_path / "sessions") == (3, 0)  # again: nothing new
+        assert index_files(index, tmp_path / "sessions") == (0, 0)  # again: nothing left to read
         # The chat's real id comes from its CHAT file, not the made-safe directory name.
         assert len(index.search(ChatKey("telegram", "-100:7"), ["boiler"], 10)) == 1
     finally:
@@ -164,4 +164,55 @@ async def test_pg_lines_stored_before_the_index_are_indexed_by_migrate(pg_url: s
         assert [h.text for h in await store.search(A, "boiler")] == ["boiler from version 8"]
         assert await store.search(B, "boiler") == []
     finally:
+        await db.close()
+
+
+async def test_embedded_search_indexes_what_the_index_missed_first(tmp_path: Path) -> None:
+    old = JsonlSessions(tmp_path, index=False)  # a log from before the index
+    await old.append(A, Message.user("boiler from before the index"))
+    await old.close()
+    store = JsonlSessions(tmp_path)
+    await store.append(A, Message.user("boiler after"))  # coverage must not jump over the old line
+    # Entries lost in a crash (still pending, never written): the log has them.
+    await store.append(A, Message.user("boiler lost in a crash"))
+    assert store.index is not None
+    store.index._pending.clear()
+    store.index._covered.clear()
+    texts = sorted(h.text for h in await store.search(A, "boiler"))
+    assert texts == ["boiler after", "boiler from before the index", "boiler lost in a crash"]
+    await store.close()
+    again = JsonlSessions(tmp_path)
+    try:
+        assert len(await again.search(A, "boiler")) == 3  # each once
+    finally:
+        await again.close()
+
+
+async def test_with_the_index_off_nothing_is_indexed_and_search_says_so(tmp_path: Path, pg_url: str) -> None:
+    from talon.agent.tools.search import SearchConversationsTool
+    from talon.envelope import TURN_MESSAGE, InboundMessage
+    from talon.storage.postgres.schema import migrate_schema
+    from talon.storage.postgres.sessions import PgSessions
+
+    store = JsonlSessions(tmp_path, index=False)
+    db = AsyncDatabase(pg_url)
+    await db.open()
+    try:
+        await migrate_schema(db)
+        pg = PgSessions(db, tmp_path, index=False)
+        for off in (store, pg):
+            await off.append(A, Message.user("boiler"))
+            assert not off.search_enabled and await off.search(A, "boiler") == []
+        assert not (tmp_path / INDEX_FILE).exists()
+        row = await db.fetchone("SELECT search IS NULL, indexed FROM talon_session_lines")
+        assert row == (True, False)  # `talon migrate` with the index on later indexes it
+        token = TURN_MESSAGE.set(InboundMessage(channel="telegram", chat_id="100", message_id="1", sender_id="1",
+                                                text="q"))
+        try:
+            result = await SearchConversationsTool(store).run({"query": "boiler"})
+        finally:
+            TURN_MESSAGE.reset(token)
+        assert "Search is off here (TALON_SEARCH_INDEX=false)" in result.content[0].text  # type: ignore[union-attr]
+    finally:
+        await store.close()
         await db.close()

@@ -112,6 +112,9 @@ def snippet(text: str, words: list[str]) -> str:
     return ("…" if start else "") + piece + ("…" if start + _SNIPPET < len(flat) else "")
 
 
+SEARCH_OFF = "Search is off here (TALON_SEARCH_INDEX=false): no index of past messages is kept."
+
+
 def format_hits(query: str, hits: list[SearchHit]) -> str:
     """Hits as the agent tool and ``/search`` show them, newest first."""
     words = query_words(query)

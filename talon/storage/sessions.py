@@ -93,6 +93,11 @@ class SessionFiles:
         """Tool outputs too large to send whole, named by content hash."""
         return self.context_dir(chat) / "results"
 
+    @property
+    def search_enabled(self) -> bool:
+        """Whether a full-text index is kept (TALON_SEARCH_INDEX); ``search`` finds nothing without."""
+        return True
+
 
 class SessionStore(Protocol):
     root: Path
@@ -101,6 +106,9 @@ class SessionStore(Protocol):
     def context_dir(self, chat: ChatKey) -> Path: ...
     def archive_path(self, chat: ChatKey, thread: str) -> Path: ...
     def results_dir(self, chat: ChatKey) -> Path: ...
+
+    @property
+    def search_enabled(self) -> bool: ...
 
     async def current_thread(self, chat: ChatKey) -> str:
         """The thread new messages go to ("main" until ``/new``)."""

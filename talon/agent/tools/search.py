@@ -12,7 +12,7 @@ from typing import Any
 from talon.agent.tools.registry import Tool, ToolResult
 from talon.envelope import TURN_MESSAGE
 from talon.errors import ToolError
-from talon.storage.search import MAX_LIMIT, clamp_limit, format_hits
+from talon.storage.search import MAX_LIMIT, SEARCH_OFF, clamp_limit, format_hits
 from talon.storage.sessions import ChatKey, SessionStore
 
 
@@ -45,6 +45,8 @@ class SearchConversationsTool(Tool):
         limit = args.get("limit")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise ToolError(f"limit must be a whole number from 1 to {MAX_LIMIT}")
+        if not self.sessions.search_enabled:
+            return ToolResult.text(SEARCH_OFF)
         chat = ChatKey(message.channel, message.conversation_id)
         hits = await self.sessions.search(chat, query, clamp_limit(limit))
         return ToolResult.text(format_hits(query, hits))

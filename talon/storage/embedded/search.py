@@ -1,10 +1,12 @@
 """The embedded full-text index: SQLite FTS5 in ``<data_dir>/search.sqlite3``.
 
 The session logs (JSONL) stay the record; this index is derived from them and can be rebuilt at
-any time (``talon migrate`` indexes what is not indexed yet, ``rebuild`` starts over). Each
-indexed line is keyed by (chat, thread, byte offset of the line in its file), so indexing a line
-twice changes nothing. Writes are ``synchronous=NORMAL`` in WAL mode: a power cut may lose the
-last entries of the index, never the log, and ``talon migrate`` puts them back.
+any time (``rebuild`` starts over). Each indexed line is keyed by (chat, thread, byte offset of
+the line in its file), so indexing a line twice changes nothing, and ``progress`` records how far
+each log is covered. Entries are written in batches (after 256 messages or a second, before any
+search, at close) in WAL mode with ``synchronous=NORMAL``: a crash or power cut may lose the last
+entries of the index, never the log; a search first indexes what its chat's logs hold past what
+is covered (``catch_up``), and ``talon migrate`` does that for every chat.
 
 All methods block: ``JsonlSessions`` calls them on its file thread, right after the append they
 index, in the same order.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,7 +37,14 @@ CREATE TABLE IF NOT EXISTS lines (
 CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(
     chat_tag, body, tokenize = 'unicode61 remove_diacritics 2'
 );
+CREATE TABLE IF NOT EXISTS progress (
+    chat TEXT NOT NULL, thread TEXT NOT NULL, covered INTEGER NOT NULL, PRIMARY KEY (chat, thread)
+);
 """
+# Pending entries are written after this many, or this many seconds after the first of them (or
+# before a search, or at close).
+FLUSH_AFTER = 256
+FLUSH_AFTER_S = 1.0
 
 
 def fts_match(chat: ChatKey, words: list[str]) -> str:
@@ -46,6 +56,8 @@ def fts_match(chat: ChatKey, words: list[str]) -> str:
 
 
 class SearchIndex:
+    """The index, owned by one thread (the sessions' file thread, or a command-line tool)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         private_dir(path.parent)
@@ -54,37 +66,117 @@ class SearchIndex:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
+        # Entries not yet written: (chat, thread, pos, at, role, sender, text), and how far each
+        # log is covered once they are. Written together, in one transaction (``flush``).
+        self._pending: list[tuple[str, str, int, float | None, str, str, str, str]] = []
+        self._covered: dict[tuple[str, str], int] = {}
+        self._known: dict[tuple[str, str], int] = {}  # coverage as written (a cache of progress)
+        self._since = 0.0
 
-    def add(self, chat: ChatKey, thread: str, entries: Iterable[tuple[int, Message]]) -> int:
-        """Index messages at their byte offsets; the number newly indexed."""
-        rows = []
+    def add(self, chat: ChatKey, thread: str, entries: Iterable[tuple[int, Message]], end: int | None = None, *,
+            start: int | None = None) -> None:
+        """Messages at their byte offsets, to be indexed; ``end``: the log is covered up to there
+        (with ``start``: only when everything before ``start`` is covered already, so lines the
+        index never saw are still found by ``catch_up``).
+        Written at the next ``flush``, which comes by itself after ``FLUSH_AFTER`` entries or
+        ``FLUSH_AFTER_S`` seconds (one transaction for many messages: an FTS5 commit per message
+        would cost more CPU than storing the message)."""
+        key, tag = str(chat), chat_token(chat)
         for pos, message in entries:
             text = searchable_text(message)
             if text is not None:
-                rows.append((pos, message, text))
-        if not rows:
+                self._pending.append((key, thread, pos, message.at, message.role,
+                                      str(message.meta.get("sender") or ""), tag, text))
+        if end is not None and (start is None or self._coverage(key, thread) >= start):
+            self._covered[(key, thread)] = max(end, self._covered.get((key, thread), 0))
+        now = time.monotonic()
+        if not self._since:
+            self._since = now
+        if len(self._pending) >= FLUSH_AFTER or now - self._since >= FLUSH_AFTER_S:
+            self.flush()
+
+    def _coverage(self, key: str, thread: str) -> int:
+        if (key, thread) in self._covered:
+            return self._covered[(key, thread)]
+        if (key, thread) not in self._known:
+            row = self._conn.execute("SELECT covered FROM progress WHERE chat = ? AND thread = ?",
+                                     (key, thread)).fetchone()
+            self._known[(key, thread)] = int(row[0]) if row else 0
+        return self._known[(key, thread)]
+
+    def flush(self) -> int:
+        """Write what is pending; the number of messages newly indexed."""
+        if not self._pending and not self._covered:
             return 0
-        key, tag, added = str(chat), chat_token(chat), 0
-        conn = self._conn
+        pending, covered = self._pending, self._covered
+        self._pending, self._covered, self._since = [], {}, 0.0
+        conn, added = self._conn, 0
         conn.execute("BEGIN")
         try:
-            for pos, message, text in rows:
+            for key, thread, pos, at, role, sender, tag, text in pending:
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO lines (chat, thread, pos, at, role, sender) VALUES (?, ?, ?, ?, ?, ?)",
-                    (key, thread, pos, message.at, message.role, str(message.meta.get("sender") or "")))
+                    (key, thread, pos, at, role, sender))
                 if cur.rowcount:
-                    conn.execute("INSERT INTO fts (rowid, chat_tag, body) VALUES (?, ?, ?)",
-                                 (cur.lastrowid, tag, text))
+                    conn.execute("INSERT INTO fts (rowid, chat_tag, body) VALUES (?, ?, ?)", (cur.lastrowid, tag, text))
                     added += 1
+            conn.executemany(
+                "INSERT INTO progress (chat, thread, covered) VALUES (?, ?, ?) ON CONFLICT (chat, thread) "
+                "DO UPDATE SET covered = max(covered, excluded.covered)",
+                [(k, t, end) for (k, t), end in covered.items()])
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
+            self._known.clear()
             raise
+        for k, end in covered.items():
+            self._known[k] = max(end, self._known.get(k, 0))
         return added
 
-    def search(self, chat: ChatKey, words: list[str], limit: int) -> list[SearchHit]:
+    def catch_up(self, chat: ChatKey, chat_dir: Path) -> tuple[int, int]:
+        """Index what the chat's logs hold past what is covered (lines a crash left out of the
+        index, or logs from before it existed): (lines read, messages newly indexed)."""
+        added = self.flush()
+        read = 0
+        key = str(chat)
+        covered = {str(t): int(c) for t, c in self._conn.execute(
+            "SELECT thread, covered FROM progress WHERE chat = ?", (key,)).fetchall()}
+        for log_file in sorted(chat_dir.glob("*.jsonl")):
+            start = covered.get(log_file.stem, 0)
+            try:
+                if log_file.stat().st_size <= start:
+                    continue
+            except FileNotFoundError:
+                continue
+            batch: list[tuple[int, Message]] = []
+            end = start
+            for pos, message, line_end in read_lines(log_file, start):
+                read += 1
+                batch.append((pos, message))
+                end = line_end
+                if len(batch) >= 500:
+                    self._add_now(chat, log_file.stem, batch, end)
+                    added += self.flush()
+                    batch = []
+            self._add_now(chat, log_file.stem, batch, end)
+            added += self.flush()
+        return read, added
+
+    def _add_now(self, chat: ChatKey, thread: str, batch: list[tuple[int, Message]], end: int) -> None:
+        self._since = time.monotonic()  # no flush from inside add: the caller flushes
+        saved = self._since
+        self.add(chat, thread, batch, end)
+        self._since = saved
+
+    def search(self, chat: ChatKey, words: list[str], limit: int, chat_dir: Path | None = None) -> list[SearchHit]:
+        """Every word, this chat only, newest first; what is pending is written first and, with
+        ``chat_dir``, what the chat's logs hold past the index is indexed first."""
         if not words:
             return []
+        if chat_dir is not None:
+            self.catch_up(chat, chat_dir)
+        else:
+            self.flush()
         rows = self._conn.execute(
             "SELECT l.thread, l.at, l.role, l.sender, f.body FROM fts f JOIN lines l ON l.id = f.rowid "
             "WHERE fts MATCH ? AND l.chat = ? ORDER BY l.at DESC, l.id DESC LIMIT ?",
@@ -92,51 +184,54 @@ class SearchIndex:
         return [SearchHit(str(t), at, str(role), str(sender), str(body)) for t, at, role, sender, body in rows]
 
     def count(self) -> int:
+        self.flush()
         row = self._conn.execute("SELECT count(*) FROM lines").fetchone()
         return int(row[0]) if row else 0
 
     def rebuild(self) -> None:
         """Forget everything indexed (the next ``index_files`` indexes every line again)."""
+        self._pending, self._covered, self._known = [], {}, {}
         self._conn.execute("BEGIN")
         self._conn.execute("DELETE FROM lines")
         self._conn.execute("DELETE FROM fts")
+        self._conn.execute("DELETE FROM progress")
         self._conn.execute("COMMIT")
 
     def close(self) -> None:
-        self._conn.close()
+        try:
+            self.flush()
+        finally:
+            self._conn.close()
 
 
-def read_lines(path: Path) -> Iterable[tuple[int, Message]]:
-    """(byte offset, message) of every complete, readable line of a JSONL log, streamed."""
-    pos = 0
+def read_lines(path: Path, start: int = 0) -> Iterable[tuple[int, Message, int]]:
+    """(byte offset, message, offset after the line) of every complete, readable line of a JSONL
+    log from ``start``, streamed. A line still being written (no newline yet) is not read."""
+    pos = start
     with open(path, "rb") as fh:
+        fh.seek(start)
         for raw in fh:
-            start, pos = pos, pos + len(raw)
-            if not raw.endswith(b"\n") or not raw.strip():
+            if not raw.endswith(b"\n"):
+                return
+            begin, pos = pos, pos + len(raw)
+            if not raw.strip():
                 continue
             try:
-                yield start, Message.from_json(raw.decode("utf-8", "replace"))
+                yield begin, Message.from_json(raw.decode("utf-8", "replace")), pos
             except ValueError:
                 continue
 
 
 def index_files(index: SearchIndex, sessions_root: Path) -> tuple[int, int]:
-    """Index every log under ``<data_dir>/sessions``: (lines read, lines newly indexed)."""
+    """Index every log under ``<data_dir>/sessions`` past what is covered: (lines read, lines
+    newly indexed)."""
     read = added = 0
     if not sessions_root.is_dir():
         return 0, 0
     for channel_dir in sorted(p for p in sessions_root.iterdir() if p.is_dir()):
         for chat_dir in sorted(p for p in channel_dir.iterdir() if p.is_dir()):
-            key = chat_of(chat_dir)
-            for log_file in sorted(chat_dir.glob("*.jsonl")):
-                batch: list[tuple[int, Message]] = []
-                for entry in read_lines(log_file):
-                    read += 1
-                    batch.append(entry)
-                    if len(batch) >= 500:
-                        added += index.add(key, log_file.stem, batch)
-                        batch = []
-                added += index.add(key, log_file.stem, batch)
+            r, a = index.catch_up(chat_of(chat_dir), chat_dir)
+            read, added = read + r, added + a
     return read, added
 
 

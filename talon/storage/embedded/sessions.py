@@ -138,13 +138,14 @@ class JsonlSessions(SessionFiles):
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
+            end = start + sum(len(line) for line in lines)
         if self.index is not None:
             entries, pos = [], start
             for message, line in zip(messages, lines):
                 entries.append((pos, message))
                 pos += len(line)
             try:
-                self.index.add(chat, path.stem, entries)
+                self.index.add(chat, path.stem, entries, end, start=start)
             except sqlite3.Error as exc:  # the log has the message; `talon migrate` indexes it
                 log.error("search index %s: could not index %d message(s) of %s (%s)",
                           self.index.path, len(entries), chat, exc)
@@ -193,6 +194,10 @@ class JsonlSessions(SessionFiles):
 
         return await self._run(go)
 
+    @property
+    def search_enabled(self) -> bool:
+        return self.index is not None
+
     async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
         def go() -> list[tuple[ChatKey, str]]:
             found: list[tuple[ChatKey, str]] = []
@@ -210,7 +215,7 @@ class JsonlSessions(SessionFiles):
         words, index = query_words(query), self.index
         if not words or index is None:
             return []
-        return await self._run(lambda: index.search(chat, words, clamp_limit(limit)))
+        return await self._run(lambda: index.search(chat, words, clamp_limit(limit), self.chat_dir(chat)))
 
     async def close(self) -> None:
         await asyncio.to_thread(self._executor.shutdown, True)

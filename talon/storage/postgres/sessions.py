@@ -29,9 +29,10 @@ _CURRENT = "coalesce((SELECT current FROM talon_threads WHERE channel = %s AND c
 
 
 class PgSessions(SessionFiles):
-    def __init__(self, db: AsyncDatabase, data_dir: Path) -> None:
+    def __init__(self, db: AsyncDatabase, data_dir: Path, *, index: bool = True) -> None:
         super().__init__(data_dir)
         self.db = db
+        self.index = index  # False (TALON_SEARCH_INDEX=false): no tsvector is written
         # chat -> (thread, messages read so far); rows are append-only, so a later load reads only
         # the rows after the last one seen (whichever worker wrote them).
         self._rows: OrderedDict[ChatKey, tuple[str, list[Message]]] = OrderedDict()
@@ -92,7 +93,7 @@ class PgSessions(SessionFiles):
             return
         ready = stamped(messages)
         bodies = [m.to_json() for m in ready]
-        texts = [_indexed_text(chat, m) for m in ready]
+        texts = [_indexed_text(chat, m) if self.index else None for m in ready]
         # One statement: numbered after the thread's last row, atomically, indexed as stored.
         if thread is None:
             name, params = _CURRENT, [chat.channel, chat.chat_id]
@@ -101,7 +102,8 @@ class PgSessions(SessionFiles):
         await self.db.execute(
             "INSERT INTO talon_session_lines (channel, chat_id, thread, n, body, at, role, sender, search, indexed) "
             f"SELECT %s, %s, t.name, base.m + b.ord, b.body, b.at, b.role, b.sender, "
-            "CASE WHEN b.txt IS NULL THEN NULL ELSE to_tsvector('simple', b.txt) END, true "
+            "CASE WHEN b.txt IS NULL THEN NULL ELSE to_tsvector('simple', b.txt) END, "
+            f"{'true' if self.index else 'false'} "
             f"FROM (SELECT {name} AS name) t, "
             "LATERAL (SELECT coalesce(max(n), 0) AS m FROM talon_session_lines "
             " WHERE channel = %s AND chat_id = %s AND thread = t.name) base, "
@@ -121,7 +123,7 @@ class PgSessions(SessionFiles):
 
     async def search(self, chat: ChatKey, query: str, limit: int = 10) -> list[SearchHit]:
         words = query_words(query)
-        if not words:
+        if not words or not self.index:
             return []
         # Plain words and the chat's token, ANDed by plainto_tsquery (never tsquery syntax); the
         # chat is also matched by equality on its columns.
@@ -135,6 +137,10 @@ class PgSessions(SessionFiles):
             message = Message.from_json(str(body))
             hits.append(SearchHit(str(thread), at, str(role), str(sender), searchable_text(message) or ""))
         return hits
+
+    @property
+    def search_enabled(self) -> bool:
+        return self.index
 
     async def index_unindexed(self, batch: int = 500) -> int:
         return await index_unindexed(self.db, batch)
