@@ -111,13 +111,14 @@ class _Writer:
         if self.kind == "zst":
             import zstandard
 
-            self._zst = zstandard.ZstdCompressor(level=3, threads=-1).stream_writer(self._raw, closefd=False)
-            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT)
+            self._zst = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)
+            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK)
         else:
             import gzip
 
             self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6)
-            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT)
+            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK)
+        self.tar.copybufsize = _CHUNK  # type: ignore[attr-defined]  # 1 MB reads, not 16 KB
         self.manifest_files: dict[str, tuple[int, str]] = {}
         self.progress, self.expected, self.done = progress, expected, 0
 
@@ -190,8 +191,8 @@ def _open_reader(path: Path) -> tuple[tarfile.TarFile, list[Any]]:
         import zstandard
 
         stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return tarfile.open(fileobj=stream, mode="r|"), [stream, raw]
-    return tarfile.open(fileobj=raw, mode="r|gz"), [raw]
+        return tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK), [stream, raw]
+    return tarfile.open(fileobj=raw, mode="r|gz", bufsize=_CHUNK), [raw]
 
 
 def _safe_member_name(name: str) -> str:
