@@ -35,12 +35,17 @@ CREATE TABLE IF NOT EXISTS lines (
     at REAL, role TEXT NOT NULL, sender TEXT NOT NULL, UNIQUE (chat, thread, pos)
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(
-    chat_tag, body, tokenize = 'unicode61 remove_diacritics 2'
+    chat_tag, body, tokenize = 'unicode61 remove_diacritics 2', detail = column
 );
+CREATE TABLE IF NOT EXISTS chats (num INTEGER PRIMARY KEY, chat TEXT UNIQUE NOT NULL);
 CREATE TABLE IF NOT EXISTS progress (
     chat TEXT NOT NULL, thread TEXT NOT NULL, covered INTEGER NOT NULL, PRIMARY KEY (chat, thread)
 );
 """
+# A line's id (the FTS5 rowid) is its chat's number times 2**32 plus its order of indexing in that
+# chat: a chat's lines are one range of rowids, which FTS5 seeks to (``rowid BETWEEN``) instead of
+# collecting a common word's matches in every chat, and walks newest first (``ORDER BY rowid DESC``).
+_CHAT_SPAN = 1 << 32
 # Pending entries are written after this many, or this many seconds after the first of them (or
 # before a search, or at close).
 FLUSH_AFTER = 256
@@ -71,6 +76,8 @@ class SearchIndex:
         self._pending: list[tuple[str, str, int, float | None, str, str, str, str]] = []
         self._covered: dict[tuple[str, str], int] = {}
         self._known: dict[tuple[str, str], int] = {}  # coverage as written (a cache of progress)
+        self._nums: dict[str, int] = {}  # chat -> its number
+        self._next: dict[int, int] = {}  # chat number -> the next id in its range
         self._since = 0.0
 
     def add(self, chat: ChatKey, thread: str, entries: Iterable[tuple[int, Message]], end: int | None = None, *,
@@ -111,14 +118,18 @@ class SearchIndex:
         pending, covered = self._pending, self._covered
         self._pending, self._covered, self._since = [], {}, 0.0
         conn, added = self._conn, 0
+        for key in {entry[0] for entry in pending}:
+            self._chat_num(key)  # allocated outside the transaction: a rollback keeps them valid
         conn.execute("BEGIN")
         try:
             for key, thread, pos, at, role, sender, tag, text in pending:
+                num = self._nums[key]
                 cur = conn.execute(
-                    "INSERT OR IGNORE INTO lines (chat, thread, pos, at, role, sender) VALUES (?, ?, ?, ?, ?, ?)",
-                    (key, thread, pos, at, role, sender))
+                    "INSERT OR IGNORE INTO lines (id, chat, thread, pos, at, role, sender) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (self._next[num], key, thread, pos, at, role, sender))
                 if cur.rowcount:
-                    conn.execute("INSERT INTO fts (rowid, chat_tag, body) VALUES (?, ?, ?)", (cur.lastrowid, tag, text))
+                    conn.execute("INSERT INTO fts (rowid, chat_tag, body) VALUES (?, ?, ?)", (self._next[num], tag, text))
+                    self._next[num] += 1
                     added += 1
             conn.executemany(
                 "INSERT INTO progress (chat, thread, covered) VALUES (?, ?, ?) ON CONFLICT (chat, thread) "
@@ -128,10 +139,25 @@ class SearchIndex:
         except BaseException:
             conn.execute("ROLLBACK")
             self._known.clear()
+            self._next.clear()
             raise
         for k, end in covered.items():
             self._known[k] = max(end, self._known.get(k, 0))
         return added
+
+    def _chat_num(self, key: str) -> int:
+        num = self._nums.get(key)
+        if num is None:
+            row = self._conn.execute("SELECT num FROM chats WHERE chat = ?", (key,)).fetchone()
+            if row is None:
+                cur = self._conn.execute("INSERT INTO chats (chat) VALUES (?)", (key,))
+                row = (cur.lastrowid,)
+            num = self._nums[key] = int(row[0])
+        if num not in self._next:
+            top = self._conn.execute("SELECT max(id) FROM lines WHERE id BETWEEN ? AND ?",
+                                     (num * _CHAT_SPAN, (num + 1) * _CHAT_SPAN - 1)).fetchone()
+            self._next[num] = int(top[0]) + 1 if top and top[0] is not None else num * _CHAT_SPAN
+        return num
 
     def catch_up(self, chat: ChatKey, chat_dir: Path) -> tuple[int, int]:
         """Index what the chat's logs hold past what is covered (lines a crash left out of the
@@ -177,11 +203,20 @@ class SearchIndex:
             self.catch_up(chat, chat_dir)
         else:
             self.flush()
+        key = str(chat)
+        row = self._conn.execute("SELECT num FROM chats WHERE chat = ?", (key,)).fetchone()
+        if row is None:
+            return []
+        num = int(row[0])
+        # The chat's range of rowids, newest indexed first; a few more than asked, then by time
+        # (lines indexed late, by a catch-up, may be older than their rowid says).
         rows = self._conn.execute(
             "SELECT l.thread, l.at, l.role, l.sender, f.body FROM fts f JOIN lines l ON l.id = f.rowid "
-            "WHERE fts MATCH ? AND l.chat = ? ORDER BY l.at DESC, l.id DESC LIMIT ?",
-            (fts_match(chat, words), str(chat), limit)).fetchall()
-        return [SearchHit(str(t), at, str(role), str(sender), str(body)) for t, at, role, sender, body in rows]
+            "WHERE fts MATCH ? AND f.rowid BETWEEN ? AND ? AND l.chat = ? ORDER BY f.rowid DESC LIMIT ?",
+            (fts_match(chat, words), num * _CHAT_SPAN, (num + 1) * _CHAT_SPAN - 1, key, limit * 4)).fetchall()
+        hits = [SearchHit(str(t), at, str(role), str(sender), str(body)) for t, at, role, sender, body in rows]
+        hits.sort(key=lambda h: h.at or 0.0, reverse=True)
+        return hits[:limit]
 
     def count(self) -> int:
         self.flush()
@@ -190,7 +225,7 @@ class SearchIndex:
 
     def rebuild(self) -> None:
         """Forget everything indexed (the next ``index_files`` indexes every line again)."""
-        self._pending, self._covered, self._known = [], {}, {}
+        self._pending, self._covered, self._known, self._next = [], {}, {}, {}
         self._conn.execute("BEGIN")
         self._conn.execute("DELETE FROM lines")
         self._conn.execute("DELETE FROM fts")
