@@ -163,3 +163,28 @@ def test_update_env_file_replaces_in_place_and_quotes(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         update_env_file(path, {"A_KEY": "two\nlines"})
     assert path.read_text() == "A_KEY=new\nOTHER=1\n"
+
+
+def test_whatsapp_with_flags_is_checked_against_the_twilio_base_url(
+        tmp_path: Path, fakes: tuple[FakeTelegram, FakeOpenAI]) -> None:
+    from tests.fakes.twilio import FakeTwilio
+
+    tg, llm = fakes
+    llm.default_responder = lambda request: "OK"
+    with FakeTwilio() as twilio:
+        env = env_for(tmp_path, tg, llm) | {"TWILIO_API_BASE_URL": twilio.base_url}
+        args = [sys.executable, "-m", "talon.cli", "setup", "--telegram-token", "", "--model", "openai:fake-model",
+                "--twilio-account-sid", twilio.account_sid, "--whatsapp-from", "+14155550100",
+                "--whatsapp-owner", "+14155550123", "--yes"]
+        wrong = subprocess.run([*args, "--twilio-auth-token", "not-the-token"], cwd=tmp_path, env=env, text=True,
+                               capture_output=True, timeout=120)
+        assert wrong.returncode == 1 and "twilio: REFUSED: Twilio refused" in wrong.stdout, wrong.stdout
+        assert not (tmp_path / ".env").exists()
+        right = subprocess.run([*args, "--twilio-auth-token", twilio.auth_token], cwd=tmp_path, env=env, text=True,
+                               capture_output=True, timeout=120)
+    assert right.returncode == 0, right.stdout + right.stderr
+    assert "twilio: ok" in right.stdout and twilio.auth_token not in right.stdout
+    values = read_env_file(tmp_path / ".env")
+    assert values["TWILIO_ACCOUNT_SID"] == twilio.account_sid and values["TWILIO_AUTH_TOKEN"] == twilio.auth_token
+    assert values["TALON_WHATSAPP_ALLOWED_NUMBERS"] == "+14155550123"
+    assert "TWILIO_API_BASE_URL" not in values and "TELEGRAM_BOT_TOKEN" not in values

@@ -183,7 +183,10 @@ def check_twilio(values: dict[str, str]) -> Check:
     row = twilio_account_row(settings)
     if row is None:
         return Check(False, "TWILIO_AUTH_TOKEN is empty")
-    return Check(row[1].startswith("ok"), row[1].removeprefix("ok: "))
+    text = row[1]
+    for prefix in ("ok: ", "FAILED: ", "UNREACHABLE: "):
+        text = text.removeprefix(prefix)
+    return Check(row[1].startswith("ok"), text)
 
 
 async def check_model(values: dict[str, str]) -> Check:
@@ -401,6 +404,7 @@ def _run(args: argparse.Namespace, io: Io) -> int:
     plan = Plan(_current(env_file))
     io.say(f"talon setup: writes {env_file.resolve()} (mode 0600; an existing file is kept as "
            f"{env_file.name}.bak). Ctrl-C stops without writing anything.")
+    io.say("Channels: Telegram and WhatsApp are asked for below; the console (`talon chat`) needs nothing.")
     me = _telegram(io, plan, args)
     _whatsapp(io, plan, args)
     _model(io, plan, args)
