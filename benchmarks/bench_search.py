@@ -115,7 +115,7 @@ def fill_embedded(root: Path, messages: int, chats: int, seed: int) -> None:
                     fh.write(line)
                     entries.append((pos, message))
                     pos += len(line)
-            index.add(chat, "main", entries)
+            index.add(chat, "main", entries, end=pos)  # covered, as live appends record it
             if c % max(1, chats // 10) == 0:
                 print(f"  embedded: {c * per_chat:,} of {messages:,} stored", flush=True)
     finally:
