@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import os
 import tarfile
 import threading
@@ -228,3 +229,30 @@ async def test_embedded_to_postgres_and_back_through_the_same_archive(tmp_path: 
     assert manifest.source == "postgres"
     await asyncio.to_thread(restore, second, tmp_path / "back" / "data")
     assert await snapshot(settings_at(tmp_path / "back"), made["ref"].id) == before
+
+
+async def test_an_older_archive_is_restored_and_a_newer_one_refused(tmp_path: Path, pg_url: str) -> None:
+    from talon.storage.postgres.schema import SCHEMA_VERSION
+
+    source = settings_at(tmp_path / "src")
+    made = await fill(source)
+    before = await snapshot(source, made["ref"].id)
+    good = tmp_path / "good.tar.gz"
+    await asyncio.to_thread(backup, good, source.data_dir, source.media_root)
+
+    def with_schema(version: int) -> Any:
+        def change(name: str, data: bytes) -> bytes:
+            if name != MANIFEST:
+                return data
+            manifest = json.loads(data)
+            manifest["schema_version"] = version
+            return json.dumps(manifest).encode()
+        return change
+
+    old, new = tmp_path / "old.tar.gz", tmp_path / "new.tar.gz"
+    rewrite(good, old, with_schema(1))
+    rewrite(good, new, with_schema(SCHEMA_VERSION + 1))
+    with pytest.raises(BackupError, match="made by a newer Talon"):
+        await asyncio.to_thread(verify, new)
+    await asyncio.to_thread(restore, old, tmp_path / "old" / "data", database_url=pg_url)
+    assert await snapshot(settings_at(tmp_path / "old", TALON_DATABASE_URL=pg_url), made["ref"].id) == before
