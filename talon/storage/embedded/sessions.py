@@ -218,6 +218,7 @@ class JsonlSessions(SessionFiles):
         return await self._run(lambda: index.search(chat, words, clamp_limit(limit), self.chat_dir(chat)))
 
     async def close(self) -> None:
+        index = self.index
+        if index is not None:  # its last batch is written on the file thread, after the appends
+            await self._run(index.close)
         await asyncio.to_thread(self._executor.shutdown, True)
-        if self.index is not None:
-            self.index.close()
