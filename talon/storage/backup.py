@@ -111,7 +111,7 @@ class _Writer:
         if self.kind == "zst":
             import zstandard
 
-            self._zst = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)
+            self._zst = zstandard.ZstdCompressor(level=1).stream_writer(self._raw, closefd=False)
             self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK)
         else:
             import gzip
