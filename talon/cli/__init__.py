@@ -1,5 +1,6 @@
-"""The `talon` command: ``run | chat | doctor | pair | migrate | usage`` here, and one module per
-later command in this package (``search``: the index behind `talon migrate`)."""
+"""The `talon` command: ``run | chat | doctor | pair | migrate | usage`` and the parser here; one
+module per later command in this package: ``setup``, ``backup`` (backup, ``--verify`` and restore),
+``export``, and ``reindex`` (`talon migrate` with no ``--to``: the search index)."""
 
 from __future__ import annotations
 
