@@ -256,3 +256,34 @@ async def test_an_older_archive_is_restored_and_a_newer_one_refused(tmp_path: Pa
         await asyncio.to_thread(verify, new)
     await asyncio.to_thread(restore, old, tmp_path / "old" / "data", database_url=pg_url)
     assert await snapshot(settings_at(tmp_path / "old", TALON_DATABASE_URL=pg_url), made["ref"].id) == before
+
+
+async def test_links_planted_in_a_workspace_are_not_followed_and_link_members_are_refused(tmp_path: Path) -> None:
+    source = settings_at(tmp_path / "src")
+    await fill(source)
+    workspace = source.media_root / "telegram" / "111"
+    secret = tmp_path / "outside-secret.txt"
+    secret.write_text("TOP SECRET")
+    (workspace / "secret-link.txt").symlink_to(secret)
+    (workspace / "data-link").symlink_to(source.data_dir, target_is_directory=True)
+    archive = tmp_path / "a.tar.gz"
+    manifest = await asyncio.to_thread(backup, archive, source.data_dir, source.media_root)
+    assert not any("link" in name for name in manifest.files)
+    with tarfile.open(archive, "r:gz") as t:
+        assert all(b"TOP SECRET" not in (t.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
+                   for m in t)
+    # An archive that carries a link (made by hand) is refused before anything is written.
+    linked = tmp_path / "linked.tar.gz"
+    with tarfile.open(archive, "r:gz") as t:
+        members = [(m, t.extractfile(m).read()) for m in t]  # type: ignore[union-attr]
+    with tarfile.open(linked, "w:gz") as t:
+        link = tarfile.TarInfo("media/telegram/111/evil")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        t.addfile(link)
+        for m, d in members:
+            t.addfile(m, io.BytesIO(d))
+    with pytest.raises(BackupError, match="not a regular file"):
+        await asyncio.to_thread(verify, linked)
+    with pytest.raises(BackupError):
+        await asyncio.to_thread(restore, linked, tmp_path / "r" / "data")
+    assert not (tmp_path / "r").exists()

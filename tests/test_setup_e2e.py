@@ -127,6 +127,7 @@ def test_ctrl_c_writes_nothing_and_a_second_run_replaces_only_what_changed(
     assert run.returncode == 0, run.stdout + run.stderr
     assert "telegram: ok: the bot is @talon_test_bot" in run.stdout and "model: ok" in run.stdout
     assert (tmp_path / ".env.bak").read_text() == original
+    assert oct((tmp_path / ".env.bak").stat().st_mode & 0o777) == "0o600"  # it may hold secrets too
     text = dotenv.read_text()
     assert text.startswith("# my settings\nTALON_MODEL=openai:fake-model\nTALON_LOG_LEVEL=DEBUG  # keep me\n")
     assert f"TELEGRAM_BOT_TOKEN={TOKEN}" in text and oct(dotenv.stat().st_mode & 0o777) == "0o600"
