@@ -61,7 +61,7 @@ SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
-                       "/approvals"})
+                       "/approvals", "/search"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -852,7 +852,8 @@ class Bridge:
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
-                    "/tasks lists scheduled tasks; /approvals lists the tools allowed without asking.")
+                    "/tasks lists scheduled tasks; /approvals lists the tools allowed without asking; "
+                    "/search words finds earlier messages of this chat.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
@@ -883,6 +884,16 @@ class Bridge:
             if self.control is None:
                 return "Approvals are not used here."
             return await self.control.approvals.grants_command(message.channel, chat.chat_id, message.text)
+        if word == "/search":
+            from talon.storage.search import SEARCH_OFF, format_hits
+
+            if not self.agent.sessions.search_enabled:
+                return SEARCH_OFF
+            query = message.text.strip().split(maxsplit=1)[1] if len(message.text.split()) > 1 else ""
+            if not query.strip():
+                return "Say what to look for: /search boiler March"
+            # This conversation's own history only, every thread of it (talon.storage.search).
+            return format_hits(query, await self.agent.sessions.search(chat, query, 10))
         if word in ("/approve", "/deny"):
             # A waiting approval takes these at once (see submit); here nothing was waiting.
             return "Nothing is waiting for approval in this chat."

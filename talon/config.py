@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     # Bytes of one message (one line) from a stdio server; past it the call fails and the server restarts.
     mcp_max_result: int = Field(default=4 * MB, ge=64 * 1024, validation_alias=_env("TALON_MCP_MAX_RESULT"))
     web_fetch: bool = Field(default=True, validation_alias=_env("TALON_WEB_FETCH"))
+    # The full-text index of stored messages (search_conversations, /search; talon.storage.search).
+    # Off: no index is written, and search says it is off (the logs are kept as always).
+    search_index: bool = Field(default=True, validation_alias=_env("TALON_SEARCH_INDEX"))
     # Hosts web_fetch may reach although they are on a private network (exact names or addresses).
     web_allow_hosts: str = Field(default="", validation_alias=_env("TALON_WEB_ALLOW_HOSTS"))
     web_max_bytes: int = Field(default=5 * MB, gt=0, validation_alias=_env("TALON_WEB_MAX_BYTES"))

@@ -25,7 +25,7 @@ from channels.telegram import TelegramChannel
 ROOT = Path(__file__).resolve().parent.parent
 # The core's side of the seam, and the composition root that wires channels to it.
 CORE_FILES = ["talon/runtime.py", "talon/health.py", "talon/doctor_checks.py", "talon/bridge.py",
-              "talon/ports.py", "talon/cli.py"]
+              "talon/ports.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "talon/cli").glob("*.py"))]
 # Names that talon/ports.py imports only for type checking, for get_type_hints.
 HINT_NAMES = {"Answer": Answer, "Choice": Choice, "Prompter": Prompter, "ReceivedNote": ReceivedNote,
               "Pairing": Pairing, "Approval": Approval, "Leases": Leases}

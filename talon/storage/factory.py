@@ -143,7 +143,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         control = open_control_db(settings.data_dir / "control.sqlite3")
         return Stores(
             attachments=FileAttachments(settings.data_dir / "attachments"),
-            sessions=JsonlSessions(settings.data_dir),
+            sessions=JsonlSessions(settings.data_dir, index=settings.search_index),
             inbox=SqliteInbox(settings.data_dir / "inbox.sqlite3"),
             gate=AccessGate(embedded_pairing(settings), _allowlists(settings), pairing=settings.pairing),
             links=MemoryMediaLinks(),
@@ -170,7 +170,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     attachments = PgAttachments(db, settings.data_dir / "attachments")
     return Stores(
         attachments=attachments,
-        sessions=PgSessions(db, settings.data_dir),
+        sessions=PgSessions(db, settings.data_dir, index=settings.search_index),
         inbox=PgInbox(db),
         gate=AccessGate(PgPairing(db), _allowlists(settings), pairing=settings.pairing),
         links=PgMediaLinks(db, attachments),

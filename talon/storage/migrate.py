@@ -28,7 +28,9 @@ from talon.content import Message
 from talon.storage.embedded.attachments import FileBlobs
 from talon.storage.postgres.attachments import PgAttachments
 from talon.storage.postgres.db import AsyncDatabase
+from talon.storage.embedded.search import chat_of
 from talon.storage.postgres.schema import migrate_schema
+from talon.storage.postgres.sessions import index_unindexed
 from talon.storage.tasks import TASK_COLUMNS
 from talon.storage.whatsapp import SENT_COLUMNS
 
@@ -156,7 +158,8 @@ async def _sessions(root: Path, db: AsyncDatabase) -> StoreReport:
         return report
     for channel_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         for chat_dir in sorted(p for p in channel_dir.iterdir() if p.is_dir()):
-            channel, chat_id = channel_dir.name, chat_dir.name
+            chat = chat_of(chat_dir)  # the real ids (the directory names are made safe)
+            channel, chat_id = chat.channel, chat.chat_id
             current = chat_dir / "CURRENT"
             if current.is_file() and current.read_text("utf-8").strip():
                 await db.execute("INSERT INTO talon_threads (channel, chat_id, current) VALUES (%s, %s, %s) "
@@ -178,6 +181,7 @@ async def _sessions(root: Path, db: AsyncDatabase) -> StoreReport:
                 else:
                     report.problems.append(f"session {channel}/{chat_id}/{thread}: the database holds other "
                                            "lines than the file (sha256 differs)")
+    await index_unindexed(db)  # the copied lines join the full-text index
     return report
 
 

@@ -175,6 +175,15 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX talon_wa_tokens_approval ON talon_wa_tokens (approval_id);
     """,
+    # 10: full-text search over session lines (talon.storage.search): when each was stored, who
+    # wrote it, and its words ('simple' configuration: no stemming, any language) with the chat's
+    # token, under a GIN index. Lines stored before this version are indexed by `talon migrate`.
+    """
+    ALTER TABLE talon_session_lines ADD COLUMN at DOUBLE PRECISION, ADD COLUMN role TEXT,
+        ADD COLUMN sender TEXT, ADD COLUMN search tsvector, ADD COLUMN indexed BOOLEAN NOT NULL DEFAULT false;
+    CREATE INDEX talon_session_lines_search ON talon_session_lines USING GIN (search);
+    CREATE INDEX talon_session_lines_unindexed ON talon_session_lines (channel, chat_id) WHERE NOT indexed;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
