@@ -163,7 +163,7 @@ def _indexed_text(chat: ChatKey, message: Message) -> str | None:
 
 
 async def index_unindexed(db: AsyncDatabase, batch: int = 500) -> int:
-    """Index the session lines stored before the index existed (schema 9), ``batch`` rows per
+    """Index the session lines stored before the index existed (schema 10), ``batch`` rows per
     statement; the number indexed (``talon migrate``)."""
     done = 0
     while True:
