@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
+from collections import deque
+from itertools import islice, repeat
+from operator import itemgetter
 from dataclasses import dataclass
 
 from talon.render.markdown import code_spans, unescape
@@ -500,30 +503,29 @@ def _tail_state(piece: str, line_empty: bool, ends_blank: bool) -> tuple[bool, b
     return True, prev_blank
 
 
-def _rebuild(text: str, removals: list[Range]) -> str:
+def _rebuild(pieces: list[str]) -> str:
     """The text without the lifted references, closing up the gaps they leave.
 
     A reference inside a sentence becomes a single space; one alone on its line takes the line
     with it; blank lines do not pile up where several lines vanished; the line's indentation is
-    kept when text follows the reference. Text away from a removal is copied untouched. One pass
-    over the removals, each piece of text between them looked at once (at its ends).
+    kept when text follows the reference. Text away from a removal is copied untouched.
+    ``pieces``: the text before the first removal, between each two, and after the last. One
+    pass over them, each looked at once (at its ends), an empty one (references side by side)
+    at the cost of a comparison.
     """
     out: list[str] = []
-    line_empty = True
-    ends_blank = True
-    pending = False  # a reference was removed and the gap is not closed yet
-    held_indent = ""
-    before_last = (True, True)  # (line_empty, ends_blank) before out[-1]
-    pos = 0
-    count = len(removals)
-    for i in range(count + 1):
-        start, end = removals[i] if i < count else (len(text), -1)
-        piece = text[pos:start]
-        if pending:  # close the gap the last removal left
+    line_empty = True  # the output's last line has no content yet
+    ends_blank = True  # the output ends with a blank line (or is empty)
+    held_indent = ""  # blanks before a reference at the start of its line
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        if i:  # a reference was removed before this piece: close the gap it left
+            if not piece:
+                continue  # (the gap is still open)
             rest = piece.lstrip(" \t")
             if not rest:
-                piece = ""
-            elif rest[0] in "\r\n":
+                continue
+            if rest[0] in "\r\n":
                 if line_empty:
                     rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
                     held_indent = ""
@@ -531,45 +533,36 @@ def _rebuild(text: str, removals: list[Range]) -> str:
                         # drop whole blank lines, keep the next content line's indentation
                         content = len(rest) - len(rest.lstrip(" \t\r\n"))
                         rest = rest[rest.rfind("\n", 0, content) + 1 :]
-                if rest:
-                    pending = False
+                    if not rest:
+                        continue
                 piece = rest
             else:
-                pending = False
                 piece = held_indent + rest if line_empty else " " + rest
                 held_indent = ""
-        if piece:
-            before_last = (line_empty, ends_blank)
+        if i == last:
             out.append(piece)
-            if "\n" in piece:
-                line_empty, ends_blank = _tail_state(piece, line_empty, ends_blank)
-            elif line_empty and piece.strip(" \t\r"):
-                line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
-        if end < 0:
-            break
-        if out:  # the reference goes: so do the blanks before it on its line
-            last = out[-1]
-            stripped = last.rstrip(" \t")
-            if stripped != last:
-                out[-1] = stripped
-                # re-derive the tail from the state before that piece, not by rescanning
-                line_empty, ends_blank = before_last
-                if "\n" in stripped:
-                    line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
-                elif line_empty and stripped.strip(" \t\r"):
-                    line_empty = ends_blank = False
-                if line_empty and not pending:
-                    held_indent = last[len(stripped) :]
-        pending = True
-        pos = end
+            return "".join(out)  # the gap is closed: nothing to tidy at the end
+        # a reference follows: so do the blanks before it on its line
+        stripped = piece.rstrip(" \t")
+        out.append(stripped)
+        if "\n" in stripped:
+            line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
+        elif line_empty and stripped.strip(" \t\r"):
+            line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
+        if line_empty:
+            held_indent = piece[len(stripped) :]
     body = "".join(out)
-    if pending and line_empty:
+    if line_empty:
         # the last line vanished: drop the blank lines it leaves at the end
         cut = len(body.rstrip())
         while cut < len(body) and body[cut] in " \t":
             cut += 1
         body = body[:cut]
     return body
+
+
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
 
 
 # --- lifting ---------------------------------------------------------------------------------
@@ -589,22 +582,27 @@ _SIMPLE_LOCAL = re.compile(
     r"!\[(?:((?:[^\s\[\]\\`]++(?: [^\s\[\]\\`]++)*+)?)\]|([^\[\]\\`\n]*+)\])"
     rf"\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\)"
 )
-def _lift_simple(text: str, start: int, end: int, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
-    """Lift the local images of a run that ``_SIMPLE_RUN`` matches whole."""
-    # One match at a time: holding them all would only feed the garbage collector.
-    add_ref, add_removal, fold = refs.append, removals.append, _SPACES.sub
-    for m in _SIMPLE_LOCAL.finditer(text, start, end):
-        alt, other, path = m.groups()
-        add_ref(MarkdownMediaRef(alt if alt is not None else fold(" ", other).strip(), path))
-        add_removal(m.span())
+# MarkdownMediaRef's slots, set directly (a frozen dataclass's __init__ is a Python call per
+# object; these are C calls, mapped over all the references at once).
+_SET_ALT = vars(MarkdownMediaRef)["alt"].__set__
+_SET_PATH = vars(MarkdownMediaRef)["path"].__set__
+
+
+def _make_refs(alts: list[str], paths: list[str]) -> list[MarkdownMediaRef]:
+    """``[MarkdownMediaRef(a, p) for a, p in zip(alts, paths)]``, built without a Python step each."""
+    refs: list[MarkdownMediaRef] = list(map(object.__new__, repeat(MarkdownMediaRef, len(alts))))
+    deque(map(_SET_ALT, refs, alts), 0)
+    deque(map(_SET_PATH, refs, paths), 0)
+    return refs
 
 
 class _Lifter:
     """The general case, one segment at a time: code spans, bracket pairs, then each tail."""
 
-    def __init__(self, text: str, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
+    def __init__(self, text: str, alts: list[str], paths: list[str], removals: list[Range]) -> None:
         self.text = text
-        self.refs = refs
+        self.alts = alts
+        self.paths = paths
         self.removals = removals
         self.scanner = _Scanner(text)
         self.labels: set[str] | None = None  # reference definitions, read only if an image might use one
@@ -645,7 +643,8 @@ class _Lifter:
                 alt = unescape(alt)
             if not _PLAIN_ALT.fullmatch(alt):
                 alt = _SPACES.sub(" ", alt).strip()
-            self.refs.append(MarkdownMediaRef(alt=alt, path=path))
+            self.alts.append(alt)
+            self.paths.append(path)
             self.removals.append((opener - 1, end))
 
 
@@ -665,19 +664,40 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
         # CommonMark ends a line at \n, \r\n or a bare \r; the scanners below know \n and
         # \r\n, so a bare \r is read (and, if anything is lifted, returned) as \n.
         text = _BARE_CR.sub("\n", text)
-    refs: list[MarkdownMediaRef] = []
-    removals: list[Range] = []
-    lifter = _Lifter(text, refs, removals)
+    alts: list[str] = []
+    paths: list[str] = []
+    removals: list[Range] = []  # the general case's, one run at a time
+    pieces: list[str] = []  # the text between removals, up to ``pos``; then ``carry`` and the rest
+    pos = 0
+    carry = ""
+    lifter = _Lifter(text, alts, paths, removals)
+    fold = _SPACES.sub
     for run_start, run_end in _text_runs(text):
         if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
                 and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
-            _lift_simple(text, run_start, run_end, refs, removals)
-        else:
-            for seg_start, seg_end in _inline_segments(text, run_start, run_end):
-                lifter.segment(seg_start, seg_end)
-    if not removals:
+            # Its images, and the text between them, in one C call: [text, alt folded, alt, path,
+            # text, ...] (strings only: nothing for the garbage collector to walk).
+            parts = _SIMPLE_LOCAL.split(text[run_start:run_end])
+            if len(parts) == 1:
+                continue
+            pieces.append(carry + text[pos:run_start] + parts[0])
+            pieces += parts[4:-1:4]
+            carry, pos = parts[-1], run_end
+            alts += [alt if alt is not None else fold(" ", other).strip()
+                     for alt, other in zip(parts[1::4], parts[2::4])]
+            paths += parts[3::4]
+            continue
+        for seg_start, seg_end in _inline_segments(text, run_start, run_end):
+            lifter.segment(seg_start, seg_end)
+        if removals:
+            pieces.append(carry + text[pos : removals[0][0]])
+            pieces += map(text.__getitem__, map(slice, map(_SECOND, removals[:-1]), map(_FIRST, removals[1:])))
+            carry, pos = "", removals[-1][1]
+            removals.clear()
+    if not alts:
         return original, []
-    body = _rebuild(text, removals)
+    pieces.append(carry + text[pos:])
+    body = _rebuild(pieces)
     if not body.strip(" \t\n"):
         body = ""  # nothing but the blanks the references stood between
-    return body, refs
+    return body, _make_refs(alts, paths)
