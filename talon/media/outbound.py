@@ -33,11 +33,11 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections import deque
-from itertools import islice, repeat
+from itertools import accumulate, repeat
 from operator import itemgetter
 from dataclasses import dataclass
 
-from talon.render.markdown import code_spans, unescape
+from talon.render.markdown import code_spans
 
 __all__ = ["MarkdownMediaRef", "extract_markdown_media"]
 
@@ -157,7 +157,24 @@ _BARE_CR = re.compile(r"\r(?!\n)")
 _PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
 # A plain destination without escapes, parentheses or title, as the full parser would read it.
 _TAIL_TO_PAREN = re.compile(r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\(")
-_TAIL_SIMPLE = re.compile(r"\([ \t]*([^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*)[ \t]*\)")
+# A whole tail without backslashes and without parentheses in its destination or title, as the
+# full parser would read it: ``(path)``, ``( <a b.png> "title" )``...; the destination is group 1
+# (``<...>``) or 2 (plain).
+_WS = r"[ \t]*+(?:\r?\n[ \t]*+)?+"
+_WS1 = r"(?:[ \t]++(?:\r?\n[ \t]*+)?+|\r?\n[ \t]*+)"
+_TAIL_SIMPLE = re.compile(
+    rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
+    rf"(?:{_WS1}(?:\"[^\"\\]*+\"|'[^'\\]*+'|\([^()\\]*+\)))?{_WS}\)"
+)
+
+
+_ESCAPED = re.compile(rf"\\([{_PUNCT}])")
+
+
+def _unescape(text: str) -> str:
+    """``talon.render.markdown.unescape`` in one C call: splitting at escapes keeps the escaped
+    character (the group) and drops its backslash, and joining puts the pieces back."""
+    return "".join(_ESCAPED.split(text))
 
 
 def _is_remote(dest: str) -> bool:
@@ -192,8 +209,8 @@ class _Scanner:
             if self._next_close < 0 or self._next_close >= limit:
                 return None  # no ')' left in reach: no destination can close
         simple = _TAIL_SIMPLE.match(text, p, limit)
-        if simple is not None:  # the everyday ``(path)`` / ``( path )``, in one regex step
-            return simple.group(1), simple.end()
+        if simple is not None:  # the everyday ``(path)``, ``(<a b.png> "t")``, in one regex step
+            return simple.group(simple.lastindex or 0), simple.end()
         inner = _TAIL_TO_PAREN.match(text, p, limit)
         if inner is not None and self.paren_match.get(inner.end() - 1, 0) < 0:
             return None  # the destination runs into a '(' already known never to close
@@ -410,32 +427,68 @@ def _image_pairs(
     text: str, start: int, end: int, spans: list[Range], span_starts: list[int]
 ) -> list[Range]:
     """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match."""
+    ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
+    if ci < len(spans) and spans[ci][0] < end:
+        # Code spans: their brackets and backslashes masked (they are literal there), the rest
+        # as it is; with no backslash left, the pairs are those of the masked text.
+        parts: list[str] = []
+        pos = start
+        for s, e in spans[ci:]:
+            if s >= end:
+                break
+            parts.append(text[pos:s])
+            parts.append(text[s:e].translate(_CODE_MASK))
+            pos = e
+        parts.append(text[pos:end])
+        masked = "".join(parts)
+        if "\\" not in masked:
+            return [(o + start, c + start) for o, c in _plain_pairs(masked, 0, len(masked))]
+    elif text.find("\\", start, end) < 0:
+        return _plain_pairs(text, start, end)
+    return _escaped_pairs(text, start, end, spans, ci)
+
+
+# Inside a code span, brackets and backslashes are literal: read as spaces.
+_CODE_MASK = str.maketrans("[]\\", "   ")
+
+
+def _plain_pairs(text: str, start: int, end: int) -> list[Range]:
+    """``_image_pairs`` for a segment without code spans or backslashes."""
+    # No code span and no backslash here (the usual case, and most floods): brackets only.
+    opens, closes = text.count("[", start, end), text.count("]", start, end)
+    if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
+        # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
+        return [(m.start() + 1, m.end() - 1) for m in _FLAT_IMAGE.finditer(text, start, end)]
+    pairs: list[Range] = []
+    if opens > 4 * closes:
+        _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
+    elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
+        _pair_stacked_runs(text, start, end, pairs)  # runs of brackets: work per run
+    else:
+        # Single brackets: cut out in C (the text between them and each bracket, their places
+        # summed from the lengths), then one short step each.
+        parts = _BRACKET_SPLIT.split(text[start:end])
+        places = list(accumulate(map(len, parts), initial=start))
+        stack: list[int] = []
+        push, pop, add = stack.append, stack.pop, pairs.append
+        for p, ch in zip(places[1::2], parts[1::2]):
+            if ch == "[":
+                push(p)
+            elif stack:
+                opener = pop()
+                if opener > start and text[opener - 1] == "!":
+                    add((opener, p))
+    pairs.sort()
+    return pairs
+
+
+_BRACKET_SPLIT = re.compile(r"([\[\]])")
+
+
+def _escaped_pairs(text: str, start: int, end: int, spans: list[Range], ci: int) -> list[Range]:
+    """``_image_pairs`` for a segment with backslashes: one step per bracket or escape."""
     pairs: list[Range] = []
     stack: list[int] = []
-    ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
-    if (ci >= len(spans) or spans[ci][0] >= end) and text.find("\\", start, end) < 0:
-        # No code span and no backslash here (the usual case, and most floods): brackets only,
-        # matched a run of ']' at a time against runs of '[' found by searching backwards.
-        opens, closes = text.count("[", start, end), text.count("]", start, end)
-        if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
-            # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
-            return [(m.start() + 1, m.end() - 1) for m in _FLAT_IMAGE.finditer(text, start, end)]
-        if opens > 4 * closes:
-            _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
-        elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
-            _pair_stacked_runs(text, start, end, pairs)  # runs of brackets: work per run
-        else:  # single brackets: one step each
-            push, pop = stack.append, stack.pop
-            for m in _BRACKETS_ONLY.finditer(text, start, end):
-                p = m.start()
-                if text[p] == "[":
-                    push(p)
-                elif stack:
-                    opener = pop()
-                    if opener > start and text[opener - 1] == "!":
-                        pairs.append((opener, p))
-        pairs.sort()
-        return pairs
     escape_end = -1
     count = len(spans)
     for m in _BRACKETS.finditer(text, start, end):
@@ -466,8 +519,18 @@ def _normal_label(label: str) -> str:
 
 
 def _reference_labels(text: str) -> set[str]:
-    """The labels of the text's link reference definitions (``[label]: destination``)."""
-    return {_normal_label(m.group(1)) for m in _DEFINITION.finditer(text)}
+    """The labels of the text's link reference definitions (``[label]: destination``), folded as
+    ``_normal_label`` folds one, all at once (labels hold no line break: joined by one, the
+    whitespace folding and the case folding run once over all of them, in C)."""
+    labels = _DEFINITION.findall(text)
+    if not labels:
+        return set()
+    joined = _LABEL_EDGE.sub("", _LABEL_INNER_SPACE.sub(" ", "\n".join(set(labels))))
+    return set(joined.casefold().split("\n"))
+
+
+_LABEL_INNER_SPACE = re.compile(r"[^\S\n]+")  # whitespace but the joining line breaks
+_LABEL_EDGE = re.compile(r"^ | $", re.MULTILINE)
 
 
 def _reference_image_end(text: str, opener: int, closer: int, limit: int, labels: set[str]) -> int | None:
@@ -635,12 +698,12 @@ class _Lifter:
                 continue
             raw_dest, end = parsed
             consumed = end
-            path = unescape(raw_dest) if "\\" in raw_dest else raw_dest
+            path = _unescape(raw_dest) if "\\" in raw_dest else raw_dest
             if not path.strip() or _is_remote(path):
                 continue
             alt = text[opener + 1 : closer]
             if "\\" in alt:
-                alt = unescape(alt)
+                alt = _unescape(alt)
             if not _PLAIN_ALT.fullmatch(alt):
                 alt = _SPACES.sub(" ", alt).strip()
             self.alts.append(alt)
