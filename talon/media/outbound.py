@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections import deque
-from itertools import accumulate, repeat
+from itertools import repeat
 from operator import itemgetter
 from dataclasses import dataclass
 
@@ -149,22 +149,34 @@ _FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
 _FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
+# What a plain destination's parenthesis matching stops at: an escape (two characters, the
+# second whatever it is), a parenthesis, or what ends a destination.
+_DEST_SPECIAL = re.compile(r"\\[\s\S]|[()\x00-\x20\x7f]")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
 _TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")
 _SPACES = re.compile(r"\s+")
 _BARE_CR = re.compile(r"\r(?!\n)")
 _PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
-# A plain destination without escapes, parentheses or title, as the full parser would read it.
-_TAIL_TO_PAREN = re.compile(r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\(")
 # A whole tail without backslashes and without parentheses in its destination or title, as the
 # full parser would read it: ``(path)``, ``( <a b.png> "title" )``...; the destination is group 1
 # (``<...>``) or 2 (plain).
 _WS = r"[ \t]*+(?:\r?\n[ \t]*+)?+"
 _WS1 = r"(?:[ \t]++(?:\r?\n[ \t]*+)?+|\r?\n[ \t]*+)"
-_TAIL_SIMPLE = re.compile(
+_TAIL_QUICK_BODY = (
     rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
     rf"(?:{_WS1}(?:\"[^\"\\]*+\"|'[^'\\]*+'|\([^()\\]*+\)))?{_WS}\)"
+)
+_TAIL_TO_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\("
+# In a segment whose brackets never nest (and without code or backslashes): an image's alt text
+# (group 1), then its whole quick tail (destination in group 2 or 3), or, not consumed, a tail
+# whose plain destination runs into a '(' (group 4 ends at that '('), or neither.
+_FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_PAREN})))?")
+# Or (group 3) a plain destination that runs into a '(' (at the match's end).
+_TAIL_QUICK = re.compile(
+    rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
+    rf"(?:{_WS1}(?:\"[^\"\\]*+\"|'[^'\\]*+'|\([^()\\]*+\)))?{_WS}\)"
+    r"|(\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\()"
 )
 
 
@@ -208,12 +220,12 @@ class _Scanner:
             self._close_from = p
             if self._next_close < 0 or self._next_close >= limit:
                 return None  # no ')' left in reach: no destination can close
-        simple = _TAIL_SIMPLE.match(text, p, limit)
-        if simple is not None:  # the everyday ``(path)``, ``(<a b.png> "t")``, in one regex step
-            return simple.group(simple.lastindex or 0), simple.end()
-        inner = _TAIL_TO_PAREN.match(text, p, limit)
-        if inner is not None and self.paren_match.get(inner.end() - 1, 0) < 0:
-            return None  # the destination runs into a '(' already known never to close
+        quick = _TAIL_QUICK.match(text, p, limit)
+        if quick is not None:
+            if quick.lastindex != 3:  # the everyday ``(path)``, ``(<a b.png> "t")``, in one step
+                return quick.group(quick.lastindex or 0), quick.end()
+            if self.paren_match.get(quick.end() - 1, 0) < 0:
+                return None  # the destination runs into a '(' already known never to close
         q = self._skip_ws(p + 1, limit)
         if q >= limit:
             return None
@@ -281,39 +293,38 @@ class _Scanner:
         return min(p, limit)
 
     def _close_paren(self, p: int, limit: int) -> int:
-        """Index of the ')' balancing the '(' at ``p`` within one destination, or -1."""
+        """Index of the ')' balancing the '(' at ``p`` within one destination, or -1.
+
+        One step per parenthesis, escape or the character that ends the destination (a regex
+        finds the next of them); parentheses already matched are stepped over.
+        """
         memo = self.paren_match
         if p in memo:
             return memo[p]
         text = self.text
         stack = [p]
-        i = p + 1
-        while stack:
-            if i >= limit:
-                break
-            m = _DEST_PLAIN.match(text, i, limit)
-            if m:
-                i = m.end()
+        push, pop = stack.append, stack.pop
+        skip_to = p  # inside a pair already matched: nothing to do until past its ')'
+        for m in _DEST_SPECIAL.finditer(text, p + 1, limit):
+            i = m.start()
+            if i <= skip_to:
                 continue
             ch = text[i]
-            if ch == "\\":
-                i += 2
-            elif ch == "(":
+            if ch == "(":
                 known = memo.get(i)
                 if known is None:
-                    stack.append(i)
-                    i += 1
+                    push(i)
                 elif known < 0:
                     break
                 else:
-                    i = known + 1
+                    skip_to = known
             elif ch == ")":
-                memo[stack.pop()] = i
-                i += 1
-            else:
+                memo[pop()] = i
+                if not stack:
+                    break
+            elif ch != "\\":
                 break  # whitespace ends a destination: whatever is still open never closes
-        for opened in stack:
-            memo[opened] = -1
+        memo.update(dict.fromkeys(stack, -1))
         return memo[p]
 
     def _title_end(self, p: int, limit: int) -> int:
@@ -464,15 +475,15 @@ def _plain_pairs(text: str, start: int, end: int) -> list[Range]:
         _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
     elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
         _pair_stacked_runs(text, start, end, pairs)  # runs of brackets: work per run
+    elif 4 * opens < closes:
+        _pair_few_openers(text, start, end, pairs)  # few '[': work per '[' only
     else:
-        # Single brackets: cut out in C (the text between them and each bracket, their places
-        # summed from the lengths), then one short step each.
-        parts = _BRACKET_SPLIT.split(text[start:end])
-        places = list(accumulate(map(len, parts), initial=start))
+        # Single brackets: one step each.
         stack: list[int] = []
         push, pop, add = stack.append, stack.pop, pairs.append
-        for p, ch in zip(places[1::2], parts[1::2]):
-            if ch == "[":
+        for m in _BRACKETS_ONLY.finditer(text, start, end):
+            p = m.start()
+            if text[p] == "[":
                 push(p)
             elif stack:
                 opener = pop()
@@ -482,7 +493,33 @@ def _plain_pairs(text: str, start: int, end: int) -> list[Range]:
     return pairs
 
 
-_BRACKET_SPLIT = re.compile(r"([\[\]])")
+
+def _pair_few_openers(text: str, start: int, end: int, pairs: list[Range]) -> None:
+    """As a stack of every '[', for text with few '[': while none is open, the ']' before the
+    next '[' close nothing and are stepped over by one search (in C)."""
+    stack: list[int] = []
+    push, pop, add = stack.append, stack.pop, pairs.append
+    search, find = _BRACKETS_ONLY.search, text.find
+    pos = start
+    while True:
+        if not stack:
+            p = find("[", pos, end)
+            if p < 0:
+                return
+            push(p)
+            pos = p + 1
+            continue
+        m = search(text, pos, end)
+        if m is None:
+            return
+        p = m.start()
+        pos = p + 1
+        if text[p] == "[":
+            push(p)
+        else:
+            opener = pop()
+            if opener > start and text[opener - 1] == "!":
+                add((opener, p))
 
 
 def _escaped_pairs(text: str, start: int, end: int, spans: list[Range], ci: int) -> list[Range]:
@@ -674,6 +711,11 @@ class _Lifter:
         text = self.text
         if text.find("![", seg_start, seg_end) < 0 or text.find("](", seg_start, seg_end) < 0:
             return
+        if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
+                and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
+                and _FLAT_BRACKETS.fullmatch(text, seg_start, seg_end)):
+            self._flat_segment(seg_start, seg_end)
+            return
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
@@ -709,6 +751,41 @@ class _Lifter:
             self.alts.append(alt)
             self.paths.append(path)
             self.removals.append((opener - 1, end))
+
+
+    def _flat_segment(self, seg_start: int, seg_end: int) -> None:
+        """``segment`` for brackets that never nest, without code or backslashes: each image
+        and its everyday tail in one regex step; a tail that runs into a '(' known never to
+        close is dismissed at once; the full parser reads the rest. (An alt text without
+        brackets holds no image, so no image by reference can hide one.)"""
+        text = self.text
+        tail = self.scanner.tail
+        memo = self.scanner.paren_match
+        alts, paths, removals = self.alts, self.paths, self.removals
+        consumed = seg_start
+        for m in _FLAT_CANDIDATE.finditer(text, seg_start, seg_end):
+            bang = m.start()
+            if bang < consumed:
+                continue  # inside an earlier image's tail
+            group = m.lastindex
+            if group == 2 or group == 3:
+                raw_dest, end = m.group(group), m.end()
+            else:
+                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
+                    continue  # the destination runs into a '(' already known never to close
+                parsed = tail(m.end(), seg_end)
+                if parsed is None:
+                    continue
+                raw_dest, end = parsed
+            consumed = end
+            if not raw_dest.strip() or _is_remote(raw_dest):
+                continue
+            alt = m.group(1)
+            if not _PLAIN_ALT.fullmatch(alt):
+                alt = _SPACES.sub(" ", alt).strip()
+            alts.append(alt)
+            paths.append(raw_dest)
+            removals.append((bang, end))
 
 
 # --- entry point ----------------------------------------------------------------------------
