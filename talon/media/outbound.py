@@ -96,14 +96,11 @@ _BLOCKS = re.compile(
 _LACKING = (r"[^!\n]*+(?:!++(?!\[)[^!\n]*+)*+", r"[^\]\n]*+(?:\]++(?!\()[^\]\n]*+)*+", r"[^)\n]*+")
 
 
-def _dead(line: str) -> str:
-    head = rf"{_HEADING_START}{line}{_EOL}"
-    para = rf"(?!{_FENCE_START}|{_INDENT_START}){line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)"
-    return f"{head}|{para}"
-
-
+_DEAD_HEAD = rf"{_HEADING_START}(?:{'|'.join(_LACKING)}){_EOL}"
+_DEAD_PARA = rf"(?!{_FENCE_START}|{_INDENT_START})(?:" + "|".join(
+    rf"{line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)" for line in _LACKING) + ")"
 _SEGMENTS = re.compile(
-    rf"(?P<dead>(?:(?>{_BLANKS}|{'|'.join(_dead(line) for line in _LACKING)}))+)"
+    rf"(?P<dead>(?:(?>{_BLANKS}|{_DEAD_HEAD}|{_DEAD_PARA}))+)"
     rf"|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}"
 )
 
@@ -154,7 +151,6 @@ _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
 _DEST_SPECIAL = re.compile(r"\\[\s\S]|[()\x00-\x20\x7f]")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
 _TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")
 _SPACES = re.compile(r"\s+")
 _BARE_CR = re.compile(r"\r(?!\n)")
 _PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
@@ -191,7 +187,10 @@ def _unescape(text: str) -> str:
 
 def _is_remote(dest: str) -> bool:
     """True for anything with a URL scheme or a network path: those stay in the text."""
-    return bool(_SCHEME.match(dest)) or dest.startswith("//")
+    return _REMOTE.match(dest) is not None
+
+
+_REMOTE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:|//")
 
 
 class _Scanner:
@@ -442,15 +441,18 @@ def _image_pairs(
     if ci < len(spans) and spans[ci][0] < end:
         # Code spans: their brackets and backslashes masked (they are literal there), the rest
         # as it is; with no backslash left, the pairs are those of the masked text.
+        # (The whole segment is translated once, in C; its spans are taken from that.)
+        every = text[start:end].translate(_CODE_MASK)
         parts: list[str] = []
+        add = parts.append
         pos = start
         for s, e in spans[ci:]:
             if s >= end:
                 break
-            parts.append(text[pos:s])
-            parts.append(text[s:e].translate(_CODE_MASK))
+            add(text[pos:s])
+            add(every[s - start : e - start])
             pos = e
-        parts.append(text[pos:end])
+        add(text[pos:end])
         masked = "".join(parts)
         if "\\" not in masked:
             return [(o + start, c + start) for o, c in _plain_pairs(masked, 0, len(masked))]
@@ -719,6 +721,7 @@ class _Lifter:
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
+        quick_tail, tail = _TAIL_QUICK.match, self.scanner.tail
         for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
@@ -727,7 +730,11 @@ class _Lifter:
                 limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
             else:
                 limit = seg_end
-            parsed = self.scanner.tail(closer + 1, limit)
+            quick = quick_tail(text, closer + 1, limit)
+            if quick is not None and quick.lastindex != 3:
+                parsed: tuple[str, int] | None = quick.group(quick.lastindex or 0), quick.end()
+            else:
+                parsed = tail(closer + 1, limit)
             if parsed is None:
                 if text.find("![", opener + 1, closer) >= 0:
                     # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
