@@ -30,12 +30,13 @@ memoised. Figures: benchmarks/bench_extract.py and docs/media.md.
 
 from __future__ import annotations
 
+import gc
 import re
 from bisect import bisect_left
 from collections import deque
+from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from dataclasses import dataclass
 
 from talon.render.markdown import code_spans
 
@@ -140,7 +141,6 @@ def _inline_segments(text: str, start: int, end: int) -> list[Range]:
 # --- image references -----------------------------------------------------------------------
 
 _PUNCT = r"!-/:-@\[-`{-~"
-_BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
 _BRACKETS_ONLY = re.compile(r"[\[\]]")
 _FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
 _FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
@@ -438,27 +438,49 @@ def _image_pairs(
 ) -> list[Range]:
     """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match."""
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
-    if ci < len(spans) and spans[ci][0] < end:
-        # Code spans: their brackets and backslashes masked (they are literal there), the rest
-        # as it is; with no backslash left, the pairs are those of the masked text.
-        # (The whole segment is translated once, in C; its spans are taken from that.)
-        every = text[start:end].translate(_CODE_MASK)
+    with_spans = ci < len(spans) and spans[ci][0] < end
+    if not with_spans and text.find("\\", start, end) < 0:
+        return _plain_pairs(text, start, end)
+    # Code spans and escapes: masked (same length), so the pairs are those of plain brackets.
+    seg = text[start:end]
+    if with_spans:
+        # Brackets and backslashes are literal in a code span: read as spaces. (The whole
+        # segment is translated once, in C; its spans are taken from that.)
+        every = seg.translate(_CODE_MASK)
         parts: list[str] = []
         add = parts.append
-        pos = start
+        pos = 0
         for s, e in spans[ci:]:
             if s >= end:
                 break
-            add(text[pos:s])
+            add(seg[pos : s - start])
             add(every[s - start : e - start])
-            pos = e
-        add(text[pos:end])
-        masked = "".join(parts)
-        if "\\" not in masked:
-            return [(o + start, c + start) for o, c in _plain_pairs(masked, 0, len(masked))]
-    elif text.find("\\", start, end) < 0:
-        return _plain_pairs(text, start, end)
-    return _escaped_pairs(text, start, end, spans, ci)
+            pos = e - start
+        add(seg[pos:])
+        seg = "".join(parts)
+    unmasked = seg
+    if "\\" in seg:
+        # An escaped bracket is no bracket, an escaped '!' no image's: masked, but for an
+        # escaped '!' before a '[' (see below).
+        seg = _ESCAPE_BUT_BANG.sub("  ", seg)
+    pairs = _plain_pairs(seg, 0, len(seg))
+    if "\\![" in seg:
+        # The old parser's reading, kept: an escaped '!' makes no image unless another escape
+        # comes between its '[' and ']' (only the latest escape before the ']' was looked at).
+        ends = [m.end() for m in _ESCAPE_TOKEN.finditer(unmasked)]
+        kept: list[Range] = []
+        for o, c in pairs:
+            if seg[o - 2] == "\\" and o >= 2:
+                i = bisect_left(ends, o)
+                if i < len(ends) and ends[i] == o and (i + 1 == len(ends) or ends[i + 1] > c):
+                    continue
+            kept.append((o, c))
+        pairs = kept
+    return [(o + start, c + start) for o, c in pairs]
+
+
+_ESCAPE_TOKEN = re.compile(rf"\\[{_PUNCT}]")
+_ESCAPE_BUT_BANG = re.compile(r"\\[\"-/:-@\[-`{-~]")  # _PUNCT without '!'
 
 
 # Inside a code span, brackets and backslashes are literal: read as spaces.
@@ -522,31 +544,6 @@ def _pair_few_openers(text: str, start: int, end: int, pairs: list[Range]) -> No
             opener = pop()
             if opener > start and text[opener - 1] == "!":
                 add((opener, p))
-
-
-def _escaped_pairs(text: str, start: int, end: int, spans: list[Range], ci: int) -> list[Range]:
-    """``_image_pairs`` for a segment with backslashes: one step per bracket or escape."""
-    pairs: list[Range] = []
-    stack: list[int] = []
-    escape_end = -1
-    count = len(spans)
-    for m in _BRACKETS.finditer(text, start, end):
-        p = m.start()
-        while ci < count and spans[ci][1] <= p:
-            ci += 1
-        if ci < count and spans[ci][0] <= p:
-            continue  # inside a code span
-        ch = text[p]
-        if ch == "\\":
-            escape_end = m.end()
-        elif ch == "[":
-            stack.append(p)
-        elif stack:
-            opener = stack.pop()
-            if opener > start and text[opener - 1] == "!" and escape_end != opener:
-                pairs.append((opener, p))
-    pairs.sort()
-    return pairs
 
 
 _DEFINITION = re.compile(r"^ {0,3}\[((?:[^\[\]\\\n]|\\.){1,999})\]:[ \t]*\S", re.MULTILINE)
@@ -691,10 +688,22 @@ _SET_PATH = vars(MarkdownMediaRef)["path"].__set__
 
 
 def _make_refs(alts: list[str], paths: list[str]) -> list[MarkdownMediaRef]:
-    """``[MarkdownMediaRef(a, p) for a, p in zip(alts, paths)]``, built without a Python step each."""
-    refs: list[MarkdownMediaRef] = list(map(object.__new__, repeat(MarkdownMediaRef, len(alts))))
-    deque(map(_SET_ALT, refs, alts), 0)
-    deque(map(_SET_PATH, refs, paths), 0)
+    """``[MarkdownMediaRef(a, p) for a, p in zip(alts, paths)]``, built without a Python step each.
+
+    The garbage collector is held off while they are made: a full collection walks every list
+    alive (the text's pieces, the alt texts and paths), and one every time the new objects grow
+    by a quarter made a reply with a million references cost O(n log n). Nothing but C runs in
+    between (no Python code, so no other thread either), and whoever turned it off keeps it off.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        refs: list[MarkdownMediaRef] = list(map(object.__new__, repeat(MarkdownMediaRef, len(alts))))
+        deque(map(_SET_ALT, refs, alts), 0)
+        deque(map(_SET_PATH, refs, paths), 0)
+    finally:
+        if enabled:
+            gc.enable()
     return refs
 
 
