@@ -213,18 +213,23 @@ class _Scanner:
         text = self.text
         if p >= limit or text[p] != "(":
             return None
+        quick = _TAIL_QUICK.match(text, p, limit)
+        if quick is not None and quick.lastindex != 3:
+            # the everyday ``(path)``, ``(<a b.png> "t")``, in one step
+            return quick.group(quick.lastindex or 0), quick.end()
+        return self.slow_tail(p, limit, quick)
+
+    def slow_tail(self, p: int, limit: int, quick: re.Match[str] | None) -> tuple[str, int] | None:
+        """``tail`` at a '(' that ``_TAIL_QUICK`` (its match: ``quick``) could not read whole."""
+        text = self.text
         if p >= self._close_from:  # (a nested image's tail comes after its outer one's: no pointer)
             if 0 <= self._next_close < p:
                 self._next_close = text.find(")", p)
             self._close_from = p
             if self._next_close < 0 or self._next_close >= limit:
                 return None  # no ')' left in reach: no destination can close
-        quick = _TAIL_QUICK.match(text, p, limit)
-        if quick is not None:
-            if quick.lastindex != 3:  # the everyday ``(path)``, ``(<a b.png> "t")``, in one step
-                return quick.group(quick.lastindex or 0), quick.end()
-            if self.paren_match.get(quick.end() - 1, 0) < 0:
-                return None  # the destination runs into a '(' already known never to close
+        if quick is not None and self.paren_match.get(quick.end() - 1, 0) < 0:
+            return None  # the destination runs into a '(' already known never to close
         q = self._skip_ws(p + 1, limit)
         if q >= limit:
             return None
@@ -730,7 +735,7 @@ class _Lifter:
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
-        quick_tail, tail = _TAIL_QUICK.match, self.scanner.tail
+        quick_tail, slow_tail = _TAIL_QUICK.match, self.scanner.slow_tail
         for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
@@ -739,11 +744,14 @@ class _Lifter:
                 limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
             else:
                 limit = seg_end
-            quick = quick_tail(text, closer + 1, limit)
-            if quick is not None and quick.lastindex != 3:
-                parsed: tuple[str, int] | None = quick.group(quick.lastindex or 0), quick.end()
+            if closer + 1 < limit and text[closer + 1] == "(":
+                quick = quick_tail(text, closer + 1, limit)
+                if quick is not None and quick.lastindex != 3:
+                    parsed: tuple[str, int] | None = quick.group(quick.lastindex or 0), quick.end()
+                else:
+                    parsed = slow_tail(closer + 1, limit, quick)
             else:
-                parsed = tail(closer + 1, limit)
+                parsed = None
             if parsed is None:
                 if text.find("![", opener + 1, closer) >= 0:
                     # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
