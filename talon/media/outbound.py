@@ -735,47 +735,54 @@ class _Lifter:
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
-        quick_tail, slow_tail = _TAIL_QUICK.match, self.scanner.slow_tail
+        quick_tail, slow_tail, remote = _TAIL_QUICK.match, self.scanner.slow_tail, _REMOTE.match
+        add_alt, add_path, add_removal = self.alts.append, self.paths.append, self.removals.append
+        find = text.find
+        limit = seg_end
         for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
             if span_starts:
                 nxt = bisect_left(span_starts, closer + 1)
                 limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
-            else:
-                limit = seg_end
-            if closer + 1 < limit and text[closer + 1] == "(":
-                quick = quick_tail(text, closer + 1, limit)
+            p = closer + 1
+            if p < limit and text[p] == "(":
+                quick = quick_tail(text, p, limit)
                 if quick is not None and quick.lastindex != 3:
-                    parsed: tuple[str, int] | None = quick.group(quick.lastindex or 0), quick.end()
+                    path, end = quick.group(quick.lastindex or 0), quick.end()
                 else:
-                    parsed = slow_tail(closer + 1, limit, quick)
+                    parsed = slow_tail(p, limit, quick)
+                    if parsed is None:
+                        if find("![", opener + 1, closer) >= 0:
+                            consumed = self._reference(opener, closer, limit, consumed)
+                        continue
+                    path, end = parsed
             else:
-                parsed = None
-            if parsed is None:
-                if text.find("![", opener + 1, closer) >= 0:
-                    # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
-                    # (which is not lifted) makes the images in its label mere alt text.
-                    if self.labels is None:
-                        self.labels = _reference_labels(text)
-                    reference_end = _reference_image_end(text, opener, closer, limit, self.labels)
-                    if reference_end is not None:
-                        consumed = reference_end
+                if find("![", opener + 1, closer) >= 0:
+                    consumed = self._reference(opener, closer, limit, consumed)
                 continue
-            raw_dest, end = parsed
             consumed = end
-            path = _unescape(raw_dest) if "\\" in raw_dest else raw_dest
-            if not path.strip() or _is_remote(path):
+            if "\\" in path:
+                path = _unescape(path)
+            if not path.strip() or remote(path) is not None:
                 continue
-            alt = text[opener + 1 : closer]
+            alt = text[p - (closer - opener) : closer]  # (p - (closer - opener) == opener + 1)
             if "\\" in alt:
                 alt = _unescape(alt)
             if not _PLAIN_ALT.fullmatch(alt):
                 alt = _SPACES.sub(" ", alt).strip()
-            self.alts.append(alt)
-            self.paths.append(path)
-            self.removals.append((opener - 1, end))
+            add_alt(alt)
+            add_path(path)
+            add_removal((opener - 1, end))
 
+    def _reference(self, opener: int, closer: int, limit: int, consumed: int) -> int:
+        """``consumed`` past an image by reference at ``opener`` whose alt text holds an image
+        (``![...![x](x.png)...][label]``, ``![...][]``, ``![...]``: an image by reference, which
+        is not lifted, makes the images in its label mere alt text)."""
+        if self.labels is None:
+            self.labels = _reference_labels(self.text)
+        end = _reference_image_end(self.text, opener, closer, limit, self.labels)
+        return consumed if end is None else end
 
     def _flat_segment(self, seg_start: int, seg_end: int) -> None:
         """``segment`` for brackets that never nest, without code or backslashes: each image
