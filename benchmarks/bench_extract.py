@@ -14,6 +14,7 @@ worst input and the worst ratio.
 from __future__ import annotations
 
 import gc
+import os
 import random
 import sys
 import time
@@ -168,6 +169,9 @@ def _cpu_ms_per_mb(text: str, repeat: int) -> float:
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"load average {load} on {os.cpu_count()} cores (CPU time is measured: other processes"
+          " only slow it through shared caches)")
     normal = normal_reply()
     print(f"{'input':<40} {'1 MB':>8} {'4 MB':>8} {'4MB/1MB':>8}   (CPU ms per MB)")
     print(f"{'normal reply':<40} {_cpu_ms_per_mb(normal, 3):8.1f}")
