@@ -18,14 +18,20 @@ Rules, in the order they are applied:
    network path (``//host/x``) stays in the text exactly as written.
 
 Hostile input is expected (a model can be made to emit anything, and a streamed reply is read again
-at every update), so every pass is linear in the length of the text and does its per-line and
-per-bracket work in C where it can: the block structure is one regex of possessive quantifiers (no
-backtracking) that takes runs of fences, blank lines and paragraphs whole; a run of text whose
-images are all plain ``![alt](path)`` (no nesting, escapes or code) is lifted by one regex step per
-image; elsewhere brackets that never nest are paired by one regex, others a run at a time (or,
-when ``[`` floods, per ``]`` only, the open ones found by searching backwards), backtick runs
-through a "next run of this length" table, and each parenthesis match is computed once and
-memoised. Figures: benchmarks/bench_extract.py and docs/media.md.
+at every update), so every pass is linear in the length of the text and does its per-line,
+per-bracket and per-reference work in C where it can: the block structure is one regex of
+possessive quantifiers (no backtracking) that takes runs of fences, blank lines and paragraphs
+whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
+lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
+elsewhere code spans and escapes are masked (same length) so that one bracket matcher serves every
+segment: brackets that never nest are paired by one regex, and there each image and its everyday
+tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step; other brackets are paired a
+run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest skipped in
+C; backtick runs go through a "next run of this length" table; each parenthesis match is computed
+once and memoised, one step per parenthesis. The tidying is one pass over the pieces of text
+between the removals, and the references are built by C-level maps over their slots with the
+garbage collector held off (a full collection walking the big lists every quarter of growth made a
+reply with a million references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
