@@ -56,6 +56,23 @@ SOUPS: dict[str, list[str]] = {
 }
 
 
+# Many references whose alt texts and paths are unescaped and folded a run at a time, joined by a
+# character the text does not hold: with and without the candidates for it in the text.
+BULK_TOKENS = [
+    "![a\\]b](x\\(.png)", "![ c\t d ](y.png)", "![\u00a0e\u2028](z.png)", "![](w.png)", "![f](http://h/f)",
+    "![g]( )", "![h\\*](p\\ q)", "![i](<j k.png>)", "\\", " ", "\n", "x", "[", "]",
+]
+
+
+@pytest.mark.parametrize("extra", ["", "\x00", "\x00\ue000", "\x00\ue000\ue001\uffff"])
+def test_references_unescaped_and_folded_together_give_the_old_output(extra: str) -> None:
+    rnd = random.Random(f"bulk-{extra!r}")
+    for _ in range(60):
+        tokens = BULK_TOKENS + list(extra)
+        text = extra + "".join(rnd.choice(tokens) for _ in range(rnd.randint(10, 120)))
+        assert _as_new(text) == as_old(text), repr(text)
+
+
 @pytest.mark.parametrize("soup", list(SOUPS))
 @pytest.mark.parametrize("seed", range(3))
 def test_generated_inputs_give_the_old_output(soup: str, seed: int) -> None:

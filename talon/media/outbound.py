@@ -191,11 +191,7 @@ def _unescape(text: str) -> str:
     return "".join(_ESCAPED.split(text))
 
 
-def _is_remote(dest: str) -> bool:
-    """True for anything with a URL scheme or a network path: those stay in the text."""
-    return _REMOTE.match(dest) is not None
-
-
+# Anything with a URL scheme or a network path: those stay in the text.
 _REMOTE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:|//")
 
 
@@ -741,7 +737,7 @@ class _Lifter:
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
-        quick_tail, slow_tail, remote = _TAIL_QUICK.match, self.scanner.slow_tail, _REMOTE.match
+        quick_tail, slow_tail = _TAIL_QUICK.match, self.scanner.slow_tail
         add_alt, add_path, add_removal = self.alts.append, self.paths.append, self.removals.append
         find = text.find
         limit = seg_end
@@ -768,16 +764,8 @@ class _Lifter:
                     consumed = self._reference(opener, closer, limit, consumed)
                 continue
             consumed = end
-            if "\\" in path:
-                path = _unescape(path)
-            if not path.strip() or remote(path) is not None:
-                continue
-            alt = text[p - (closer - opener) : closer]  # (p - (closer - opener) == opener + 1)
-            if "\\" in alt:
-                alt = _unescape(alt)
-            if not _PLAIN_ALT.fullmatch(alt):
-                alt = _SPACES.sub(" ", alt).strip()
-            add_alt(alt)
+            # (as written: unescaped, folded and checked for the run at once, by _finish)
+            add_alt(text[p - (closer - opener) : closer])  # (p - (closer - opener) == opener + 1)
             add_path(path)
             add_removal((opener - 1, end))
 
@@ -815,14 +803,54 @@ class _Lifter:
                     continue
                 raw_dest, end = parsed
             consumed = end
-            if not raw_dest.strip() or _is_remote(raw_dest):
+            alts.append(m.group(1))  # (as written: see _finish)
+            paths.append(raw_dest)
+            removals.append((bang, end))
+
+
+# The general case's alt texts and destinations, as written, are unescaped, folded and checked a
+# run at a time: joined by a character the text does not hold, one C call each does all of them.
+_SEPARATORS = ("\x00", "\ue000", "\ue001", "\uffff")
+_SEPARATOR_SPACE = {sep: re.compile(f" ?{sep} ?") for sep in _SEPARATORS}
+
+
+def _finish(text: str, alts: list[str], paths: list[str], removals: list[Range], first: int) -> list[Range]:
+    """Turn ``alts[first:]`` and ``paths[first:]`` (as written) into what is lifted: paths
+    unescaped, those empty or remote dropped (with their removal), alt texts unescaped and their
+    whitespace folded. Returns the removals kept."""
+    raw_alts, raw_paths = alts[first:], paths[first:]
+    del alts[first:], paths[first:]
+    sep = next((sep for sep in _SEPARATORS if sep not in text), None)
+    if sep is None or len(raw_paths) < 8:
+        kept: list[Range] = []
+        for alt, path, removal in zip(raw_alts, raw_paths, removals):
+            if "\\" in path:
+                path = _unescape(path)
+            if not path.strip() or _REMOTE.match(path) is not None:
                 continue
-            alt = m.group(1)
+            if "\\" in alt:
+                alt = _unescape(alt)
             if not _PLAIN_ALT.fullmatch(alt):
                 alt = _SPACES.sub(" ", alt).strip()
             alts.append(alt)
-            paths.append(raw_dest)
-            removals.append((bang, end))
+            paths.append(path)
+            kept.append(removal)
+        return kept
+    joined = sep.join(raw_paths)
+    unescaped = joined.split(sep) if "\\" not in joined else _unescape(joined).split(sep)
+    remote = _REMOTE.match
+    keep = [i for i, path in enumerate(unescaped) if path.strip() and remote(path) is None]
+    if len(keep) < len(unescaped):
+        unescaped = [unescaped[i] for i in keep]
+        raw_alts = [raw_alts[i] for i in keep]
+        removals = [removals[i] for i in keep]
+    joined = sep.join(raw_alts)
+    if "\\" in joined:
+        joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
+    joined = _SEPARATOR_SPACE[sep].sub(sep, _SPACES.sub(" ", joined)).strip(" ")
+    alts += joined.split(sep) if raw_alts else []
+    paths += unescaped
+    return removals
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -866,6 +894,8 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
             continue
         for seg_start, seg_end in _inline_segments(text, run_start, run_end):
             lifter.segment(seg_start, seg_end)
+        if removals:
+            removals[:] = _finish(text, alts, paths, removals, len(alts) - len(removals))
         if removals:
             pieces.append(carry + text[pos : removals[0][0]])
             pieces += map(text.__getitem__, map(slice, map(_SECOND, removals[:-1]), map(_FIRST, removals[1:])))
