@@ -470,20 +470,20 @@ def _image_pairs(
         # An escaped bracket is no bracket, an escaped '!' no image's: masked, but for an
         # escaped '!' before a '[' (see below).
         seg = _ESCAPE_BUT_BANG.sub("  ", seg)
-    pairs = _plain_pairs(seg, 0, len(seg))
+    pairs = _plain_pairs(seg, 0, len(seg), start)
     if "\\![" in seg:
         # The old parser's reading, kept: an escaped '!' makes no image unless another escape
         # comes between its '[' and ']' (only the latest escape before the ']' was looked at).
-        ends = [m.end() for m in _ESCAPE_TOKEN.finditer(unmasked)]
+        ends = [m.end() + start for m in _ESCAPE_TOKEN.finditer(unmasked)]
         kept: list[Range] = []
         for o, c in pairs:
-            if seg[o - 2] == "\\" and o >= 2:
+            if o - start >= 2 and seg[o - start - 2] == "\\":
                 i = bisect_left(ends, o)
                 if i < len(ends) and ends[i] == o and (i + 1 == len(ends) or ends[i + 1] > c):
                     continue
             kept.append((o, c))
         pairs = kept
-    return [(o + start, c + start) for o, c in pairs]
+    return pairs
 
 
 _ESCAPE_TOKEN = re.compile(rf"\\[{_PUNCT}]")
@@ -494,13 +494,15 @@ _ESCAPE_BUT_BANG = re.compile(r"\\[\"-/:-@\[-`{-~]")  # _PUNCT without '!'
 _CODE_MASK = str.maketrans("[]\\", "   ")
 
 
-def _plain_pairs(text: str, start: int, end: int) -> list[Range]:
-    """``_image_pairs`` for a segment without code spans or backslashes."""
+def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range]:
+    """``_image_pairs`` for a segment without code spans or backslashes (``offset``: added to
+    every index, for a masked copy of a segment)."""
     # No code span and no backslash here (the usual case, and most floods): brackets only.
     opens, closes = text.count("[", start, end), text.count("]", start, end)
     if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
         # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
-        return [(m.start() + 1, m.end() - 1) for m in _FLAT_IMAGE.finditer(text, start, end)]
+        after, before = offset + 1, offset - 1
+        return [(m.start() + after, m.end() + before) for m in _FLAT_IMAGE.finditer(text, start, end)]
     pairs: list[Range] = []
     if opens > 4 * closes:
         _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
@@ -521,7 +523,7 @@ def _plain_pairs(text: str, start: int, end: int) -> list[Range]:
                 if opener > start and text[opener - 1] == "!":
                     add((opener, p))
     pairs.sort()
-    return pairs
+    return [(o + offset, c + offset) for o, c in pairs] if offset else pairs
 
 
 
@@ -812,6 +814,11 @@ class _Lifter:
 # run at a time: joined by a character the text does not hold, one C call each does all of them.
 _SEPARATORS = ("\x00", "\ue000", "\ue001", "\uffff")
 _SEPARATOR_SPACE = {sep: re.compile(f" ?{sep} ?") for sep in _SEPARATORS}
+# A path that is dropped: empty or blank, or remote (``_REMOTE``), among paths joined by ``sep``.
+_DROPPED = {
+    sep: re.compile(rf"(?:\A|(?<={sep}))(?:[A-Za-z][A-Za-z0-9+.\-]+:|//|\s*+(?:{sep}|\Z))")
+    for sep in _SEPARATORS
+}
 
 
 def _finish(text: str, alts: list[str], paths: list[str], removals: list[Range], first: int) -> list[Range]:
@@ -837,10 +844,12 @@ def _finish(text: str, alts: list[str], paths: list[str], removals: list[Range],
             kept.append(removal)
         return kept
     joined = sep.join(raw_paths)
-    unescaped = joined.split(sep) if "\\" not in joined else _unescape(joined).split(sep)
-    remote = _REMOTE.match
-    keep = [i for i, path in enumerate(unescaped) if path.strip() and remote(path) is None]
-    if len(keep) < len(unescaped):
+    if "\\" in joined:
+        joined = _unescape(joined)
+    unescaped = joined.split(sep)
+    if _DROPPED[sep].search(joined) is not None:  # (one search finds whether any path is dropped)
+        remote = _REMOTE.match
+        keep = [i for i, path in enumerate(unescaped) if path.strip() and remote(path) is None]
         unescaped = [unescaped[i] for i in keep]
         raw_alts = [raw_alts[i] for i in keep]
         removals = [removals[i] for i in keep]
