@@ -151,6 +151,11 @@ def hostile_inputs(size: int = MB) -> dict[str, str]:
         "'![a\\\\]](b.png) ' * N (escapes)": fill("![a\\]](b.png) "),
         "backtick runs 1..8 + '![a](x)'": _cycle(size, lambda k: "`" * (k % 8 + 1) + "![a](x)"),
         "'![a](x(' * N + ')' * N": _fill("![a](x(", size // 2) + _fill(")", size // 2),
+        # many short runs of text, each between code blocks or its own paragraph
+        "'```\\n```\\n![a](b.png)\\n' * N (runs)": fill("```\n```\n![a](b.png)\n"),
+        "'```\\n```\\n![a\\\\]](b.png)\\n' * N (runs)": fill("```\n```\n![a\\]](b.png)\n"),
+        "'![a\\\\]](b.png)\\n\\n' * N (paragraphs)": fill("![a\\]](b.png)\n\n"),
+        "'`x` ![a](b.png)\\n\\n' * N (paragraphs)": fill("`x` ![a](b.png)\n\n"),
         # mixes
         "mix of hostile tokens": _soup(size, 28, _HOSTILE_TOKENS),
         "mix of brackets and bangs": _soup(size, 29, ["![", "[", "]", "(", ")", "a", " "]),

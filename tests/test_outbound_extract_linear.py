@@ -176,6 +176,8 @@ GROWTH_PATTERNS = {
     "references in links": "[![a](b.png)]",
     "nested images": "![[a](b)](c.png)",
     "escapes in alt text": "![a\\]](b.png) ",
+    # many runs of text between code blocks: work per run must not read the whole text
+    "runs between fences": "```\n```\n![a\\]](b.png)\n",
 }
 
 

@@ -821,13 +821,18 @@ _DROPPED = {
 }
 
 
-def _finish(text: str, alts: list[str], paths: list[str], removals: list[Range], first: int) -> list[Range]:
+def _separator(text: str) -> str | None:
+    """A character of ``_SEPARATORS`` that ``text`` does not hold (None: it holds them all)."""
+    return next((sep for sep in _SEPARATORS if sep not in text), None)
+
+
+def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[Range], first: int) -> list[Range]:
     """Turn ``alts[first:]`` and ``paths[first:]`` (as written) into what is lifted: paths
     unescaped, those empty or remote dropped (with their removal), alt texts unescaped and their
-    whitespace folded. Returns the removals kept."""
+    whitespace folded, joined by ``sep`` (``_separator`` of the text; None: one at a time).
+    Returns the removals kept."""
     raw_alts, raw_paths = alts[first:], paths[first:]
     del alts[first:], paths[first:]
-    sep = next((sep for sep in _SEPARATORS if sep not in text), None)
     if sep is None or len(raw_paths) < 8:
         kept: list[Range] = []
         for alt, path, removal in zip(raw_alts, raw_paths, removals):
@@ -886,6 +891,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     carry = ""
     lifter = _Lifter(text, alts, paths, removals)
     fold = _SPACES.sub
+    separator: str | None = ""  # (not looked for yet)
     for run_start, run_end in _text_runs(text):
         if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
                 and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
@@ -904,7 +910,9 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
         for seg_start, seg_end in _inline_segments(text, run_start, run_end):
             lifter.segment(seg_start, seg_end)
         if removals:
-            removals[:] = _finish(text, alts, paths, removals, len(alts) - len(removals))
+            if separator == "":
+                separator = _separator(text)  # (looked for once: the text is read whole)
+            removals[:] = _finish(separator, alts, paths, removals, len(alts) - len(removals))
         if removals:
             pieces.append(carry + text[pos : removals[0][0]])
             pieces += map(text.__getitem__, map(slice, map(_SECOND, removals[:-1]), map(_FIRST, removals[1:])))
