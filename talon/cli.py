@@ -19,7 +19,7 @@ from talon.config import Settings
 from talon.errors import ConfigError, PairingError
 
 if TYPE_CHECKING:
-    from talon.agent.local_server import LocalModelServer
+    from talon.agent.providers.local import LocalModelServer
     from talon.storage.migrate import MigrationReport
 
 log = logging.getLogger("talon")
@@ -169,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from talon.agent.local_server import BUNDLED_NOTE
+    from talon.agent.providers.local import BUNDLED_NOTE
 
     settings = _load_settings()
     _setup_logging(settings.log_level if args.verbose else "WARNING", _secrets(settings))
@@ -187,7 +187,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
     """Discovery, then one cheap live request (a one-token reply): what a chat would meet. A
     ``local:`` model's server is started for that, and stopped again."""
-    from talon.agent.local_server import local_model_server
+    from talon.agent.providers.local import local_model_server
     from talon.errors import LocalModelError
 
     rows: list[tuple[str, str]] = []
@@ -206,7 +206,7 @@ async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
 
 
 async def _ask_model_server(settings: Settings, local: "LocalModelServer | None") -> list[tuple[str, str]]:
-    from talon.agent.provider import ModelRequest
+    from talon.agent.providers.base import ModelRequest
     from talon.content import Message
     from talon.storage.attachments import MemoryAttachments
     from talon.runtime import build_provider, model_discoverer
@@ -218,7 +218,7 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
         rows.append(("model server", ("UNREACHABLE: " if not facts.reachable else "") + facts.describe()
                      + f" [{facts.elapsed_s:.2f} s]"))
     try:
-        from talon.agent.profiles import settings_profile
+        from talon.agent.providers.profiles import settings_profile
 
         profile = settings_profile(settings, facts=facts if facts is not None and facts.reachable else None)
         rows.append(("model profile", profile.describe(with_sources=True)))
@@ -243,7 +243,8 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
-    from talon.doctor_checks import model_url_row, settings_row, telegram_bot_row, twilio_account_row
+    from talon.doctor_checks import (model_url_row, settings_row, telegram_bot_row, twilio_account_row,
+                                     whatsapp_templates_row)
     from talon.speech.transcribe import Transcriber
 
     rows: list[tuple[str, str]] = [settings_row()]
@@ -291,6 +292,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         account = twilio_account_row(settings)
         if account is not None:
             rows.append(account)
+        rows.append(whatsapp_templates_row(settings))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     from talon.control.doctor import control_rows
@@ -333,7 +335,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
     """The web fetch's setting, and each MCP server started once (state and tool count)."""
-    from talon.agent.mcp import doctor_rows
+    from talon.agent.tools.mcp import doctor_rows
 
     allowed = ", ".join(settings.web_allowlist) or "none"
     rows = [("web fetch", f"on (private hosts allowed: {allowed})" if settings.web_fetch
@@ -345,7 +347,7 @@ def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
     path = settings.mcp_config_path
     rows.append(("mcp config", str(path.resolve()) if path.exists() else f"none ({path} not found)"))
     if servers:
-        from talon.agent.sandbox import SandboxLimits
+        from talon.agent.tools.sandbox import SandboxLimits
 
         limits = SandboxLimits(settings.shell_max_procs, settings.shell_max_memory, settings.shell_cpu_seconds,
                                settings.shell_max_file_size)
