@@ -14,6 +14,7 @@ worst input and the worst ratio.
 from __future__ import annotations
 
 import gc
+import os
 import random
 import sys
 import time
@@ -130,6 +131,31 @@ def hostile_inputs(size: int = MB) -> dict[str, str]:
         # every reference real
         "'![a](b.png)\\n' * N (all real)": fill("![a](b.png)\n"),
         "'![a](b.png) x ' * N (all real)": fill("![a](b.png) x "),
+        # more an attacker could think of (issue 28, part 4)
+        "'![a' + '](' * N + ref": "![a" + fill("](") + "![a](b.png)",
+        "'<' * N + ref": fill("<") + "![a](b.png)",
+        "'[a' * N/2 + ']a' * N/2 + ref (deep)": "!" + _fill("[a", size // 2) + _fill("]a", size // 2) + "![a](b.png)",
+        "'![a' * N/2 + '](x)' * N/2": _fill("![a", size // 2) + _fill("](x)", size // 2),
+        "'[![a](b.png)' * N + ']' * N (deep)": _fill("[![a](b.png)", size * 12 // 13) + _fill("]", size // 13),
+        "'<!-- ![a](b.png) -->\\n' * N": fill("<!-- ![a](b.png) -->\n"),
+        "'<!--' * N + ref": fill("<!--") + "![a](b.png)",
+        "'![a][r] ' * N + ref + def": fill("![a][r] ") + "![b](c.png)\n\n[r]: x.png\n",
+        "'[r]: x\\n![a][r]\\n' * N + ref": fill("[r]: x\n![a][r]\n") + "![b](c.png)",
+        "'[rN]: y\\n' * N + ref (many labels)": _cycle(size, lambda k: f"[r{k}]: y\n") + "\n\n![![a](a.png)][r1]",
+        "'![a](b.png)' * N (no gap, all real)": fill("![a](b.png)"),
+        "'![](b)' * N (tiny, all real)": fill("![](b)"),
+        "'*a _b ![a](b.png) ' * N": fill("*a _b ![a](b.png) "),
+        "mixed fences and refs": fill("```\n~~~\n![a](b.png)\n````\n"),
+        "'\\t![a](b.png)\\n' * N": fill("\t![a](b.png)\n"),
+        "'![a](<b c.png> \"t\") ' * N": fill('![a](<b c.png> "t") '),
+        "'![a\\\\]](b.png) ' * N (escapes)": fill("![a\\]](b.png) "),
+        "backtick runs 1..8 + '![a](x)'": _cycle(size, lambda k: "`" * (k % 8 + 1) + "![a](x)"),
+        "'![a](x(' * N + ')' * N": _fill("![a](x(", size // 2) + _fill(")", size // 2),
+        # many short runs of text, each between code blocks or its own paragraph
+        "'```\\n```\\n![a](b.png)\\n' * N (runs)": fill("```\n```\n![a](b.png)\n"),
+        "'```\\n```\\n![a\\\\]](b.png)\\n' * N (runs)": fill("```\n```\n![a\\]](b.png)\n"),
+        "'![a\\\\]](b.png)\\n\\n' * N (paragraphs)": fill("![a\\]](b.png)\n\n"),
+        "'`x` ![a](b.png)\\n\\n' * N (paragraphs)": fill("`x` ![a](b.png)\n\n"),
         # mixes
         "mix of hostile tokens": _soup(size, 28, _HOSTILE_TOKENS),
         "mix of brackets and bangs": _soup(size, 29, ["![", "[", "]", "(", ")", "a", " "]),
@@ -148,6 +174,9 @@ def _cpu_ms_per_mb(text: str, repeat: int) -> float:
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"load average {load} on {os.cpu_count()} cores (CPU time is measured: other processes"
+          " only slow it through shared caches)")
     normal = normal_reply()
     print(f"{'input':<40} {'1 MB':>8} {'4 MB':>8} {'4MB/1MB':>8}   (CPU ms per MB)")
     print(f"{'normal reply':<40} {_cpu_ms_per_mb(normal, 3):8.1f}")

@@ -18,23 +18,33 @@ Rules, in the order they are applied:
    network path (``//host/x``) stays in the text exactly as written.
 
 Hostile input is expected (a model can be made to emit anything, and a streamed reply is read again
-at every update), so every pass is linear in the length of the text and does its per-line and
-per-bracket work in C where it can: the block structure is one regex of possessive quantifiers (no
-backtracking) that takes runs of fences, blank lines and paragraphs whole; a run of text whose
-images are all plain ``![alt](path)`` (no nesting, escapes or code) is lifted by one regex step per
-image; elsewhere brackets that never nest are paired by one regex, others a run at a time (or,
-when ``[`` floods, per ``]`` only, the open ones found by searching backwards), backtick runs
-through a "next run of this length" table, and each parenthesis match is computed once and
-memoised. Figures: benchmarks/bench_extract.py and docs/media.md.
+at every update), so every pass is linear in the length of the text and does its per-line,
+per-bracket and per-reference work in C where it can: the block structure is one regex of
+possessive quantifiers (no backtracking) that takes runs of fences, blank lines and paragraphs
+whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
+lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
+elsewhere code spans and escapes are masked (same length) so that one bracket matcher serves every
+segment: brackets that never nest are paired by one regex, and there each image and its everyday
+tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step; other brackets are paired a
+run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest skipped in
+C; backtick runs go through a "next run of this length" table; each parenthesis match is computed
+once and memoised, one step per parenthesis. The tidying is one pass over the pieces of text
+between the removals, and the references are built by C-level maps over their slots with the
+garbage collector held off (a full collection walking the big lists every quarter of growth made a
+reply with a million references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
 
+import gc
 import re
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 
-from talon.render.markdown import code_spans, unescape
+from talon.render.markdown import code_spans
 
 __all__ = ["MarkdownMediaRef", "extract_markdown_media"]
 
@@ -93,14 +103,11 @@ _BLOCKS = re.compile(
 _LACKING = (r"[^!\n]*+(?:!++(?!\[)[^!\n]*+)*+", r"[^\]\n]*+(?:\]++(?!\()[^\]\n]*+)*+", r"[^)\n]*+")
 
 
-def _dead(line: str) -> str:
-    head = rf"{_HEADING_START}{line}{_EOL}"
-    para = rf"(?!{_FENCE_START}|{_INDENT_START}){line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)"
-    return f"{head}|{para}"
-
-
+_DEAD_HEAD = rf"{_HEADING_START}(?:{'|'.join(_LACKING)}){_EOL}"
+_DEAD_PARA = rf"(?!{_FENCE_START}|{_INDENT_START})(?:" + "|".join(
+    rf"{line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)" for line in _LACKING) + ")"
 _SEGMENTS = re.compile(
-    rf"(?P<dead>(?:(?>{_BLANKS}|{'|'.join(_dead(line) for line in _LACKING)}))+)"
+    rf"(?P<dead>(?:(?>{_BLANKS}|{_DEAD_HEAD}|{_DEAD_PARA}))+)"
     rf"|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}"
 )
 
@@ -140,26 +147,52 @@ def _inline_segments(text: str, start: int, end: int) -> list[Range]:
 # --- image references -----------------------------------------------------------------------
 
 _PUNCT = r"!-/:-@\[-`{-~"
-_BRACKETS = re.compile(rf"\\[{_PUNCT}]|[\[\]]")
 _BRACKETS_ONLY = re.compile(r"[\[\]]")
 _FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
 _FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
+# What a plain destination's parenthesis matching stops at: an escape (two characters, the
+# second whatever it is), a parenthesis, or what ends a destination.
+_DEST_SPECIAL = re.compile(r"\\[\s\S]|[()\x00-\x20\x7f]")
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
 _TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:")
 _SPACES = re.compile(r"\s+")
 _BARE_CR = re.compile(r"\r(?!\n)")
 _PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
-# A plain destination without escapes, parentheses or title, as the full parser would read it.
-_TAIL_TO_PAREN = re.compile(r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\(")
-_TAIL_SIMPLE = re.compile(r"\([ \t]*([^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*)[ \t]*\)")
+# A whole tail without backslashes and without parentheses in its destination or title, as the
+# full parser would read it: ``(path)``, ``( <a b.png> "title" )``...; the destination is group 1
+# (``<...>``) or 2 (plain).
+_WS = r"[ \t]*+(?:\r?\n[ \t]*+)?+"
+_WS1 = r"(?:[ \t]++(?:\r?\n[ \t]*+)?+|\r?\n[ \t]*+)"
+_TAIL_QUICK_BODY = (
+    rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
+    rf"(?:{_WS1}(?:\"[^\"\\]*+\"|'[^'\\]*+'|\([^()\\]*+\)))?{_WS}\)"
+)
+_TAIL_TO_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\("
+# In a segment whose brackets never nest (and without code or backslashes): an image's alt text
+# (group 1), then its whole quick tail (destination in group 2 or 3), or, not consumed, a tail
+# whose plain destination runs into a '(' (group 4 ends at that '('), or neither.
+_FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_PAREN})))?")
+# Or (group 3) a plain destination that runs into a '(' (at the match's end).
+_TAIL_QUICK = re.compile(
+    rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
+    rf"(?:{_WS1}(?:\"[^\"\\]*+\"|'[^'\\]*+'|\([^()\\]*+\)))?{_WS}\)"
+    r"|(\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\x7f]*\()"
+)
 
 
-def _is_remote(dest: str) -> bool:
-    """True for anything with a URL scheme or a network path: those stay in the text."""
-    return bool(_SCHEME.match(dest)) or dest.startswith("//")
+_ESCAPED = re.compile(rf"\\([{_PUNCT}])")
+
+
+def _unescape(text: str) -> str:
+    """``talon.render.markdown.unescape`` in one C call: splitting at escapes keeps the escaped
+    character (the group) and drops its backslash, and joining puts the pieces back."""
+    return "".join(_ESCAPED.split(text))
+
+
+# Anything with a URL scheme or a network path: those stay in the text.
+_REMOTE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:|//")
 
 
 class _Scanner:
@@ -182,17 +215,22 @@ class _Scanner:
         text = self.text
         if p >= limit or text[p] != "(":
             return None
+        quick = _TAIL_QUICK.match(text, p, limit)
+        if quick is not None and quick.lastindex != 3:
+            # the everyday ``(path)``, ``(<a b.png> "t")``, in one step
+            return quick.group(quick.lastindex or 0), quick.end()
+        return self.slow_tail(p, limit, quick)
+
+    def slow_tail(self, p: int, limit: int, quick: re.Match[str] | None) -> tuple[str, int] | None:
+        """``tail`` at a '(' that ``_TAIL_QUICK`` (its match: ``quick``) could not read whole."""
+        text = self.text
         if p >= self._close_from:  # (a nested image's tail comes after its outer one's: no pointer)
             if 0 <= self._next_close < p:
                 self._next_close = text.find(")", p)
             self._close_from = p
             if self._next_close < 0 or self._next_close >= limit:
                 return None  # no ')' left in reach: no destination can close
-        simple = _TAIL_SIMPLE.match(text, p, limit)
-        if simple is not None:  # the everyday ``(path)`` / ``( path )``, in one regex step
-            return simple.group(1), simple.end()
-        inner = _TAIL_TO_PAREN.match(text, p, limit)
-        if inner is not None and self.paren_match.get(inner.end() - 1, 0) < 0:
+        if quick is not None and self.paren_match.get(quick.end() - 1, 0) < 0:
             return None  # the destination runs into a '(' already known never to close
         q = self._skip_ws(p + 1, limit)
         if q >= limit:
@@ -261,39 +299,38 @@ class _Scanner:
         return min(p, limit)
 
     def _close_paren(self, p: int, limit: int) -> int:
-        """Index of the ')' balancing the '(' at ``p`` within one destination, or -1."""
+        """Index of the ')' balancing the '(' at ``p`` within one destination, or -1.
+
+        One step per parenthesis, escape or the character that ends the destination (a regex
+        finds the next of them); parentheses already matched are stepped over.
+        """
         memo = self.paren_match
         if p in memo:
             return memo[p]
         text = self.text
         stack = [p]
-        i = p + 1
-        while stack:
-            if i >= limit:
-                break
-            m = _DEST_PLAIN.match(text, i, limit)
-            if m:
-                i = m.end()
+        push, pop = stack.append, stack.pop
+        skip_to = p  # inside a pair already matched: nothing to do until past its ')'
+        for m in _DEST_SPECIAL.finditer(text, p + 1, limit):
+            i = m.start()
+            if i <= skip_to:
                 continue
             ch = text[i]
-            if ch == "\\":
-                i += 2
-            elif ch == "(":
+            if ch == "(":
                 known = memo.get(i)
                 if known is None:
-                    stack.append(i)
-                    i += 1
+                    push(i)
                 elif known < 0:
                     break
                 else:
-                    i = known + 1
+                    skip_to = known
             elif ch == ")":
-                memo[stack.pop()] = i
-                i += 1
-            else:
+                memo[pop()] = i
+                if not stack:
+                    break
+            elif ch != "\\":
                 break  # whitespace ends a destination: whatever is still open never closes
-        for opened in stack:
-            memo[opened] = -1
+        memo.update(dict.fromkeys(stack, -1))
         return memo[p]
 
     def _title_end(self, p: int, limit: int) -> int:
@@ -407,51 +444,115 @@ def _image_pairs(
     text: str, start: int, end: int, spans: list[Range], span_starts: list[int]
 ) -> list[Range]:
     """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match."""
-    pairs: list[Range] = []
-    stack: list[int] = []
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
-    if (ci >= len(spans) or spans[ci][0] >= end) and text.find("\\", start, end) < 0:
-        # No code span and no backslash here (the usual case, and most floods): brackets only,
-        # matched a run of ']' at a time against runs of '[' found by searching backwards.
-        opens, closes = text.count("[", start, end), text.count("]", start, end)
-        if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
-            # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
-            return [(m.start() + 1, m.end() - 1) for m in _FLAT_IMAGE.finditer(text, start, end)]
-        if opens > 4 * closes:
-            _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
-        elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
-            _pair_stacked_runs(text, start, end, pairs)  # runs of brackets: work per run
-        else:  # single brackets: one step each
-            push, pop = stack.append, stack.pop
-            for m in _BRACKETS_ONLY.finditer(text, start, end):
-                p = m.start()
-                if text[p] == "[":
-                    push(p)
-                elif stack:
-                    opener = pop()
-                    if opener > start and text[opener - 1] == "!":
-                        pairs.append((opener, p))
-        pairs.sort()
-        return pairs
-    escape_end = -1
-    count = len(spans)
-    for m in _BRACKETS.finditer(text, start, end):
-        p = m.start()
-        while ci < count and spans[ci][1] <= p:
-            ci += 1
-        if ci < count and spans[ci][0] <= p:
-            continue  # inside a code span
-        ch = text[p]
-        if ch == "\\":
-            escape_end = m.end()
-        elif ch == "[":
-            stack.append(p)
-        elif stack:
-            opener = stack.pop()
-            if opener > start and text[opener - 1] == "!" and escape_end != opener:
-                pairs.append((opener, p))
-    pairs.sort()
+    with_spans = ci < len(spans) and spans[ci][0] < end
+    if not with_spans and text.find("\\", start, end) < 0:
+        return _plain_pairs(text, start, end)
+    # Code spans and escapes: masked (same length), so the pairs are those of plain brackets.
+    seg = text[start:end]
+    if with_spans:
+        # Brackets and backslashes are literal in a code span: read as spaces. (The whole
+        # segment is translated once, in C; its spans are taken from that.)
+        every = seg.translate(_CODE_MASK)
+        parts: list[str] = []
+        add = parts.append
+        pos = 0
+        for s, e in spans[ci:]:
+            if s >= end:
+                break
+            add(seg[pos : s - start])
+            add(every[s - start : e - start])
+            pos = e - start
+        add(seg[pos:])
+        seg = "".join(parts)
+    unmasked = seg
+    if "\\" in seg:
+        # An escaped bracket is no bracket, an escaped '!' no image's: masked, but for an
+        # escaped '!' before a '[' (see below).
+        seg = _ESCAPE_BUT_BANG.sub("  ", seg)
+    pairs = _plain_pairs(seg, 0, len(seg), start)
+    if "\\![" in seg:
+        # The old parser's reading, kept: an escaped '!' makes no image unless another escape
+        # comes between its '[' and ']' (only the latest escape before the ']' was looked at).
+        ends = [m.end() + start for m in _ESCAPE_TOKEN.finditer(unmasked)]
+        kept: list[Range] = []
+        for o, c in pairs:
+            if o - start >= 2 and seg[o - start - 2] == "\\":
+                i = bisect_left(ends, o)
+                if i < len(ends) and ends[i] == o and (i + 1 == len(ends) or ends[i + 1] > c):
+                    continue
+            kept.append((o, c))
+        pairs = kept
     return pairs
+
+
+_ESCAPE_TOKEN = re.compile(rf"\\[{_PUNCT}]")
+_ESCAPE_BUT_BANG = re.compile(r"\\[\"-/:-@\[-`{-~]")  # _PUNCT without '!'
+
+
+# Inside a code span, brackets and backslashes are literal: read as spaces.
+_CODE_MASK = str.maketrans("[]\\", "   ")
+
+
+def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range]:
+    """``_image_pairs`` for a segment without code spans or backslashes (``offset``: added to
+    every index, for a masked copy of a segment)."""
+    # No code span and no backslash here (the usual case, and most floods): brackets only.
+    opens, closes = text.count("[", start, end), text.count("]", start, end)
+    if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
+        # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
+        after, before = offset + 1, offset - 1
+        return [(m.start() + after, m.end() + before) for m in _FLAT_IMAGE.finditer(text, start, end)]
+    pairs: list[Range] = []
+    if opens > 4 * closes:
+        _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
+    elif 4 * (text.count("[[", start, end) + text.count("]]", start, end)) > opens + closes:
+        _pair_stacked_runs(text, start, end, pairs)  # runs of brackets: work per run
+    elif 4 * opens < closes:
+        _pair_few_openers(text, start, end, pairs)  # few '[': work per '[' only
+    else:
+        # Single brackets: one step each.
+        stack: list[int] = []
+        push, pop, add = stack.append, stack.pop, pairs.append
+        for m in _BRACKETS_ONLY.finditer(text, start, end):
+            p = m.start()
+            if text[p] == "[":
+                push(p)
+            elif stack:
+                opener = pop()
+                if opener > start and text[opener - 1] == "!":
+                    add((opener, p))
+    pairs.sort()
+    return [(o + offset, c + offset) for o, c in pairs] if offset else pairs
+
+
+
+def _pair_few_openers(text: str, start: int, end: int, pairs: list[Range]) -> None:
+    """As a stack of every '[', for text with few '[': while none is open, the ']' before the
+    next '[' close nothing and are stepped over by one search (in C)."""
+    stack: list[int] = []
+    push, pop, add = stack.append, stack.pop, pairs.append
+    search, find = _BRACKETS_ONLY.search, text.find
+    pos = start
+    while True:
+        if not stack:
+            p = find("[", pos, end)
+            if p < 0:
+                return
+            push(p)
+            pos = p + 1
+            continue
+        m = search(text, pos, end)
+        if m is None:
+            return
+        p = m.start()
+        pos = p + 1
+        if text[p] == "[":
+            push(p)
+        else:
+            opener = pop()
+            if opener > start and text[opener - 1] == "!":
+                add((opener, p))
 
 
 _DEFINITION = re.compile(r"^ {0,3}\[((?:[^\[\]\\\n]|\\.){1,999})\]:[ \t]*\S", re.MULTILINE)
@@ -463,8 +564,18 @@ def _normal_label(label: str) -> str:
 
 
 def _reference_labels(text: str) -> set[str]:
-    """The labels of the text's link reference definitions (``[label]: destination``)."""
-    return {_normal_label(m.group(1)) for m in _DEFINITION.finditer(text)}
+    """The labels of the text's link reference definitions (``[label]: destination``), folded as
+    ``_normal_label`` folds one, all at once (labels hold no line break: joined by one, the
+    whitespace folding and the case folding run once over all of them, in C)."""
+    labels = _DEFINITION.findall(text)
+    if not labels:
+        return set()
+    joined = _LABEL_EDGE.sub("", _LABEL_INNER_SPACE.sub(" ", "\n".join(set(labels))))
+    return set(joined.casefold().split("\n"))
+
+
+_LABEL_INNER_SPACE = re.compile(r"[^\S\n]+")  # whitespace but the joining line breaks
+_LABEL_EDGE = re.compile(r"^ | $", re.MULTILINE)
 
 
 def _reference_image_end(text: str, opener: int, closer: int, limit: int, labels: set[str]) -> int | None:
@@ -500,30 +611,29 @@ def _tail_state(piece: str, line_empty: bool, ends_blank: bool) -> tuple[bool, b
     return True, prev_blank
 
 
-def _rebuild(text: str, removals: list[Range]) -> str:
+def _rebuild(pieces: list[str]) -> str:
     """The text without the lifted references, closing up the gaps they leave.
 
     A reference inside a sentence becomes a single space; one alone on its line takes the line
     with it; blank lines do not pile up where several lines vanished; the line's indentation is
-    kept when text follows the reference. Text away from a removal is copied untouched. One pass
-    over the removals, each piece of text between them looked at once (at its ends).
+    kept when text follows the reference. Text away from a removal is copied untouched.
+    ``pieces``: the text before the first removal, between each two, and after the last. One
+    pass over them, each looked at once (at its ends), an empty one (references side by side)
+    at the cost of a comparison.
     """
     out: list[str] = []
-    line_empty = True
-    ends_blank = True
-    pending = False  # a reference was removed and the gap is not closed yet
-    held_indent = ""
-    before_last = (True, True)  # (line_empty, ends_blank) before out[-1]
-    pos = 0
-    count = len(removals)
-    for i in range(count + 1):
-        start, end = removals[i] if i < count else (len(text), -1)
-        piece = text[pos:start]
-        if pending:  # close the gap the last removal left
+    line_empty = True  # the output's last line has no content yet
+    ends_blank = True  # the output ends with a blank line (or is empty)
+    held_indent = ""  # blanks before a reference at the start of its line
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        if i:  # a reference was removed before this piece: close the gap it left
+            if not piece:
+                continue  # (the gap is still open)
             rest = piece.lstrip(" \t")
             if not rest:
-                piece = ""
-            elif rest[0] in "\r\n":
+                continue
+            if rest[0] in "\r\n":
                 if line_empty:
                     rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
                     held_indent = ""
@@ -531,45 +641,36 @@ def _rebuild(text: str, removals: list[Range]) -> str:
                         # drop whole blank lines, keep the next content line's indentation
                         content = len(rest) - len(rest.lstrip(" \t\r\n"))
                         rest = rest[rest.rfind("\n", 0, content) + 1 :]
-                if rest:
-                    pending = False
+                    if not rest:
+                        continue
                 piece = rest
             else:
-                pending = False
                 piece = held_indent + rest if line_empty else " " + rest
                 held_indent = ""
-        if piece:
-            before_last = (line_empty, ends_blank)
+        if i == last:
             out.append(piece)
-            if "\n" in piece:
-                line_empty, ends_blank = _tail_state(piece, line_empty, ends_blank)
-            elif line_empty and piece.strip(" \t\r"):
-                line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
-        if end < 0:
-            break
-        if out:  # the reference goes: so do the blanks before it on its line
-            last = out[-1]
-            stripped = last.rstrip(" \t")
-            if stripped != last:
-                out[-1] = stripped
-                # re-derive the tail from the state before that piece, not by rescanning
-                line_empty, ends_blank = before_last
-                if "\n" in stripped:
-                    line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
-                elif line_empty and stripped.strip(" \t\r"):
-                    line_empty = ends_blank = False
-                if line_empty and not pending:
-                    held_indent = last[len(stripped) :]
-        pending = True
-        pos = end
+            return "".join(out)  # the gap is closed: nothing to tidy at the end
+        # a reference follows: so do the blanks before it on its line
+        stripped = piece.rstrip(" \t")
+        out.append(stripped)
+        if "\n" in stripped:
+            line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
+        elif line_empty and stripped.strip(" \t\r"):
+            line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
+        if line_empty:
+            held_indent = piece[len(stripped) :]
     body = "".join(out)
-    if pending and line_empty:
+    if line_empty:
         # the last line vanished: drop the blank lines it leaves at the end
         cut = len(body.rstrip())
         while cut < len(body) and body[cut] in " \t":
             cut += 1
         body = body[:cut]
     return body
+
+
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
 
 
 # --- lifting ---------------------------------------------------------------------------------
@@ -589,22 +690,39 @@ _SIMPLE_LOCAL = re.compile(
     r"!\[(?:((?:[^\s\[\]\\`]++(?: [^\s\[\]\\`]++)*+)?)\]|([^\[\]\\`\n]*+)\])"
     rf"\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\)"
 )
-def _lift_simple(text: str, start: int, end: int, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
-    """Lift the local images of a run that ``_SIMPLE_RUN`` matches whole."""
-    # One match at a time: holding them all would only feed the garbage collector.
-    add_ref, add_removal, fold = refs.append, removals.append, _SPACES.sub
-    for m in _SIMPLE_LOCAL.finditer(text, start, end):
-        alt, other, path = m.groups()
-        add_ref(MarkdownMediaRef(alt if alt is not None else fold(" ", other).strip(), path))
-        add_removal(m.span())
+# MarkdownMediaRef's slots, set directly (a frozen dataclass's __init__ is a Python call per
+# object; these are C calls, mapped over all the references at once).
+_SET_ALT = vars(MarkdownMediaRef)["alt"].__set__
+_SET_PATH = vars(MarkdownMediaRef)["path"].__set__
+
+
+def _make_refs(alts: list[str], paths: list[str]) -> list[MarkdownMediaRef]:
+    """``[MarkdownMediaRef(a, p) for a, p in zip(alts, paths)]``, built without a Python step each.
+
+    The garbage collector is held off while they are made: a full collection walks every list
+    alive (the text's pieces, the alt texts and paths), and one every time the new objects grow
+    by a quarter made a reply with a million references cost O(n log n). Nothing but C runs in
+    between (no Python code, so no other thread either), and whoever turned it off keeps it off.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        refs: list[MarkdownMediaRef] = list(map(object.__new__, repeat(MarkdownMediaRef, len(alts))))
+        deque(map(_SET_ALT, refs, alts), 0)
+        deque(map(_SET_PATH, refs, paths), 0)
+    finally:
+        if enabled:
+            gc.enable()
+    return refs
 
 
 class _Lifter:
     """The general case, one segment at a time: code spans, bracket pairs, then each tail."""
 
-    def __init__(self, text: str, refs: list[MarkdownMediaRef], removals: list[Range]) -> None:
+    def __init__(self, text: str, alts: list[str], paths: list[str], removals: list[Range]) -> None:
         self.text = text
-        self.refs = refs
+        self.alts = alts
+        self.paths = paths
         self.removals = removals
         self.scanner = _Scanner(text)
         self.labels: set[str] | None = None  # reference definitions, read only if an image might use one
@@ -613,40 +731,140 @@ class _Lifter:
         text = self.text
         if text.find("![", seg_start, seg_end) < 0 or text.find("](", seg_start, seg_end) < 0:
             return
+        if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
+                and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
+                and _FLAT_BRACKETS.fullmatch(text, seg_start, seg_end)):
+            self._flat_segment(seg_start, seg_end)
+            return
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
+        quick_tail, slow_tail = _TAIL_QUICK.match, self.scanner.slow_tail
+        add_alt, add_path, add_removal = self.alts.append, self.paths.append, self.removals.append
+        find = text.find
+        limit = seg_end
         for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
             if span_starts:
                 nxt = bisect_left(span_starts, closer + 1)
                 limit = min(seg_end, span_starts[nxt]) if nxt < len(span_starts) else seg_end
+            p = closer + 1
+            if p < limit and text[p] == "(":
+                quick = quick_tail(text, p, limit)
+                if quick is not None and quick.lastindex != 3:
+                    path, end = quick.group(quick.lastindex or 0), quick.end()
+                else:
+                    parsed = slow_tail(p, limit, quick)
+                    if parsed is None:
+                        if find("![", opener + 1, closer) >= 0:
+                            consumed = self._reference(opener, closer, limit, consumed)
+                        continue
+                    path, end = parsed
             else:
-                limit = seg_end
-            parsed = self.scanner.tail(closer + 1, limit)
-            if parsed is None:
-                if text.find("![", opener + 1, closer) >= 0:
-                    # ![...![x](x.png)...][label] or ![...][] / ![...]: an image by reference
-                    # (which is not lifted) makes the images in its label mere alt text.
-                    if self.labels is None:
-                        self.labels = _reference_labels(text)
-                    reference_end = _reference_image_end(text, opener, closer, limit, self.labels)
-                    if reference_end is not None:
-                        consumed = reference_end
+                if find("![", opener + 1, closer) >= 0:
+                    consumed = self._reference(opener, closer, limit, consumed)
                 continue
-            raw_dest, end = parsed
             consumed = end
-            path = unescape(raw_dest) if "\\" in raw_dest else raw_dest
-            if not path.strip() or _is_remote(path):
+            # (as written: unescaped, folded and checked for the run at once, by _finish)
+            add_alt(text[p - (closer - opener) : closer])  # (p - (closer - opener) == opener + 1)
+            add_path(path)
+            add_removal((opener - 1, end))
+
+    def _reference(self, opener: int, closer: int, limit: int, consumed: int) -> int:
+        """``consumed`` past an image by reference at ``opener`` whose alt text holds an image
+        (``![...![x](x.png)...][label]``, ``![...][]``, ``![...]``: an image by reference, which
+        is not lifted, makes the images in its label mere alt text)."""
+        if self.labels is None:
+            self.labels = _reference_labels(self.text)
+        end = _reference_image_end(self.text, opener, closer, limit, self.labels)
+        return consumed if end is None else end
+
+    def _flat_segment(self, seg_start: int, seg_end: int) -> None:
+        """``segment`` for brackets that never nest, without code or backslashes: each image
+        and its everyday tail in one regex step; a tail that runs into a '(' known never to
+        close is dismissed at once; the full parser reads the rest. (An alt text without
+        brackets holds no image, so no image by reference can hide one.)"""
+        text = self.text
+        tail = self.scanner.tail
+        memo = self.scanner.paren_match
+        alts, paths, removals = self.alts, self.paths, self.removals
+        consumed = seg_start
+        for m in _FLAT_CANDIDATE.finditer(text, seg_start, seg_end):
+            bang = m.start()
+            if bang < consumed:
+                continue  # inside an earlier image's tail
+            group = m.lastindex
+            if group == 2 or group == 3:
+                raw_dest, end = m.group(group), m.end()
+            else:
+                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
+                    continue  # the destination runs into a '(' already known never to close
+                parsed = tail(m.end(), seg_end)
+                if parsed is None:
+                    continue
+                raw_dest, end = parsed
+            consumed = end
+            alts.append(m.group(1))  # (as written: see _finish)
+            paths.append(raw_dest)
+            removals.append((bang, end))
+
+
+# The general case's alt texts and destinations, as written, are unescaped, folded and checked a
+# run at a time: joined by a character the text does not hold, one C call each does all of them.
+_SEPARATORS = ("\x00", "\ue000", "\ue001", "\uffff")
+_SEPARATOR_SPACE = {sep: re.compile(f" ?{sep} ?") for sep in _SEPARATORS}
+# A path that is dropped: empty or blank, or remote (``_REMOTE``), among paths joined by ``sep``.
+_DROPPED = {
+    sep: re.compile(rf"(?:\A|(?<={sep}))(?:[A-Za-z][A-Za-z0-9+.\-]+:|//|\s*+(?:{sep}|\Z))")
+    for sep in _SEPARATORS
+}
+
+
+def _separator(text: str) -> str | None:
+    """A character of ``_SEPARATORS`` that ``text`` does not hold (None: it holds them all)."""
+    return next((sep for sep in _SEPARATORS if sep not in text), None)
+
+
+def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[Range], first: int) -> list[Range]:
+    """Turn ``alts[first:]`` and ``paths[first:]`` (as written) into what is lifted: paths
+    unescaped, those empty or remote dropped (with their removal), alt texts unescaped and their
+    whitespace folded, joined by ``sep`` (``_separator`` of the text; None: one at a time).
+    Returns the removals kept."""
+    raw_alts, raw_paths = alts[first:], paths[first:]
+    del alts[first:], paths[first:]
+    if sep is None or len(raw_paths) < 8:
+        kept: list[Range] = []
+        for alt, path, removal in zip(raw_alts, raw_paths, removals):
+            if "\\" in path:
+                path = _unescape(path)
+            if not path.strip() or _REMOTE.match(path) is not None:
                 continue
-            alt = text[opener + 1 : closer]
             if "\\" in alt:
-                alt = unescape(alt)
+                alt = _unescape(alt)
             if not _PLAIN_ALT.fullmatch(alt):
                 alt = _SPACES.sub(" ", alt).strip()
-            self.refs.append(MarkdownMediaRef(alt=alt, path=path))
-            self.removals.append((opener - 1, end))
+            alts.append(alt)
+            paths.append(path)
+            kept.append(removal)
+        return kept
+    joined = sep.join(raw_paths)
+    if "\\" in joined:
+        joined = _unescape(joined)
+    unescaped = joined.split(sep)
+    if _DROPPED[sep].search(joined) is not None:  # (one search finds whether any path is dropped)
+        remote = _REMOTE.match
+        keep = [i for i, path in enumerate(unescaped) if path.strip() and remote(path) is None]
+        unescaped = [unescaped[i] for i in keep]
+        raw_alts = [raw_alts[i] for i in keep]
+        removals = [removals[i] for i in keep]
+    joined = sep.join(raw_alts)
+    if "\\" in joined:
+        joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
+    joined = _SEPARATOR_SPACE[sep].sub(sep, _SPACES.sub(" ", joined)).strip(" ")
+    alts += joined.split(sep) if raw_alts else []
+    paths += unescaped
+    return removals
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -665,19 +883,45 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
         # CommonMark ends a line at \n, \r\n or a bare \r; the scanners below know \n and
         # \r\n, so a bare \r is read (and, if anything is lifted, returned) as \n.
         text = _BARE_CR.sub("\n", text)
-    refs: list[MarkdownMediaRef] = []
-    removals: list[Range] = []
-    lifter = _Lifter(text, refs, removals)
+    alts: list[str] = []
+    paths: list[str] = []
+    removals: list[Range] = []  # the general case's, one run at a time
+    pieces: list[str] = []  # the text between removals, up to ``pos``; then ``carry`` and the rest
+    pos = 0
+    carry = ""
+    lifter = _Lifter(text, alts, paths, removals)
+    fold = _SPACES.sub
+    separator: str | None = ""  # (not looked for yet)
     for run_start, run_end in _text_runs(text):
         if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
                 and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
-            _lift_simple(text, run_start, run_end, refs, removals)
-        else:
-            for seg_start, seg_end in _inline_segments(text, run_start, run_end):
-                lifter.segment(seg_start, seg_end)
-    if not removals:
+            # Its images, and the text between them, in one C call: [text, alt folded, alt, path,
+            # text, ...] (strings only: nothing for the garbage collector to walk).
+            parts = _SIMPLE_LOCAL.split(text[run_start:run_end])
+            if len(parts) == 1:
+                continue
+            pieces.append(carry + text[pos:run_start] + parts[0])
+            pieces += parts[4:-1:4]
+            carry, pos = parts[-1], run_end
+            alts += [alt if alt is not None else fold(" ", other).strip()
+                     for alt, other in zip(parts[1::4], parts[2::4])]
+            paths += parts[3::4]
+            continue
+        for seg_start, seg_end in _inline_segments(text, run_start, run_end):
+            lifter.segment(seg_start, seg_end)
+        if removals:
+            if separator == "":
+                separator = _separator(text)  # (looked for once: the text is read whole)
+            removals[:] = _finish(separator, alts, paths, removals, len(alts) - len(removals))
+        if removals:
+            pieces.append(carry + text[pos : removals[0][0]])
+            pieces += map(text.__getitem__, map(slice, map(_SECOND, removals[:-1]), map(_FIRST, removals[1:])))
+            carry, pos = "", removals[-1][1]
+            removals.clear()
+    if not alts:
         return original, []
-    body = _rebuild(text, removals)
+    pieces.append(carry + text[pos:])
+    body = _rebuild(pieces)
     if not body.strip(" \t\n"):
         body = ""  # nothing but the blanks the references stood between
-    return body, refs
+    return body, _make_refs(alts, paths)

@@ -1,1 +1,1 @@
-"""Helpers shared by tests and benchmarks (never imported from a test_*.py file by another)."""
+"""Helpers shared by test files and benchmarks (never imported from a test_*.py file)."""
