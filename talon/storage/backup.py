@@ -338,6 +338,12 @@ def _complete_lines_size(path: Path) -> int:
     return 0
 
 
+# What a snapshot of an embedded store leaves out, as in an archive of PostgreSQL
+# (talon.storage.pg_export.SKIPPED_COLUMNS): a worker's claim on delivering a chat's waiting
+# WhatsApp messages means nothing to the Talon that is restored.
+_SCRUB = {"whatsapp.sqlite3": "UPDATE wa_windows SET holder = NULL, until = NULL WHERE holder IS NOT NULL"}
+
+
 def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
     """A consistent copy through SQLite's online backup API (writers are not stopped)."""
     src = sqlite3.connect(f"file:{src_path}?mode=ro", uri=True)
@@ -345,6 +351,10 @@ def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
         dst = sqlite3.connect(str(dst_path))
         try:
             src.backup(dst, pages=256)
+            scrub = _SCRUB.get(src_path.name)
+            if scrub is not None:
+                with dst:
+                    dst.execute(scrub)
         finally:
             dst.close()
     finally:
@@ -488,11 +498,12 @@ def _extract(path: Path, manifest: Manifest, data_dir: Path, media_root: Path, p
             raise BackupError(f"{name} changed since the archive was verified: refused")
 
 
-# The tables a restore fills (and empties again when it fails), and those that must be empty.
-_FILLED_TABLES = ("talon_inbox", "talon_threads", "talon_session_lines", "talon_pairing_pending",
-                  "talon_pairing_replied", "talon_approved", "talon_attachment_chunks", "talon_attachments",
-                  "talon_tasks", "talon_task_runs", "talon_chat_zones", "talon_usage", "talon_usage_grants",
-                  "talon_approvals", "talon_approval_always")
+def _filled_tables() -> tuple[str, ...]:
+    """The tables a restore fills (and empties again when it fails): every table a backup of
+    PostgreSQL reads (``talon.storage.pg_export.ARCHIVED_TABLES``); all must be empty first."""
+    from talon.storage.pg_export import ARCHIVED_TABLES
+
+    return ARCHIVED_TABLES
 
 
 def _check_database_empty(url: str) -> None:
@@ -501,7 +512,7 @@ def _check_database_empty(url: str) -> None:
     with psycopg.connect(url, connect_timeout=10) as conn:
         have = {str(r[0]) for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
-        for table in _FILLED_TABLES:
+        for table in _filled_tables():
             if table in have and conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone() != (False,):
                 raise BackupError(f"the database already holds Talon data ({table} is not empty): a restore "
                                   "never writes over live data. Name a new, empty database.")
@@ -514,7 +525,7 @@ def _empty_database(url: str) -> None:
         with psycopg.connect(url, connect_timeout=10) as conn:
             have = {str(r[0]) for r in conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
-            tables = [t for t in _FILLED_TABLES if t in have]
+            tables = [t for t in _filled_tables() if t in have]
             if tables:
                 conn.execute(f"TRUNCATE {', '.join(tables)}")
     except Exception as exc:
@@ -526,8 +537,13 @@ def _into_database(data_dir: Path, url: str) -> None:
     stores from the data dir: it keeps the context files and the attachments (as the cache)."""
     import asyncio
 
-    from talon.storage.migrate import migrate_embedded
+    from talon.storage.migrate import EMBEDDED_FILES, migrate_embedded
     from talon.storage.postgres.db import AsyncDatabase
+
+    unknown = sorted(f.name for f in data_dir.glob("*.sqlite3") if f.name not in EMBEDDED_FILES)
+    if unknown:  # never removed below without having been copied
+        raise BackupError(f"the archive holds {unknown[0]}, a store this Talon cannot copy into a database: "
+                          "restore it without --database-url (or with the Talon that made it)")
 
     async def go() -> Any:
         db = AsyncDatabase(url, max_size=2)

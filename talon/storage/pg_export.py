@@ -4,8 +4,11 @@ One REPEATABLE READ, read-only transaction: every table is read from the same sn
 ``COPY (SELECT ...) TO STDOUT (FORMAT BINARY)``, row by row. The SQLite stores are built in a
 scratch file with the embedded stores' own schemas, the session lines become one JSONL file per
 thread (numbered as in the database), the attachments one file each, chunk by chunk; each goes
-into the archive and is deleted before the next, so memory and scratch space stay small. Leases,
-media links and the schema's own table are not archived: they mean nothing to another deployment.
+into the archive and is deleted before the next, so memory and scratch space stay small.
+
+What is archived is declared here, table by table (``TABLES``, ``FILE_TABLES``), and so is what is
+not (``NOT_ARCHIVED``, ``SKIPPED_COLUMNS``): ``tests/test_backup_coverage.py`` lists every table the
+schema creates and fails for one that is in neither, so a new store cannot be left out unnoticed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
 
     from talon.storage.backup import _Writer
 
-# Embedded file -> (PostgreSQL table, SQLite table, order).
+# Embedded file -> (PostgreSQL table, SQLite table, order): these become the embedded store files.
 TABLES: dict[str, list[tuple[str, str, str]]] = {
     "inbox.sqlite3": [("talon_inbox", "inbox", "seq")],
     "access.sqlite3": [("talon_pairing_pending", "pending", "id"), ("talon_pairing_replied", "replied", "channel"),
@@ -31,7 +34,28 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
                       ("talon_chat_zones", "chat_zones", "channel")],
     "control.sqlite3": [("talon_usage", "usage", "id"), ("talon_usage_grants", "usage_grants", "id"),
                         ("talon_approvals", "approvals", "id"), ("talon_approval_always", "approval_always", "channel")],
+    "whatsapp.sqlite3": [("talon_wa_windows", "wa_windows", "chat_id"), ("talon_wa_pending", "wa_pending", "id"),
+                         ("talon_wa_sent", "wa_sent", "sid"), ("talon_wa_tokens", "wa_tokens", "token")],
 }
+# Tables archived as files: the conversations (one JSONL file per thread, CURRENT, CHAT) and the
+# attachments (one file each, by sha256).
+FILE_TABLES = ("talon_threads", "talon_session_lines", "talon_attachments", "talon_attachment_chunks")
+# Tables NOT archived, and why: each means something only to the running deployment it is in.
+NOT_ARCHIVED = {
+    # The schema version (the manifest carries it; the target database has its own) and the
+    # deployment's id, which marks the shared directories of THIS database's workers.
+    "talon_meta": "schema version and deployment id",
+    # Which worker holds which chat right now: a lease lapses within seconds of its worker's end.
+    "talon_leases": "live per-worker leases",
+    # Links Twilio fetches media by, valid for minutes: expired long before any restore.
+    "talon_media_links": "short-lived media links",
+}
+# Columns of archived tables that are left out: a worker's claim on delivering a chat's waiting
+# WhatsApp messages (it lapses; the restored deployment's workers claim anew). ``talon migrate``
+# leaves them out too.
+SKIPPED_COLUMNS = {"talon_wa_windows": frozenset({"holder", "until"})}
+# Every table a backup of PostgreSQL reads, and a restore into PostgreSQL fills.
+ARCHIVED_TABLES = tuple(pg for tables in TABLES.values() for pg, _, _ in tables) + FILE_TABLES
 
 
 def _make_embedded(name: str, path: Path) -> None:
@@ -48,10 +72,20 @@ def _make_embedded(name: str, path: Path) -> None:
         from talon.storage.embedded.tasks import SqliteTaskStore
 
         SqliteTaskStore(path)._db.close()
-    else:
+    elif name == "control.sqlite3":
         from talon.storage.embedded.control import open_control_db
 
         open_control_db(path).close()
+    elif name == "whatsapp.sqlite3":
+        from talon.storage.embedded.whatsapp import setup_schema
+
+        conn = sqlite3.connect(str(path))
+        try:
+            setup_schema(conn)
+        finally:
+            conn.close()
+    else:
+        raise ValueError(f"no embedded store is named {name}")
 
 
 def _pg_columns(conn: "psycopg.Connection[Any]", table: str) -> dict[str, str]:
@@ -87,7 +121,8 @@ def export_postgres(url: str, writer: "_Writer", scratch: Path) -> None:
                     for pg_table, lite_table, order in tables:
                         have = _pg_columns(conn, pg_table)
                         wanted = [str(r[1]) for r in lite.execute(f"PRAGMA table_info({lite_table})")]
-                        columns = [c for c in wanted if c in have]
+                        skipped = SKIPPED_COLUMNS.get(pg_table, frozenset())
+                        columns = [c for c in wanted if c in have and c not in skipped]
                         insert = (f"INSERT INTO {lite_table} ({', '.join(columns)}) "
                                   f"VALUES ({', '.join('?' * len(columns))})")
                         rows = _copy_rows(conn, f"SELECT {', '.join(columns)} FROM {pg_table} ORDER BY {order}",
