@@ -50,10 +50,11 @@ NOT_ARCHIVED = {
     # Links Twilio fetches media by, valid for minutes: expired long before any restore.
     "talon_media_links": "short-lived media links",
 }
-# Columns of archived tables that are left out: a worker's claim on delivering a chat's waiting
-# WhatsApp messages (it lapses; the restored deployment's workers claim anew). ``talon migrate``
-# leaves them out too.
-SKIPPED_COLUMNS = {"talon_wa_windows": frozenset({"holder", "until"})}
+# Columns of archived tables that are not in the archive: a worker's claim on delivering a chat's
+# waiting WhatsApp messages (it lapses; the restored deployment's workers claim anew; ``talon
+# migrate`` and the embedded snapshot leave it out too), and the database's own number for a
+# pairing code (the embedded store keeps their order as rows written in that order).
+SKIPPED_COLUMNS = {"talon_wa_windows": frozenset({"holder", "until"}), "talon_pairing_pending": frozenset({"id"})}
 # Every table a backup of PostgreSQL reads, and a restore into PostgreSQL fills.
 ARCHIVED_TABLES = tuple(pg for tables in TABLES.values() for pg, _, _ in tables) + FILE_TABLES
 
