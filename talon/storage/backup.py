@@ -7,11 +7,13 @@ per-chat workspaces: memory files, skills, files the agent made) under ``media/`
 where it came from. So an archive of an embedded Talon restores into PostgreSQL and back.
 
 Taken from an embedded Talon, running or not: each SQLite database through SQLite's online backup
-API (a consistent snapshot while writers go on), each session log up to its last complete line
-(a message being written is left out whole, never half in), the other files as they are. The
-search index is not archived: it is derived, and rebuilt on restore. From PostgreSQL: every table
-read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only transaction (one consistent
-snapshot of all of them) and written in the embedded layout; attachments chunk by chunk. Files go
+API (a consistent snapshot while writers go on; a WhatsApp delivery claim is cleared in it), each
+session log up to its last complete line (a message being written is left out whole, never half
+in), the other files as they are. The search index is not archived (``EMBEDDED_NOT_ARCHIVED``): it
+is derived, and rebuilt on restore. From PostgreSQL: every table ``talon.storage.pg_export``
+declares archived, read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only
+transaction (one consistent snapshot of all of them) and written in the embedded layout;
+attachments chunk by chunk. Files go
 through a temporary file at most one at a time: memory stays flat whatever the size.
 
 ``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
