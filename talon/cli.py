@@ -49,7 +49,8 @@ class _RedactingFormatter(logging.Formatter):
 def _secrets(settings: Settings) -> list[str]:
     return [value.strip() for value in (settings.telegram_bot_token, settings.twilio_auth_token,
                                         settings.openai_api_key, settings.anthropic_api_key,
-                                        settings.telegram_webhook_secret) if value.strip()]
+                                        settings.telegram_webhook_secret, settings.matrix_access_token,
+                                        settings.matrix_password) if value.strip()]
 
 
 def _setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
@@ -243,7 +244,13 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
-    from talon.doctor_checks import model_url_row, settings_row, telegram_bot_row, twilio_account_row
+    from talon.doctor_checks import (
+        matrix_account_row,
+        model_url_row,
+        settings_row,
+        telegram_bot_row,
+        twilio_account_row,
+    )
     from talon.speech.transcribe import Transcriber
 
     rows: list[tuple[str, str]] = [settings_row()]
@@ -291,6 +298,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         account = twilio_account_row(settings)
         if account is not None:
             rows.append(account)
+    rows.append(("matrix", "configured" if settings.matrix_configured() else "not configured"))
+    if settings.matrix_configured():
+        rows.append(asyncio.run(matrix_account_row(settings)))
+        rows.append(("matrix allowlist", ", ".join(sorted(settings.matrix_allowlist)) or empty_allowlist))
+        try:
+            rooms = ", ".join(sorted(settings.matrix_allowed_room_ids)) or "none (direct messages only)"
+        except ConfigError as exc:
+            rooms = f"INVALID: {exc}"
+        rows.append(("matrix rooms", rooms))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     from talon.control.doctor import control_rows

@@ -216,6 +216,26 @@ class Settings(BaseSettings):
         default="/telegram/webhook", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_PATH")
     )
 
+    # --- matrix (channels/matrix) --------------------------------------------------------------
+    # The homeserver's client-API address (also where tests and self-hosted servers point it).
+    matrix_homeserver: str = Field(default="", validation_alias=_env("MATRIX_HOMESERVER"))
+    matrix_user_id: str = Field(default="", validation_alias=_env("MATRIX_USER_ID"))
+    # One of the two: a token (preferred), or the password Talon logs in with at each start.
+    matrix_access_token: str = Field(default="", validation_alias=_env("MATRIX_ACCESS_TOKEN"))
+    matrix_password: str = Field(default="", validation_alias=_env("MATRIX_PASSWORD"))
+    # People allowed in direct messages (@user:server), and rooms served (!room:server).
+    matrix_allowed_users: str = Field(default="", validation_alias=_env("TALON_MATRIX_ALLOWED_USERS"))
+    matrix_allowed_rooms: str = Field(default="", validation_alias=_env("TALON_MATRIX_ALLOWED_ROOMS"))
+    matrix_room_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_MATRIX_ROOM_CONTEXT"))
+    # Live replies: the answer's message edited in place (m.replace) as it is written; at most one
+    # edit per interval.
+    matrix_streaming: bool = Field(default=True, validation_alias=_env("TALON_MATRIX_STREAMING"))
+    matrix_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                            validation_alias=_env("TALON_MATRIX_STREAM_INTERVAL"))
+    matrix_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_MATRIX_ACK_REACTION"))
+    # Seconds a homeserver request may take before it is given up (a sync waits 30 s more).
+    matrix_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_MATRIX_TIMEOUT"))
+
     # --- speech ------------------------------------------------------------------------------
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
         default="auto", validation_alias=_env("TALON_TRANSCRIBER")
@@ -363,6 +383,25 @@ class Settings(BaseSettings):
     @property
     def whatsapp_allowlist(self) -> set[str]:
         return {normalize_whatsapp_number(x) for x in _csv(self.whatsapp_allowed_numbers)}
+
+    @property
+    def matrix_allowlist(self) -> set[str]:
+        return {x.lower() for x in _csv(self.matrix_allowed_users)}
+
+    @property
+    def matrix_allowed_room_ids(self) -> frozenset[str]:
+        """Room ids from ``TALON_MATRIX_ALLOWED_ROOMS``; ConfigError for an entry that is not one."""
+        rooms = frozenset(_csv(self.matrix_allowed_rooms))
+        for room in rooms:
+            # Room versions before 12 add ":server"; from 12 on a room id is "!" and a hash.
+            if not (room.startswith("!") and len(room) > 2 and " " not in room):
+                raise ConfigError(f"TALON_MATRIX_ALLOWED_ROOMS: {room!r} is not a room id (room ids start with !, "
+                                  "e.g. !AbCdEf:example.org; the log names the id of a room the bot was invited to)",
+                                  ["TALON_MATRIX_ALLOWED_ROOMS"])
+        return rooms
+
+    def matrix_configured(self) -> bool:
+        return bool(self.matrix_homeserver.strip() and self.matrix_user_id.strip())
 
     def approver_ids(self) -> frozenset[str]:
         """TALON_APPROVERS: ids as given, usernames as ``@name`` in lower case."""

@@ -103,3 +103,31 @@ def twilio_account_row(settings: Settings) -> tuple[str, str] | None:
     if status != "active":
         return "twilio account", f"FAILED: the account {sid} is {status}, not active: see the Twilio console"
     return "twilio account", f"ok: {account.friendly_name or sid} ({status})"
+
+
+async def matrix_account_row(settings: Settings) -> tuple[str, str]:
+    """``whoami`` with the configured token on ``MATRIX_HOMESERVER`` (with only a password: the
+    homeserver's ``/versions``, since logging in would make a device)."""
+    import httpx
+
+    base = settings.matrix_homeserver.strip().rstrip("/")
+    try:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, follow_redirects=False) as http:
+            if not settings.matrix_access_token:
+                resp = await http.get(f"{base}/_matrix/client/versions")
+                if resp.status_code != 200:
+                    return "matrix account", f"FAILED: {base} answered HTTP {resp.status_code} to /versions"
+                return "matrix account", f"reachable: {base} (MATRIX_PASSWORD is checked at the first start)"
+            resp = await http.get(f"{base}/_matrix/client/v3/account/whoami",
+                                  headers={"Authorization": f"Bearer {settings.matrix_access_token}"})
+    except httpx.HTTPError as exc:
+        return "matrix account", (f"UNREACHABLE: cannot reach the homeserver at {base} ({type(exc).__name__}): "
+                                  "check MATRIX_HOMESERVER")
+    if resp.status_code in (401, 403):
+        return "matrix account", f"FAILED: {base} refused MATRIX_ACCESS_TOKEN (HTTP {resp.status_code})"
+    if resp.status_code != 200:
+        return "matrix account", f"FAILED: whoami at {base} answered HTTP {resp.status_code}"
+    user = resp.json().get("user_id", "?")
+    if user != settings.matrix_user_id.strip():
+        return "matrix account", f"FAILED: the token belongs to {user}, not MATRIX_USER_ID {settings.matrix_user_id}"
+    return "matrix account", f"ok: {user} on {base}, whoami answered"

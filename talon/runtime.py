@@ -483,6 +483,10 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
         channels.append(WhatsAppChannel(settings, http=http,
                                         links=stores.links if stores is not None else None))
+    if settings.matrix_configured():
+        from channels.matrix import MatrixChannel
+
+        channels.append(MatrixChannel(settings))
     return channels
 
 

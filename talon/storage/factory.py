@@ -97,7 +97,8 @@ class Stores:
 
 
 def _allowlists(settings: Settings) -> dict[str, set[str]]:
-    return {"telegram": settings.telegram_allowlist, "whatsapp": settings.whatsapp_allowlist}
+    return {"telegram": settings.telegram_allowlist, "whatsapp": settings.whatsapp_allowlist,
+            "matrix": settings.matrix_allowlist}
 
 
 def embedded_pairing(settings: Settings) -> PairingStore:

@@ -1,0 +1,169 @@
+"""The Matrix channel end to end against a real homeserver (Synapse, started once per session by
+``tests/support/synapse.py``), driven by people talking through the client-server API and
+answered by Talon's runtime with the fake model server (issue 32)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from talon.config import Settings
+from talon.runtime import Runtime, build_runtime
+from tests.fakes.openai_server import FakeOpenAI, image_urls, last_user_text
+from tests.support.matrix_people import Person, final_texts, from_user
+from tests.support.synapse import UPLOAD_MAX_BYTES, Synapse
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+def matrix_settings(tmp_path: Path, synapse: Synapse, bot: Any, llm: FakeOpenAI, **extra: object) -> Settings:
+    values: dict[str, object] = dict(
+        MATRIX_HOMESERVER=synapse.base_url, MATRIX_USER_ID=bot.user_id, MATRIX_ACCESS_TOKEN=bot.access_token,
+        OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="test-key", TALON_MODEL="openai:fake-model",
+        TALON_MEDIA_ROOT=str(tmp_path / "media_root"), TALON_DATA_DIR=str(tmp_path / "data"),
+        TALON_MODEL_MAX_RETRIES=0, TALON_MODEL_TIMEOUT=30, TALON_ACK_DELAY=0,
+        TALON_MATRIX_STREAM_INTERVAL=0.2,
+    )
+    values.update(extra)
+    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Runtime]:
+    from channels.matrix import MatrixChannel
+
+    runtime = build_runtime(settings, [MatrixChannel(settings)])
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+
+
+@contextlib.contextmanager
+def people(synapse: Synapse, *prefixes: str) -> Any:
+    made = [Person(synapse.base_url, synapse.register(p)) for p in prefixes]
+    try:
+        yield made
+    finally:
+        for person in made:
+            person.close()
+
+
+async def joined(person: Person, room: str, user: str) -> None:
+    await person.wait_for(room, lambda _: user in person.members(room), what=f"{user} to join")
+
+
+def png(color: str = "red") -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), color).save(out, "PNG")
+    return out.getvalue()
+
+
+async def test_direct_messages_are_answered_in_order_and_a_stranger_gets_nothing(
+        synapse: Synapse, llm: FakeOpenAI, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    bot = synapse.register("bot")
+    llm.queue("First answer.", "Second **answer**.")
+    with people(synapse, "alice", "mallory") as (alice, mallory):
+        settings = matrix_settings(tmp_path, synapse, bot, llm, TALON_MATRIX_ALLOWED_USERS=alice.id)
+        async with running(settings) as runtime:
+            dm = alice.create_room([bot.user_id], direct=True)
+            await joined(alice, dm, bot.user_id)
+            alice.say(dm, "one")
+            alice.say(dm, "two")
+            await alice.wait_for(dm, lambda ev: len(final_texts(ev, bot.user_id)) >= 2, what="two answers")
+            # A stranger's invitation is not accepted, and nobody answers them.
+            theirs = mallory.create_room([bot.user_id], direct=True)
+            mallory.say(theirs, "let me in")
+            await alice.wait_for(dm, lambda _: any(theirs in r.getMessage() for r in caplog.records),
+                                 what="the refused invitation in the log")
+            health = runtime.channels[0].health()
+        events = alice.timeline(dm)
+        strangers = mallory.members(theirs)
+    assert final_texts(events, bot.user_id) == ["First answer.", "Second answer."]
+    second = from_user(events, bot.user_id)[-1]["content"]
+    if "m.new_content" in second:
+        second = second["m.new_content"]
+    assert second["formatted_body"] == "Second <strong>answer</strong>."
+    assert [last_user_text(r) for r in llm.requests] == ["one", "two"]
+    assert bot.user_id not in strangers
+    assert health.ok and bot.user_id in health.detail
+
+
+async def test_a_listed_room_answers_mentions_only_and_a_thread_is_its_own_conversation(
+        synapse: Synapse, llm: FakeOpenAI, tmp_path: Path) -> None:
+    bot = synapse.register("bot")
+    llm.queue("The Louvre opens at 9.", "In the thread: yes.")
+    with people(synapse, "alice", "carol") as (alice, carol):
+        room = alice.create_room([bot.user_id, carol.id], name="Trip planning")
+        carol.join(room)
+        settings = matrix_settings(tmp_path, synapse, bot, llm, TALON_MATRIX_ALLOWED_ROOMS=room)
+        async with running(settings) as runtime:
+            await joined(alice, room, bot.user_id)
+            carol.say(room, "anyone up for lunch?")
+            asked = alice.say(room, f"{bot.user_id}: which museum opens first?",
+                              **{"m.mentions": {"user_ids": [bot.user_id]}})
+            await alice.wait_for(room, lambda ev: final_texts(ev, bot.user_id), what="the answer")
+            carol.say(room, "is it open on Sunday?", **{"m.relates_to": {
+                "rel_type": "m.thread", "event_id": asked, "is_falling_back": True,
+                "m.in_reply_to": {"event_id": asked}}, "m.mentions": {"user_ids": [bot.user_id]}})
+            await alice.wait_for(room, lambda ev: len(final_texts(ev, bot.user_id)) >= 2, what="the thread answer")
+            sessions = runtime.sessions
+            from talon.storage.sessions import ChatKey
+            main = await sessions.load(ChatKey("matrix", room))
+            thread = await sessions.load(ChatKey("matrix", f"{room}:{asked}"))
+        events = alice.timeline(room)
+    assert len(llm.requests) == 2  # carol's lunch question was not a turn
+    first_request = llm.requests[0].json
+    assert "anyone up for lunch?" in str(first_request)  # ...but it travelled as chatter
+    mine = from_user(events, bot.user_id)
+    answer = mine[0]["content"].get("m.new_content", mine[0]["content"])
+    assert answer["body"] == "The Louvre opens at 9."
+    threaded = [e for e in mine if (e["content"].get("m.relates_to") or {}).get("rel_type") == "m.thread"]
+    assert threaded and threaded[0]["content"]["m.relates_to"]["event_id"] == asked
+    assert [m.text for m in main if m.role == "assistant"] == ["The Louvre opens at 9."]
+    assert [m.text for m in thread if m.role == "assistant"] == ["In the thread: yes."]
+
+
+async def test_an_image_reaches_the_model_and_a_file_comes_back_and_a_huge_one_is_refused_clearly(
+        synapse: Synapse, llm: FakeOpenAI, tmp_path: Path) -> None:
+    bot = synapse.register("bot")
+    with people(synapse, "alice") as (alice,):
+        settings = matrix_settings(tmp_path, synapse, bot, llm, TALON_MATRIX_ALLOWED_USERS=alice.id)
+        async with running(settings):
+            dm = alice.create_room([bot.user_id], direct=True)
+            await joined(alice, dm, bot.user_id)
+            workspace = settings.workspace_dir("matrix", dm)
+            workspace.mkdir(parents=True, exist_ok=True)
+            (workspace / "report.txt").write_text("the report\n")
+            (workspace / "huge.bin").write_bytes(b"x" * (UPLOAD_MAX_BYTES + 1))
+            llm.queue("A red square. Here: ![report](report.txt) and ![big](huge.bin)")
+            picture = png("red")
+            mxc = alice.upload(picture, "image/png", "square.png")
+            alice.send(dm, {"msgtype": "m.image", "body": "square.png", "url": mxc,
+                            "info": {"mimetype": "image/png", "size": len(picture), "w": 64, "h": 48}})
+            await alice.wait_for(dm, lambda ev: any(e["content"].get("msgtype") == "m.file"
+                                                    for e in from_user(ev, bot.user_id)), what="the file")
+            await alice.wait_for(dm, lambda ev: any("huge.bin" in str(e["content"].get("body"))
+                                                    for e in from_user(ev, bot.user_id)), what="the refusal")
+        events = alice.timeline(dm)
+        files = [e["content"] for e in from_user(events, bot.user_id) if e["content"].get("msgtype") == "m.file"]
+        fetched = [alice.download(f["url"]) for f in files]
+    assert image_urls(llm.requests[0])  # the image went to the model
+    assert [f["body"] for f in files] == ["report.txt"]
+    assert fetched == [b"the report\n"]
+    [refusal] = [e["content"]["body"] for e in from_user(events, bot.user_id) if "huge.bin" in e["content"]["body"]]
+    assert "Could not attach huge.bin" in refusal and "upload limit" in refusal
+    assert str(tmp_path) not in refusal
