@@ -167,3 +167,82 @@ async def test_an_image_reaches_the_model_and_a_file_comes_back_and_a_huge_one_i
     [refusal] = [e["content"]["body"] for e in from_user(events, bot.user_id) if "huge.bin" in e["content"]["body"]]
     assert "Could not attach huge.bin" in refusal and "upload limit" in refusal
     assert str(tmp_path) not in refusal
+
+
+async def test_an_approval_reaction_by_someone_else_is_refused_and_the_askers_is_accepted(
+        synapse: Synapse, llm: FakeOpenAI, tmp_path: Path) -> None:
+    bot = synapse.register("bot")
+    llm.queue(FakeOpenAI.tool_call("shell", {"command": "echo room-ran"}), "Done.")
+    with people(synapse, "alice", "carol") as (alice, carol):
+        room = alice.create_room([bot.user_id, carol.id], name="Ops")
+        carol.join(room)
+        settings = matrix_settings(tmp_path, synapse, bot, llm, TALON_MATRIX_ALLOWED_ROOMS=room,
+                                   TALON_SHELL_TOOL="true", TALON_SHELL_UNSANDBOXED="true", TALON_MODEL_DISCOVERY="false",
+                                   TALON_MATRIX_STREAMING="false", TALON_MATRIX_ACK_REACTION="")
+        async with running(settings) as runtime:
+            await joined(alice, room, bot.user_id)
+            alice.say(room, f"{bot.user_id}: run it", **{"m.mentions": {"user_ids": [bot.user_id]}})
+            prompt = await alice.wait_for(room, lambda ev: next(
+                (e for e in from_user(ev, bot.user_id) if "org.talon.approval" in e["content"]), None),
+                what="the approval prompt")
+            carol.react(room, prompt["event_id"], "\N{THUMBS UP SIGN}")
+            await alice.wait_for(room, lambda ev: any("Only the person who asked" in str(e["content"].get("body"))
+                                                      for e in from_user(ev, bot.user_id)), what="the refusal")
+            assert len(llm.requests) == 1  # still waiting: carol's press decided nothing
+            approvals = runtime.stores.approvals  # type: ignore[union-attr]
+            [pending] = await approvals.pending("matrix", room)
+            alice.react(room, prompt["event_id"], "\N{THUMBS UP SIGN}")
+            await alice.wait_for(room, lambda ev: "Done." in final_texts(ev, bot.user_id), what="the answer")
+            decided = await approvals.get(pending.id)
+        events = alice.timeline(room)
+    assert decided is not None and decided.status == "approved" and decided.decided_by.startswith(f"matrix:{alice.id}")
+    assert "room-ran" in str(llm.requests[1].json)
+    # the prompt was edited to say what was decided
+    assert any("Approved" in t or "approved" in t for t in final_texts(events, bot.user_id))
+
+
+async def test_a_live_answer_is_edited_in_place_and_stop_ends_it(
+        synapse: Synapse, llm: FakeOpenAI, tmp_path: Path) -> None:
+    bot = synapse.register("bot")
+    llm.chunk_delay = 0.3  # a long answer: many seconds if let run
+    llm.queue("Tides come in twice a day because the moon pulls the sea. " * 30, "Fresh answer.")
+    with people(synapse, "alice") as (alice,):
+        settings = matrix_settings(tmp_path, synapse, bot, llm, TALON_MATRIX_ALLOWED_USERS=alice.id)
+        async with running(settings):
+            dm = alice.create_room([bot.user_id], direct=True)
+            await joined(alice, dm, bot.user_id)
+            alice.say(dm, "tell me about tides")
+            await alice.wait_for(dm, lambda ev: any((e["content"].get("m.relates_to") or {}).get("rel_type")
+                                                    == "m.replace" for e in from_user(ev, bot.user_id)),
+                                 what="an edit of the live answer")
+            alice.say(dm, "!stop")
+            await alice.wait_for(dm, lambda ev: "Stopped." in final_texts(ev, bot.user_id), what="Stopped.")
+            llm.chunk_delay = 0.0
+            alice.say(dm, "and now?")
+            await alice.wait_for(dm, lambda ev: "Fresh answer." in final_texts(ev, bot.user_id), what="the next answer")
+        events = alice.timeline(dm)
+    texts = final_texts(events, bot.user_id)
+    live = texts[0]
+    assert live.startswith("Tides come in") and len(live) < len("Tides come in twice a day because the moon pulls the sea. " * 30)
+    assert texts[-2:] == ["Stopped.", "Fresh answer."]
+    assert last_user_text(llm.requests[-1]).endswith("and now?")
+
+
+async def test_m_limit_exceeded_is_waited_out_and_every_part_arrives_in_order(
+        synapse: Synapse, llm: FakeOpenAI, tmp_path: Path) -> None:
+    bot = synapse.register("bot")
+    synapse.limit_messages(bot, per_second=1, burst=1)
+    llm.queue("Part one.", "Part two.", "Part three.")
+    with people(synapse, "alice") as (alice,):
+        settings = matrix_settings(tmp_path, synapse, bot, llm, TALON_MATRIX_ALLOWED_USERS=alice.id,
+                                   TALON_MATRIX_STREAMING="false", TALON_MATRIX_ACK_REACTION="")
+        async with running(settings) as runtime:
+            dm = alice.create_room([bot.user_id], direct=True)
+            await joined(alice, dm, bot.user_id)
+            for word in ("a", "b", "c"):
+                alice.say(dm, word)
+            await alice.wait_for(dm, lambda ev: len(final_texts(ev, bot.user_id)) >= 3, what="three answers")
+            penalized = runtime.channels[0].api.budget.waited_s  # type: ignore[attr-defined]
+        events = alice.timeline(dm)
+    assert final_texts(events, bot.user_id) == ["Part one.", "Part two.", "Part three."]
+    assert penalized > 0  # the homeserver's M_LIMIT_EXCEEDED was waited out, not retried blindly
