@@ -112,7 +112,8 @@ async def matrix_account_row(settings: Settings) -> tuple[str, str]:
 
     base = settings.matrix_homeserver.strip().rstrip("/")
     try:
-        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, follow_redirects=False) as http:
+        timeout = min(CHECK_TIMEOUT_S, settings.matrix_timeout_s)
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as http:
             if not settings.matrix_access_token:
                 resp = await http.get(f"{base}/_matrix/client/versions")
                 if resp.status_code != 200:

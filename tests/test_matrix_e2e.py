@@ -246,3 +246,38 @@ async def test_m_limit_exceeded_is_waited_out_and_every_part_arrives_in_order(
         events = alice.timeline(dm)
     assert final_texts(events, bot.user_id) == ["Part one.", "Part two.", "Part three."]
     assert penalized > 0  # the homeserver's M_LIMIT_EXCEEDED was waited out, not retried blindly
+
+
+async def test_a_homeserver_that_hangs_leaves_the_channel_down_and_saying_why_never_frozen(
+        tmp_path: Path, llm: FakeOpenAI) -> None:
+    import asyncio
+    import socket
+
+    from channels.matrix import MatrixChannel
+    from talon.doctor_checks import matrix_account_row
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # accepts connections, never answers
+    base = f"http://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        settings = Settings(_env_file=None, MATRIX_HOMESERVER=base, MATRIX_USER_ID="@bot:localhost",  # type: ignore[call-arg]
+                            MATRIX_ACCESS_TOKEN="secret-token-value", TALON_MATRIX_TIMEOUT=0.5,
+                            TALON_DATA_DIR=str(tmp_path / "data"), TALON_MEDIA_ROOT=str(tmp_path / "media"),
+                            OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="k", TALON_MODEL="openai:fake-model")
+        channel = MatrixChannel(settings)
+        runtime = build_runtime(settings, [channel])
+        starting = asyncio.create_task(channel.start(runtime.bridge))
+        deadline = asyncio.get_running_loop().time() + 30
+        while "cannot reach the homeserver" not in channel.health().detail:
+            assert asyncio.get_running_loop().time() < deadline, channel.health()
+            await asyncio.sleep(0.05)
+        health = channel.health()
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await channel.stop()
+        name, row = await matrix_account_row(settings.model_copy(update={"matrix_timeout_s": 0.5}))
+    finally:
+        server.close()
+    assert not health.ok and base in health.detail and "secret-token-value" not in health.detail
+    assert row.startswith("UNREACHABLE") and "MATRIX_HOMESERVER" in row and "secret-token-value" not in row

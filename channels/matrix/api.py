@@ -25,7 +25,7 @@ import httpx
 from nio import AsyncClient, AsyncClientConfig, ErrorResponse
 
 from talon.config import Limits, Settings
-from talon.errors import DeliveryError
+from talon.errors import DeliveryError, PlatformRateLimited
 
 from channels.send_budget import SendBudget, Window
 
@@ -45,19 +45,13 @@ def matrix_budget() -> SendBudget:
     return SendBudget(lambda room: ROOM_WINDOW, cosmetic_for=lambda room: ROOM_COSMETIC)
 
 
-class RateLimited(Exception):  # noqa: N818 - internal signal, never leaves the channel
-    def __init__(self, seconds: float, detail: str) -> None:
-        super().__init__(detail)
-        self.seconds = seconds
-
-
 def check(answer: R, what: str) -> R:
-    """``answer`` unless it is nio's ``ErrorResponse``: then ``RateLimited`` for a rate limit,
+    """``answer`` unless it is nio's ``ErrorResponse``: then ``PlatformRateLimited`` for a rate limit,
     else a permanent ``DeliveryError`` naming the homeserver's error code."""
     if isinstance(answer, ErrorResponse):
         code = str(answer.status_code or "")
         if code in RATE_LIMITED:
-            return _raise(RateLimited((answer.retry_after_ms or 5000) / 1000, f"{what}: {code}"))
+            return _raise(PlatformRateLimited(f"{what}: {code}", (answer.retry_after_ms or 5000) / 1000))
         return _raise(DeliveryError(f"{what}: the homeserver refused it ({code or 'error'}: {answer.message})",
                                     permanent=True))
     return answer
@@ -107,7 +101,7 @@ class MatrixApi:
                 await self.budget.acquire(room)
             try:
                 return check(await call(), what)
-            except RateLimited as exc:
+            except PlatformRateLimited as exc:
                 if room is not None:
                     self.budget.penalize(room, exc.seconds)
                 if waited + exc.seconds > MAX_RETRY_AFTER_S:

@@ -20,13 +20,13 @@ from nio import LoginResponse, WhoamiResponse
 from talon.config import Limits, Settings
 from talon.content import InboundFile
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
-from talon.errors import ConfigError, DeliveryError, StreamStopped
+from talon.errors import ConfigError, DeliveryError, PlatformRateLimited, StreamStopped
 from talon.render.matrix import split_for_matrix
 from talon.storage.attachments import AttachmentStore
 
 from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
 from channels.edited_view import EditedViews
-from channels.matrix.api import CHANNEL, MatrixApi, RateLimited, check, matrix_budget
+from channels.matrix.api import CHANNEL, MatrixApi, check, matrix_budget
 from channels.matrix.approvals import ApprovalPrompts
 from channels.matrix.delivery import Delivery, edit_content, placed, text_content
 from channels.matrix.downloads import Downloads
@@ -146,7 +146,7 @@ class MatrixChannel(Channel):
     async def _live_call(self, room: str, kind: str, content: dict[str, Any]) -> str:
         try:
             answer = check(await self.api.client.room_send(room, kind, content), "live update")
-        except RateLimited as exc:
+        except PlatformRateLimited as exc:
             self.api.budget.penalize(room, exc.seconds)
             raise StreamStopped(f"the homeserver asked to wait {exc.seconds:.0f}s") from exc
         except DeliveryError as exc:

@@ -127,7 +127,15 @@ class Intake:
     async def on_event(self, room_id: str, event: dict[str, Any]) -> None:
         """A timeline event of a joined room."""
         sender = str(event.get("sender", ""))
-        if sender == self.api.user_id or event.get("type") != "m.room.message":
+        if sender == self.api.user_id:
+            return
+        if event.get("type") == "m.room.encrypted":
+            if room_id not in self._unlisted_logged:
+                self._unlisted_logged[room_id] = True
+                log.warning("matrix: room %s is encrypted; Talon does not serve encrypted rooms yet (use an "
+                            "unencrypted room or direct message: docs/channels.md)", room_id)
+            return
+        if event.get("type") != "m.room.message":
             return
         content = event.get("content")
         if not isinstance(content, dict):
