@@ -50,7 +50,8 @@ def _secrets(settings: Settings) -> list[str]:
     return [value.strip() for value in (settings.telegram_bot_token, settings.twilio_auth_token,
                                         settings.openai_api_key, settings.anthropic_api_key,
                                         settings.telegram_webhook_secret, settings.matrix_access_token,
-                                        settings.matrix_password) if value.strip()]
+                                        settings.matrix_password, settings.slack_bot_token,
+                                        settings.slack_signing_secret, settings.slack_app_token) if value.strip()]
 
 
 def _setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
@@ -247,6 +248,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from talon.doctor_checks import (
         matrix_account_row,
         model_url_row,
+        slack_bot_row,
         settings_row,
         telegram_bot_row,
         twilio_account_row,
@@ -307,6 +309,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             rooms = f"INVALID: {exc}"
         rows.append(("matrix rooms", rooms))
+    rows.append(("slack", ("configured (Socket Mode)" if settings.slack_socket_mode else
+                           f"configured (Events API at {settings.slack_events_path})")
+                  if settings.slack_configured() else "not configured"))
+    if settings.slack_configured():
+        rows.append(asyncio.run(slack_bot_row(settings)))
+        rows.append(("slack allowlist", ", ".join(sorted(settings.slack_allowlist)) or empty_allowlist))
+        rows.append(("slack channels", ", ".join(sorted(settings.slack_allowed_channel_ids))
+                     or "none (direct messages only)"))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     from talon.control.doctor import control_rows

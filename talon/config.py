@@ -236,6 +236,27 @@ class Settings(BaseSettings):
     # Seconds a homeserver request may take before it is given up (a sync waits 30 s more).
     matrix_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_MATRIX_TIMEOUT"))
 
+    # --- slack (channels/slack) ----------------------------------------------------------------
+    slack_bot_token: str = Field(default="", validation_alias=_env("SLACK_BOT_TOKEN"))  # xoxb-...
+    # Events API over HTTP: requests are checked against this secret (and a 5-minute window).
+    slack_signing_secret: str = Field(default="", validation_alias=_env("SLACK_SIGNING_SECRET"))
+    # Socket Mode (no public URL needed): an app-level token (xapp-...) with connections:write.
+    slack_app_token: str = Field(default="", validation_alias=_env("SLACK_APP_TOKEN"))
+    # Slack's Web API address (tests and proxies point it elsewhere). Files are fetched only from
+    # this host or its "files." neighbour (files.slack.com for slack.com).
+    slack_api_base_url: str = Field(default="https://slack.com/api/", validation_alias=_env("SLACK_API_BASE_URL"))
+    slack_events_path: str = Field(default="/slack/events", validation_alias=_env("TALON_SLACK_EVENTS_PATH"))
+    # Member ids (U...) allowed in direct messages; channel ids (C.../G...) served.
+    slack_allowed_users: str = Field(default="", validation_alias=_env("TALON_SLACK_ALLOWED_USERS"))
+    slack_allowed_channels: str = Field(default="", validation_alias=_env("TALON_SLACK_ALLOWED_CHANNELS"))
+    slack_channel_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_SLACK_CHANNEL_CONTEXT"))
+    slack_streaming: bool = Field(default=True, validation_alias=_env("TALON_SLACK_STREAMING"))
+    slack_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                           validation_alias=_env("TALON_SLACK_STREAM_INTERVAL"))
+    # A reaction name (without colons) set while a message is being answered; empty for none.
+    slack_ack_reaction: str = Field(default="eyes", validation_alias=_env("TALON_SLACK_ACK_REACTION"))
+    slack_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_SLACK_TIMEOUT"))
+
     # --- speech ------------------------------------------------------------------------------
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
         default="auto", validation_alias=_env("TALON_TRANSCRIBER")
@@ -399,6 +420,21 @@ class Settings(BaseSettings):
                                   "e.g. !AbCdEf:example.org; the log names the id of a room the bot was invited to)",
                                   ["TALON_MATRIX_ALLOWED_ROOMS"])
         return rooms
+
+    @property
+    def slack_allowlist(self) -> set[str]:
+        return {x.upper() for x in _csv(self.slack_allowed_users)}
+
+    @property
+    def slack_allowed_channel_ids(self) -> frozenset[str]:
+        return frozenset(x.upper() for x in _csv(self.slack_allowed_channels))
+
+    def slack_configured(self) -> bool:
+        return bool(self.slack_bot_token.strip())
+
+    @property
+    def slack_socket_mode(self) -> bool:
+        return bool(self.slack_app_token.strip())
 
     def matrix_configured(self) -> bool:
         return bool(self.matrix_homeserver.strip() and self.matrix_user_id.strip())

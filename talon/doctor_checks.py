@@ -132,3 +132,23 @@ async def matrix_account_row(settings: Settings) -> tuple[str, str]:
     if user != settings.matrix_user_id.strip():
         return "matrix account", f"FAILED: the token belongs to {user}, not MATRIX_USER_ID {settings.matrix_user_id}"
     return "matrix account", f"ok: {user} on {base}, whoami answered"
+
+
+async def slack_bot_row(settings: Settings) -> tuple[str, str]:
+    """``auth.test`` with SLACK_BOT_TOKEN on SLACK_API_BASE_URL (slack-sdk, as the channel calls it)."""
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from channels.slack.api import api_base
+
+    base = api_base(settings.slack_api_base_url)
+    client = AsyncWebClient(token=settings.slack_bot_token.strip(), base_url=base,
+                            timeout=int(min(CHECK_TIMEOUT_S, settings.slack_timeout_s)))
+    try:
+        answer = await client.auth_test()
+    except SlackApiError as exc:
+        data = exc.response.data if isinstance(exc.response.data, dict) else {}
+        return "slack bot", f"FAILED: {base} refused SLACK_BOT_TOKEN ({data.get('error') or exc.response.status_code})"
+    except Exception as exc:  # unreachable, timed out
+        return "slack bot", f"UNREACHABLE: cannot reach Slack at {base} ({type(exc).__name__}): check SLACK_API_BASE_URL"
+    return "slack bot", f"ok: {answer.get('user')} ({answer.get('user_id')}) in {answer.get('team')}, auth.test answered"
