@@ -119,3 +119,17 @@ async def test_socket_mode_connects_through_apps_connections_open_and_envelopes_
     # The app-level token is what opens a connection; the bot token does not.
     with pytest.raises(SlackApiError):
         await AsyncWebClient(base_url=slack.api_url).apps_connections_open(app_token=BOT_TOKEN)
+
+
+async def test_doctor_checks_the_token_with_auth_test(slack: FakeSlack) -> None:
+    from talon.config import Settings
+    from talon.doctor_checks import slack_bot_row
+
+    def row_for(token: str) -> Settings:
+        return Settings(_env_file=None, SLACK_BOT_TOKEN=token, SLACK_SIGNING_SECRET="s",  # type: ignore[call-arg]
+                        SLACK_API_BASE_URL=slack.api_url)
+
+    ok = await slack_bot_row(row_for(BOT_TOKEN))
+    refused = await slack_bot_row(row_for("xoxb-wrong-secret"))
+    assert ok[1].startswith("ok:") and BOT_USER in ok[1] and BOT_TOKEN not in ok[1]
+    assert refused[1].startswith("FAILED") and "invalid_auth" in refused[1] and "xoxb-wrong-secret" not in refused[1]
