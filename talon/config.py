@@ -257,6 +257,22 @@ class Settings(BaseSettings):
     slack_ack_reaction: str = Field(default="eyes", validation_alias=_env("TALON_SLACK_ACK_REACTION"))
     slack_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_SLACK_TIMEOUT"))
 
+    # --- discord (channels/discord) --------------------------------------------------------------
+    discord_bot_token: str = Field(default="", validation_alias=_env("DISCORD_BOT_TOKEN"))
+    # Discord's REST API address (tests and proxies point it elsewhere); the gateway's address comes
+    # from its GET /gateway/bot answer, as on the real platform.
+    discord_api_base_url: str = Field(default="https://discord.com/api/v10",
+                                      validation_alias=_env("DISCORD_API_BASE_URL"))
+    # User ids allowed in direct messages; channel ids served (a thread is served when its parent is).
+    discord_allowed_users: str = Field(default="", validation_alias=_env("TALON_DISCORD_ALLOWED_USERS"))
+    discord_allowed_channels: str = Field(default="", validation_alias=_env("TALON_DISCORD_ALLOWED_CHANNELS"))
+    discord_channel_context: int = Field(default=20, ge=0, le=200,
+                                         validation_alias=_env("TALON_DISCORD_CHANNEL_CONTEXT"))
+    discord_streaming: bool = Field(default=True, validation_alias=_env("TALON_DISCORD_STREAMING"))
+    discord_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                             validation_alias=_env("TALON_DISCORD_STREAM_INTERVAL"))
+    discord_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_DISCORD_ACK_REACTION"))
+
     # --- speech ------------------------------------------------------------------------------
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
         default="auto", validation_alias=_env("TALON_TRANSCRIBER")
@@ -435,6 +451,24 @@ class Settings(BaseSettings):
     @property
     def slack_socket_mode(self) -> bool:
         return bool(self.slack_app_token.strip())
+
+    @property
+    def discord_allowlist(self) -> set[str]:
+        return set(_csv(self.discord_allowed_users))
+
+    @property
+    def discord_allowed_channel_ids(self) -> frozenset[str]:
+        """Channel ids from ``TALON_DISCORD_ALLOWED_CHANNELS``; ConfigError for one that is not an id."""
+        ids = frozenset(_csv(self.discord_allowed_channels))
+        for entry in ids:
+            if not entry.isdigit():
+                raise ConfigError(f"TALON_DISCORD_ALLOWED_CHANNELS: {entry!r} is not a channel id (a number: turn on "
+                                  "Developer Mode, then right-click the channel, Copy Channel ID)",
+                                  ["TALON_DISCORD_ALLOWED_CHANNELS"])
+        return ids
+
+    def discord_configured(self) -> bool:
+        return bool(self.discord_bot_token.strip())
 
     def matrix_configured(self) -> bool:
         return bool(self.matrix_homeserver.strip() and self.matrix_user_id.strip())

@@ -154,7 +154,7 @@ _E2E_TESTS = frozenset({
 
 
 # Fixtures that run Talon's channels and agent in-process against loopback fakes.
-_SLOW_FIXTURES = frozenset({"llm", "tg", "twilio", "settings", "site", "slack"})
+_SLOW_FIXTURES = frozenset({"llm", "tg", "twilio", "settings", "site", "slack", "discord_fake"})
 # In-process tests that take a measurable time of their own (about 0.3 s or more alone): real
 # timeouts and retry waits, big images and video frames, whole-tree scans, fuzzers.
 _SLOW_TESTS = frozenset({
