@@ -152,3 +152,23 @@ async def slack_bot_row(settings: Settings) -> tuple[str, str]:
     except Exception as exc:  # unreachable, timed out
         return "slack bot", f"UNREACHABLE: cannot reach Slack at {base} ({type(exc).__name__}): check SLACK_API_BASE_URL"
     return "slack bot", f"ok: {answer.get('user')} ({answer.get('user_id')}) in {answer.get('team')}, auth.test answered"
+
+
+async def discord_bot_row(settings: Settings) -> tuple[str, str]:
+    """``GET /users/@me`` with DISCORD_BOT_TOKEN on DISCORD_API_BASE_URL (the token's own check)."""
+    import httpx
+
+    from channels.discord.api import api_base
+
+    base = api_base(settings.discord_api_base_url)
+    try:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, follow_redirects=False) as http:
+            resp = await http.get(f"{base}/users/@me", headers={"Authorization": f"Bot {settings.discord_bot_token.strip()}"})
+    except httpx.HTTPError as exc:
+        return "discord bot", f"UNREACHABLE: cannot reach Discord at {base} ({type(exc).__name__}): check DISCORD_API_BASE_URL"
+    if resp.status_code == 401:
+        return "discord bot", f"FAILED: {base} refused DISCORD_BOT_TOKEN (HTTP 401)"
+    if resp.status_code != 200:
+        return "discord bot", f"FAILED: {base}/users/@me answered HTTP {resp.status_code}"
+    me = resp.json()
+    return "discord bot", f"ok: {me.get('username')} ({me.get('id')}), /users/@me answered"

@@ -19,10 +19,10 @@ from talon.errors import ConfigError, ScheduleError
 __all__ = ["NO_CHANNEL", "Problem", "start_problems"]
 
 NO_CHANNEL = ConfigError("no channel configured: set TELEGRAM_BOT_TOKEN (Telegram), TWILIO_ACCOUNT_SID and "
-                         "TWILIO_WHATSAPP_FROM (WhatsApp), SLACK_BOT_TOKEN (Slack) or MATRIX_HOMESERVER and "
-                         "MATRIX_USER_ID (Matrix)",
+                         "TWILIO_WHATSAPP_FROM (WhatsApp), SLACK_BOT_TOKEN (Slack), DISCORD_BOT_TOKEN (Discord) "
+                         "or MATRIX_HOMESERVER and MATRIX_USER_ID (Matrix)",
                          ["TELEGRAM_BOT_TOKEN, or TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM, or SLACK_BOT_TOKEN, "
-                          "or MATRIX_HOMESERVER and MATRIX_USER_ID"])
+                          "or DISCORD_BOT_TOKEN, or MATRIX_HOMESERVER and MATRIX_USER_ID"])
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Problem:
 
 def _channels(settings: Settings) -> None:
     if not (settings.telegram_configured() or settings.whatsapp_configured() or settings.slack_configured()
-            or settings.matrix_configured()):
+            or settings.matrix_configured() or settings.discord_configured()):
         raise NO_CHANNEL
 
 
@@ -62,6 +62,11 @@ def _matrix(settings: Settings) -> None:
         if not settings.matrix_access_token and not settings.matrix_password:
             raise ConfigError("set MATRIX_ACCESS_TOKEN (or MATRIX_PASSWORD) for the Matrix account",
                               ["MATRIX_ACCESS_TOKEN", "MATRIX_PASSWORD"])
+
+
+def _discord(settings: Settings) -> None:
+    if settings.discord_configured():
+        settings.discord_allowed_channel_ids  # noqa: B018 - reading it is the check (ConfigError)
 
 
 def _control(settings: Settings) -> None:
@@ -96,6 +101,7 @@ _CHECKS: tuple[tuple[str, Callable[[Settings], None]], ...] = (
     ("whatsapp", _whatsapp),
     ("slack", _slack),
     ("matrix", _matrix),
+    ("discord", _discord),
     ("control settings", _control),
     ("time zone", _time_zone),
     ("directories", _directories),

@@ -493,6 +493,10 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
         from channels.slack import SlackChannel
 
         channels.append(SlackChannel(settings, http=http))
+    if settings.discord_configured():
+        from channels.discord import DiscordChannel
+
+        channels.append(DiscordChannel(settings))
     return channels
 
 

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from slack_sdk.errors import SlackApiError
+from slack_sdk.socket_mode.aiohttp import SocketModeClient  # noqa: F401  (imported at collection, not in a test)
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from channels.reply_parts import FilePart, TextPart
+from channels.slack import SlackChannel
 from channels.slack.api import SlackApi, classify, file_hosts, slack_budget
 from channels.slack.downloads import fetchable
 from channels.slack.events import Verifier
@@ -199,8 +201,6 @@ def test_commands_and_escapes() -> None:
 # --- settings and parts ------------------------------------------------------------------------------------
 
 def test_the_channel_needs_a_secret_or_an_app_token() -> None:
-    from channels.slack import SlackChannel
-
     with pytest.raises(ConfigError) as missing:
         SlackChannel(settings(SLACK_SIGNING_SECRET=""))
     assert "SLACK_SIGNING_SECRET" in str(missing.value) and "SLACK_APP_TOKEN" in str(missing.value)
@@ -210,7 +210,6 @@ def test_the_channel_needs_a_secret_or_an_app_token() -> None:
 
 
 def test_a_reply_is_planned_as_text_then_files() -> None:
-    from channels.slack import SlackChannel
     from talon.media import MarkdownMediaRef
 
     channel = SlackChannel(settings())
