@@ -285,3 +285,44 @@ def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same
         stop_talon(proc)
     assert [m.id for m in fake.bot_messages(DM)] == [streamed.id], fake.summary()  # no second copy
     assert fake.messages[(DM, streamed.id)].content == answer, log.read_text()
+
+
+async def test_on_many_workers_one_holds_the_gateway_and_another_takes_it_over_when_it_dies(
+        discord_fake: FakeDiscord, llm: FakeOpenAI, tmp_path: Path) -> None:
+    from channels.discord import DiscordChannel
+    from talon.storage.leases import MemoryLeases
+
+    llm.queue("Answered by the survivor.")
+    table: dict[str, tuple[str, float]] = {}  # one lease table, as two workers on one database share
+    settings = discord_settings(tmp_path, discord_fake, llm, TALON_DISCORD_STREAMING="false",
+                                TALON_DISCORD_ACK_REACTION="")
+    first, second = DiscordChannel(settings), DiscordChannel(settings)
+    class DiesHolding(MemoryLeases):
+        async def release(self, name: str) -> None:  # a killed worker never gets to release its lease
+            return None
+
+    first.share_updates(DiesHolding("worker-1", 0.6, table))
+    second.share_updates(MemoryLeases("worker-2", 0.6, table))
+    runtime = build_runtime(settings, [second])
+    await first.start(runtime.bridge)
+    await asyncio.wait_for(first.ready.wait(), 60)
+    await runtime.start()
+    try:
+        standing_by = second.health()
+        connections = [s for s in discord_fake._sockets if s.identified and not s.ws.closed]  # noqa: SLF001
+        assert len(connections) == 1 and second.gateway is None
+        # The first worker dies: its connection goes, its lease is not released but expires.
+        assert first._leading is not None  # noqa: SLF001
+        first._leading.cancel()  # noqa: SLF001
+        await asyncio.gather(first._leading, return_exceptions=True)  # noqa: SLF001
+        assert "discord:gateway" in table and table["discord:gateway"][0] == "worker-1"
+        await asyncio.wait_for(second.ready.wait(), 60)
+        await say(discord_fake, DM, ALICE, "anyone there?")
+        await discord_fake.wait_until(lambda: discord_fake.texts(DM), "the answer")
+        took_over = second.health()
+    finally:
+        await runtime.stop()
+        await first.stop()
+    assert standing_by.ok and "standing by" in standing_by.detail
+    assert took_over.ok and "gateway connected" in took_over.detail
+    assert discord_fake.texts(DM) == ["Answered by the survivor."]

@@ -1,11 +1,16 @@
 """The Discord channel: its client, start and stop, and the parts it is made of.
 
-``DiscordChannel`` builds one discord.py ``AutoShardedClient`` (REST on ``DISCORD_API_BASE_URL``;
-the gateway at the address ``GET /gateway/bot`` names) and one ``DiscordApi`` around it, and gives
-them to each part: intake, delivery, live views (``channels/edited_view.py``), approval prompts
-and downloads. Start logs in (``GET /users/@me``): a refused token is a ``ConfigError`` at once; a
-Discord that cannot be reached is waited for (``health`` says why). The gateway connection is then
-kept by discord.py (heartbeats, resume, reconnect); ``health`` is down while it is.
+``DiscordChannel`` builds a REST client (discord.py, on ``DISCORD_API_BASE_URL``) and one
+``DiscordApi`` around it, and gives them to each part: intake, delivery, live views
+(``channels/edited_view.py``), approval prompts and downloads. Start logs in (``GET /users/@me``):
+a refused token is a ``ConfigError`` at once; a Discord that cannot be reached is waited for
+(``health`` says why).
+
+The gateway (events in) is a second client, an ``AutoShardedClient`` that finds its address with
+``GET /gateway/bot`` and is kept up by discord.py (heartbeats, resume, reconnect). Discord sends
+every event to every connection of a bot, so with many workers on one database only the holder of
+the ``discord:gateway`` lease connects (``channels/leader.py``); the others send replies over REST
+and take the gateway over when the holder dies (its lease expires).
 """
 
 from __future__ import annotations
@@ -32,13 +37,17 @@ from channels.discord.delivery import NO_PINGS, Delivery, target
 from channels.discord.downloads import Downloads
 from channels.discord.intake import Intake
 from channels.edited_view import EditedViews
+from channels.leader import LeaseLeader
 from channels.reply_parts import Part
 from channels.rooms import ChatterLog
 
 if TYPE_CHECKING:
     from talon.storage.approvals import Approval
+    from talon.storage.leases import Leases
 
 log = logging.getLogger(__name__)
+
+GATEWAY_LEASE = "discord:gateway"
 
 
 class _Client(discord.AutoShardedClient):
@@ -76,8 +85,10 @@ class DiscordChannel(Channel):
             raise ConfigError("DISCORD_BOT_TOKEN must be set for the Discord channel", ["DISCORD_BOT_TOKEN"])
         self.settings = settings
         self.ready = asyncio.Event()
-        self.client = _Client(self)
-        self.api = DiscordApi(settings, discord_budget(), self.client)
+        self.rest = discord.Client(intents=intents(), max_ratelimit_timeout=MAX_RATELIMIT_S)
+        self.gateway: _Client | None = None
+        self.leader: LeaseLeader | None = None
+        self.api = DiscordApi(settings, discord_budget(), self.rest)
         self.intake = Intake(self.api, allowed_channels=settings.discord_allowed_channel_ids,
                              chatter=ChatterLog(settings.discord_channel_context, "discord_chatter"))
         self.live = EditedViews(CHANNEL, self.api.budget, post=self._live_post, edit=self._live_edit,
@@ -89,6 +100,7 @@ class DiscordChannel(Channel):
         self.ack = settings.discord_ack_reaction.strip()
         self._reacted: BoundedMap[str, bool] = BoundedMap("discord_reactions")
         self._gateway: asyncio.Task[None] | None = None
+        self._leading: asyncio.Task[None] | None = None
         self._down: str | None = "not started"
         self.startup_retry_max_s = 30.0
 
@@ -97,23 +109,44 @@ class DiscordChannel(Channel):
             return f"the channel {conversation.chat_id} is no longer served (not in TALON_DISCORD_ALLOWED_CHANNELS)"
         return None
 
+    def share_updates(self, leases: Leases) -> None:
+        self.leader = LeaseLeader(leases, GATEWAY_LEASE, start=self._open_gateway, stop=self._close_gateway)
+
     async def start(self, bridge: BridgeHandle) -> None:
         self.intake.bind(bridge)
         self.approvals.bind(bridge)
         await self._retry_start(self._log_in)
-        self._gateway = asyncio.create_task(self._connect(), name="discord-gateway")
+        if self.leader is not None:
+            self._leading = asyncio.create_task(self.leader.run(), name="discord-gateway-lease")
+        else:
+            await self._open_gateway()
         self._down = None
 
     async def _log_in(self) -> None:
         try:
-            await self.client.login(self.api.token)
+            await self.rest.login(self.api.token)
         except discord.LoginFailure as exc:
             raise ConfigError(f"Discord refused DISCORD_BOT_TOKEN ({exc}): check it", ["DISCORD_BOT_TOKEN"]) from exc
-        log.info("discord: logged in as %s at %s", self.client.user, self.api.base_url)
+        log.info("discord: logged in as %s at %s", self.rest.user, self.api.base_url)
 
-    async def _connect(self) -> None:
+    async def _open_gateway(self) -> None:
+        self.gateway = _Client(self)
+        self._gateway = asyncio.create_task(self._connect(self.gateway), name="discord-gateway")
+
+    async def _close_gateway(self) -> None:
+        self.ready.clear()
+        gateway, self.gateway = self.gateway, None
+        if gateway is not None:
+            await gateway.close()
+        if self._gateway is not None:
+            self._gateway.cancel()
+            await asyncio.gather(self._gateway, return_exceptions=True)
+            self._gateway = None
+
+    async def _connect(self, gateway: _Client) -> None:
         try:
-            await self.client.connect(reconnect=True)
+            await gateway.login(self.api.token)
+            await gateway.connect(reconnect=True)
         except asyncio.CancelledError:
             raise
         except discord.PrivilegedIntentsRequired:
@@ -142,16 +175,21 @@ class DiscordChannel(Channel):
     def health(self) -> ChannelHealth:
         if self._down is not None:
             return ChannelHealth(False, self._down)
-        if not self.ready.is_set() or self.client.is_closed() or not self.client.is_ready():
+        if self.leader is not None and not self.leader.leading:
+            return ChannelHealth(True, f"standing by: another worker holds the gateway (lease {GATEWAY_LEASE}); "
+                                       f"replies go out from here as {self.rest.user}")
+        gateway = self.gateway
+        if gateway is None or not self.ready.is_set() or gateway.is_closed() or not gateway.is_ready():
             return ChannelHealth(False, "the gateway connection is not up yet (discord.py connects and resumes)")
-        return ChannelHealth(True, f"gateway connected as {self.client.user} ({self.api.bot_id})")
+        return ChannelHealth(True, f"gateway connected as {gateway.user} ({self.api.bot_id})")
 
     async def stop(self) -> None:
         self._down = "stopped"
-        await self.client.close()
-        if self._gateway is not None:
-            self._gateway.cancel()
-            await asyncio.gather(self._gateway, return_exceptions=True)
+        if self._leading is not None:
+            self._leading.cancel()
+            await asyncio.gather(self._leading, return_exceptions=True)
+        await self._close_gateway()
+        await self.rest.close()
         await self.downloads.close()
 
     # --- live views -------------------------------------------------------------------------------
