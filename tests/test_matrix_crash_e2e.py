@@ -77,3 +77,61 @@ def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same
         alice.close()
     assert final_texts(events, bot.user_id) == [ANSWER], log.read_text()  # one message, edited to the end
     assert len(llm.requests) == 2  # the turn was taken up again after the restart
+
+
+async def test_on_many_workers_one_syncs_and_the_next_goes_on_from_its_token_when_it_dies(
+        synapse: Synapse, tmp_path: Path) -> None:
+    import asyncio
+
+    from channels.matrix import MatrixChannel
+    from talon.config import Settings
+    from talon.runtime import build_runtime
+    from talon.storage.leases import MemoryLeases
+
+    class DiesHolding(MemoryLeases):
+        async def release(self, name: str) -> None:  # a killed worker never gets to release its lease
+            return None
+
+    bot = synapse.register("bot")
+    alice = Person(synapse.base_url, synapse.register("alice"))
+    async with FakeOpenAI() as llm:
+        llm.queue("First.", "Second.")
+
+        def settings(worker: str) -> Settings:
+            return Settings(_env_file=None, MATRIX_HOMESERVER=synapse.base_url, MATRIX_USER_ID=bot.user_id,  # type: ignore[call-arg]
+                            MATRIX_ACCESS_TOKEN=bot.access_token, TALON_MATRIX_ALLOWED_USERS=alice.id,
+                            TALON_MATRIX_STREAMING=False, TALON_MATRIX_ACK_REACTION="",
+                            OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="k", TALON_MODEL="openai:fake-model",
+                            TALON_MODEL_MAX_RETRIES=0, TALON_ACK_DELAY=0, TALON_MODEL_DISCOVERY=False,
+                            TALON_MEDIA_ROOT=str(tmp_path / worker / "media"),
+                            TALON_DATA_DIR=str(tmp_path / worker / "data"))  # nothing shared on disk
+
+        table: dict[str, tuple[str, float]] = {}
+        first, second = MatrixChannel(settings("one")), MatrixChannel(settings("two"))
+        first.share_updates(DiesHolding("worker-1", 1.0, table))
+        second.share_updates(MemoryLeases("worker-2", 1.0, table))
+        runtime1 = build_runtime(settings("one"), [first])
+        runtime2 = build_runtime(settings("two"), [second])
+        await runtime1.start()
+        await runtime2.start()
+        try:
+            standing_by = second.health()
+            dm = alice.create_room([bot.user_id], direct=True)
+            await alice.wait_for(dm, lambda _: bot.user_id in alice.members(dm), what="the bot to join")
+            alice.say(dm, "one")
+            await alice.wait_for(dm, lambda ev: final_texts(ev, bot.user_id), what="the first answer")
+            assert first._leading is not None  # noqa: SLF001
+            first._leading.cancel()  # the syncing worker dies, holding its lease  # noqa: SLF001
+            await asyncio.gather(first._leading, return_exceptions=True)  # noqa: SLF001
+            alice.say(dm, "two")  # said while nobody syncs
+            await alice.wait_for(dm, lambda ev: len(final_texts(ev, bot.user_id)) >= 2, what="the second answer")
+            took_over = second.health()
+            events = alice.timeline(dm)
+        finally:
+            await runtime2.stop()
+            await runtime1.stop()
+            alice.close()
+    assert standing_by.ok and "standing by" in standing_by.detail
+    assert final_texts(events, bot.user_id) == ["First.", "Second."]
+    assert len(llm.requests) == 2  # "one" was not taken up again by the second worker
+    assert took_over.ok and not (tmp_path / "two" / "data" / "matrix").exists()  # the token came from the homeserver

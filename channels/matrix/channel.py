@@ -6,6 +6,8 @@ reactions, approval prompts and downloads. Start logs in (``MATRIX_ACCESS_TOKEN`
 ``MATRIX_PASSWORD``), checks who it is with ``whoami``, reads the homeserver's upload limit, and
 starts the sync loop; a homeserver that cannot be reached is waited for (``health`` says why)
 rather than failing the start, while a refused token or password is a ``ConfigError`` at once.
+With many workers on one database (``share_updates``) only the holder of the account's sync lease
+runs the loop (``channels/leader.py``); the others send replies and stand by.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from talon.storage.attachments import AttachmentStore
 
 from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
 from channels.edited_view import EditedViews
+from channels.leader import LeaseLeader
 from channels.matrix.api import CHANNEL, MatrixApi, check, matrix_budget
 from channels.matrix.approvals import ApprovalPrompts
 from channels.matrix.delivery import Delivery, edit_content, placed, text_content
@@ -38,6 +41,7 @@ from channels.rooms import ChatterLog
 
 if TYPE_CHECKING:
     from talon.storage.approvals import Approval
+    from talon.storage.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,8 @@ class MatrixChannel(Channel):
         self.sync = Sync(self.api, settings.data_dir, on_invite=self.intake.on_invite,
                          on_event=self.intake.on_event, on_reaction=self.approvals.on_reaction)
         self._task: asyncio.Task[None] | None = None
+        self.leader: LeaseLeader | None = None
+        self._leading: asyncio.Task[None] | None = None
         self._down: str | None = "not started"
         self.startup_retry_max_s = 30.0
 
@@ -75,12 +81,31 @@ class MatrixChannel(Channel):
             return f"the room {conversation.chat_id} is no longer served (not in TALON_MATRIX_ALLOWED_ROOMS)"
         return None
 
+    def share_updates(self, leases: Leases) -> None:
+        """Many workers: one ``/sync`` per account, by the holder of its lease; the token in the
+        account data so that the next holder goes on from it (``sync.py``)."""
+        self.sync.shared = True
+        self.leader = LeaseLeader(leases, f"matrix:sync:{self.api.user_id}", start=self._start_sync,
+                                  stop=self._stop_sync)
+
     async def start(self, bridge: BridgeHandle) -> None:
         self.intake.bind(bridge)
         self.approvals.bind(bridge)
         await self._retry_start(self._log_in)
-        self._task = asyncio.create_task(self.sync.run(), name="matrix-sync")
+        if self.leader is not None:
+            self._leading = asyncio.create_task(self.leader.run(), name="matrix-sync-lease")
+        else:
+            await self._start_sync()
         self._down = None
+
+    async def _start_sync(self) -> None:
+        self._task = asyncio.create_task(self.sync.run(), name="matrix-sync")
+
+    async def _stop_sync(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _log_in(self) -> None:
         client = self.api.client
@@ -121,15 +146,19 @@ class MatrixChannel(Channel):
     def health(self) -> ChannelHealth:
         if self._down is not None:
             return ChannelHealth(False, self._down)
+        if self.leader is not None and not self.leader.leading:
+            return ChannelHealth(True, f"standing by: another worker syncs {self.api.user_id} (lease "
+                                       f"{self.leader.name}); replies go out from here")
         if self._task is not None and self._task.done():
             return ChannelHealth(False, "the sync loop ended")
         return self.sync.health()
 
     async def stop(self) -> None:
         self._down = "stopped"
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._leading is not None:
+            self._leading.cancel()
+            await asyncio.gather(self._leading, return_exceptions=True)
+        await self._stop_sync()
         await self.api.close()
 
     # --- live views -------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The sync loop: ``/sync`` long-polled from the homeserver, each batch's events handed in, then
-its ``next_batch`` token saved (``TALON_DATA_DIR/matrix/``).
+its ``next_batch`` token saved: in ``TALON_DATA_DIR/matrix/`` on a single worker; with many workers
+(``shared``) in the bot account's own account data on the homeserver (``org.talon.sync``), where
+whichever worker takes the sync over next finds it.
 
 Nothing is lost on a crash: the token is saved only after every event of the batch is in the
 durable inbox (``bridge.submit``), so a worker that dies mid-batch is given the batch again at its
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 SYNC_TIMEOUT_MS = 30_000
 SYNC_FAILURES_DOWN = 3
 BACKOFF_MAX_S = 30.0
+TOKEN_TYPE = "org.talon.sync"
 # First sync: no history, only the rooms' state (members, power levels).
 _FIRST_FILTER: dict[str, Any] = {"room": {"timeline": {"limit": 0}}, "presence": {"types": []}}
 _FILTER: dict[str, Any] = {"presence": {"types": []}, "account_data": {"types": []}}
@@ -50,6 +53,8 @@ class Sync:
         self.last_error = ""
         self.last_ok: float | None = None
         self.batches = 0
+        self.shared = False  # many workers: the token lives in the account data (see the docstring)
+        self._saved: str | None = None
 
     def health(self) -> ChannelHealth:
         if self.failures >= SYNC_FAILURES_DOWN:
@@ -71,8 +76,35 @@ class Sync:
         tmp.write_text(token)
         tmp.replace(self.token_file)
 
+    def _account_data_url(self) -> str:
+        from urllib.parse import quote
+
+        return (f"{self.api.homeserver}/_matrix/client/v3/user/{quote(self.api.user_id, safe='')}"
+                f"/account_data/{TOKEN_TYPE}")
+
+    async def load_token(self) -> str | None:
+        if not self.shared:
+            return await asyncio.to_thread(self._read_token)
+        resp = await self.api.http.get(self._account_data_url(), headers=self.api.auth())
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        token = resp.json().get("next_batch")
+        return token if isinstance(token, str) and token else None
+
+    async def save_token(self, token: str) -> None:
+        if token == self._saved:
+            return
+        if self.shared:
+            resp = await self.api.http.put(self._account_data_url(), headers=self.api.auth(),
+                                           json={"next_batch": token})
+            resp.raise_for_status()
+        else:
+            await asyncio.to_thread(self._write_token, token)
+        self._saved = token
+
     async def run(self) -> None:
-        since = await asyncio.to_thread(self._read_token)
+        since = await self._load_with_retry()
         delay = 1.0
         while True:
             first = since is None
@@ -96,7 +128,11 @@ class Sync:
                     delay = min(delay * 2, BACKOFF_MAX_S)
                     continue
                 since = answer.next_batch
-                await asyncio.to_thread(self._write_token, since)
+                try:
+                    await self.save_token(since)
+                except Exception as exc:  # kept in memory; the next batch saves it again
+                    log.warning("matrix: could not save the sync token (%s: %s); the batch may come again "
+                                "after a restart (the inbox drops the copies)", type(exc).__name__, exc)
                 self.failures = 0
                 self.last_ok = time.monotonic()
                 self.batches += 1
@@ -106,6 +142,20 @@ class Sync:
                 self.last_error = str(answer)[:200]
             self.failures += 1
             log.warning("matrix: /sync failed (%s); retrying in %.0fs", self.last_error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def _load_with_retry(self) -> str | None:
+        delay = 1.0
+        while True:
+            try:
+                return await self.load_token()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.last_error = f"reading the sync token: {type(exc).__name__}: {exc}"[:200]
+                self.failures += 1
+                log.warning("matrix: %s; retrying in %.0fs", self.last_error, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
