@@ -323,7 +323,13 @@ def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same
     try:
         slack.wait_for_sync("chat.update", lambda c: str(c.params.get("text", "")).endswith(
             "Sentence 30 of a long answer about the sea."), timeout=60)
+        import httpx
+
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
     finally:
         stop_talon(proc)
+    assert health.status_code == 200 and "channel slack" in health.text and BOT_USER in health.text
+    assert BOT_TOKEN not in health.text and SIGNING_SECRET not in health.text
+    assert BOT_TOKEN not in log.read_text() and SIGNING_SECRET not in log.read_text()
     assert [m.ts for m in slack.bot_messages(DM)] == [streamed.ts], slack.summary()  # no second copy
     assert slack.messages[(DM, streamed.ts)].text == answer, log.read_text()
