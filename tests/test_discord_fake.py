@@ -94,8 +94,10 @@ async def test_rest_answers_and_refusals_are_what_discord_py_expects(
     with pytest.raises(discord.HTTPException) as too_long:
         await channel.send("x" * 2001)
     assert too_long.value.status == 400 and too_long.value.code == 50035
+    stray = discord.Client(intents=discord.Intents.none())
     with pytest.raises(discord.LoginFailure):
-        await discord.Client(intents=discord.Intents.none()).login("wrong-token")
+        await stray.login("wrong-token")
+    await stray.close()
 
 
 async def test_a_short_429_is_waited_out_by_discord_py_and_a_long_one_raised(
