@@ -333,3 +333,19 @@ def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same
     assert BOT_TOKEN not in log.read_text() and SIGNING_SECRET not in log.read_text()
     assert [m.ts for m in slack.bot_messages(DM)] == [streamed.ts], slack.summary()  # no second copy
     assert slack.messages[(DM, streamed.ts)].text == answer, log.read_text()
+
+
+async def test_a_429_on_a_live_edit_stops_the_live_view_and_the_whole_answer_still_arrives_in_place(
+        slack: FakeSlack, llm: FakeOpenAI, tmp_path: Path) -> None:
+    answer = " ".join(f"Line {i} about the tides." for i in range(1, 41))
+    llm.chunk_delay = 0.05
+    llm.queue(answer)
+    slack.rate_limit_next("chat.update", retry_after=1)
+    settings = slack_settings(tmp_path, slack, llm, TALON_SLACK_ACK_REACTION="")
+    async with running(settings) as (runtime, url):
+        await slack.deliver(url, "event", slack.message_event(DM, ALICE, "tides?"))
+        await slack.wait_until(lambda: any(m.text == answer for m in slack.bot_messages(DM)), "the whole answer")
+    [message] = slack.bot_messages(DM)  # one message: posted live, then edited to the end
+    assert message.text == answer
+    updates = [c.status for c in slack.calls if c.method == "chat.update"]
+    assert updates[0] == 429 and updates[-1] == 200

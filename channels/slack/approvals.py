@@ -73,8 +73,8 @@ class ApprovalPrompts:
                                        f"sent ({exc})") from exc
             text = f"{text[:HEAD]}\n… ({len(text)} characters in all: the whole call is in the file above)"
         answer = await self.api.call(channel, "approval prompt", lambda: self.api.client.chat_postMessage(
-            channel=channel, text=text[:SECTION_LIMIT], blocks=prompt_blocks(approval.id, text), thread_ts=thread,
-            mrkdwn=False))
+            channel=channel, text=escape(text)[:SECTION_LIMIT], blocks=prompt_blocks(approval.id, text),
+            thread_ts=thread, mrkdwn=False))
         return str(answer.get("ts"))
 
     async def settle_approval(self, approval: Approval, text: str) -> None:
