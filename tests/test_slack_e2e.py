@@ -134,8 +134,12 @@ async def test_forged_stale_and_garbled_requests_are_refused_and_reach_nobody(
                 answered = await resp.json()
             async with http.post(url, data=challenge, headers={"Content-Type": "application/json"}) as resp:
                 unsigned_challenge = resp.status
+            huge = b'{"type":"event_callback","pad":"' + b"x" * 600_000 + b'"}'
+            async with http.post(url, data=huge, headers={**sign(SIGNING_SECRET, huge),
+                                                          "Content-Type": "application/json"}) as resp:
+                too_big = resp.status
     assert statuses == [401] * 7
-    assert answered == {"challenge": "abc123"} and unsigned_challenge == 401
+    assert answered == {"challenge": "abc123"} and unsigned_challenge == 401 and too_big == 413
     assert llm.requests == []
     assert not slack.sent("chat.postMessage")
 
