@@ -18,6 +18,7 @@ from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
 from talon.agent.providers.profiles import settings_profile, split_summary_model
 from talon.agent.providers.base import Provider, data_url
 from talon.agent.tools.sandbox import SandboxLimits
+from talon.agent.tools.search import SearchConversationsTool
 from talon.agent.tools.registry import ToolRegistry
 from talon.agent.tools.workspace import Workspace, WorkspacePolicy
 from talon.agent.tools.workspace_tools import workspace_tools
@@ -275,6 +276,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     scheduler = build_scheduler(settings, stores)
     for tool in scheduler_tools(scheduler):
         tools.add(tool)
+    if settings.search_index:
+        tools.add(SearchConversationsTool(sessions))  # this chat's own history (talon.storage.search)
     agent = Agent(
         provider,
         sessions,
@@ -484,7 +487,9 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
 
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
         channels.append(WhatsAppChannel(settings, http=http,
-                                        links=stores.links if stores is not None else None))
+                                        links=stores.links if stores is not None else None,
+                                        state=stores.whatsapp if stores is not None else None,
+                                        worker_id=stores.worker_id if stores is not None else ""))
     if settings.matrix_configured():
         from channels.matrix import MatrixChannel
 
