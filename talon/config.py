@@ -220,6 +220,63 @@ class Settings(BaseSettings):
         default="/telegram/webhook", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_PATH")
     )
 
+    # --- matrix (channels/matrix) --------------------------------------------------------------
+    # The homeserver's client-API address (also where tests and self-hosted servers point it).
+    matrix_homeserver: str = Field(default="", validation_alias=_env("MATRIX_HOMESERVER"))
+    matrix_user_id: str = Field(default="", validation_alias=_env("MATRIX_USER_ID"))
+    # One of the two: a token (preferred), or the password Talon logs in with at each start.
+    matrix_access_token: str = Field(default="", validation_alias=_env("MATRIX_ACCESS_TOKEN"))
+    matrix_password: str = Field(default="", validation_alias=_env("MATRIX_PASSWORD"))
+    # People allowed in direct messages (@user:server), and rooms served (!room:server).
+    matrix_allowed_users: str = Field(default="", validation_alias=_env("TALON_MATRIX_ALLOWED_USERS"))
+    matrix_allowed_rooms: str = Field(default="", validation_alias=_env("TALON_MATRIX_ALLOWED_ROOMS"))
+    matrix_room_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_MATRIX_ROOM_CONTEXT"))
+    # Live replies: the answer's message edited in place (m.replace) as it is written; at most one
+    # edit per interval.
+    matrix_streaming: bool = Field(default=True, validation_alias=_env("TALON_MATRIX_STREAMING"))
+    matrix_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                            validation_alias=_env("TALON_MATRIX_STREAM_INTERVAL"))
+    matrix_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_MATRIX_ACK_REACTION"))
+    # Seconds a homeserver request may take before it is given up (a sync waits 30 s more).
+    matrix_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_MATRIX_TIMEOUT"))
+
+    # --- slack (channels/slack) ----------------------------------------------------------------
+    slack_bot_token: str = Field(default="", validation_alias=_env("SLACK_BOT_TOKEN"))  # xoxb-...
+    # Events API over HTTP: requests are checked against this secret (and a 5-minute window).
+    slack_signing_secret: str = Field(default="", validation_alias=_env("SLACK_SIGNING_SECRET"))
+    # Socket Mode (no public URL needed): an app-level token (xapp-...) with connections:write.
+    slack_app_token: str = Field(default="", validation_alias=_env("SLACK_APP_TOKEN"))
+    # Slack's Web API address (tests and proxies point it elsewhere). Files are fetched only from
+    # this host or its "files." neighbour (files.slack.com for slack.com).
+    slack_api_base_url: str = Field(default="https://slack.com/api/", validation_alias=_env("SLACK_API_BASE_URL"))
+    slack_events_path: str = Field(default="/slack/events", validation_alias=_env("TALON_SLACK_EVENTS_PATH"))
+    # Member ids (U...) allowed in direct messages; channel ids (C.../G...) served.
+    slack_allowed_users: str = Field(default="", validation_alias=_env("TALON_SLACK_ALLOWED_USERS"))
+    slack_allowed_channels: str = Field(default="", validation_alias=_env("TALON_SLACK_ALLOWED_CHANNELS"))
+    slack_channel_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_SLACK_CHANNEL_CONTEXT"))
+    slack_streaming: bool = Field(default=True, validation_alias=_env("TALON_SLACK_STREAMING"))
+    slack_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                           validation_alias=_env("TALON_SLACK_STREAM_INTERVAL"))
+    # A reaction name (without colons) set while a message is being answered; empty for none.
+    slack_ack_reaction: str = Field(default="eyes", validation_alias=_env("TALON_SLACK_ACK_REACTION"))
+    slack_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_SLACK_TIMEOUT"))
+
+    # --- discord (channels/discord) --------------------------------------------------------------
+    discord_bot_token: str = Field(default="", validation_alias=_env("DISCORD_BOT_TOKEN"))
+    # Discord's REST API address (tests and proxies point it elsewhere); the gateway's address comes
+    # from its GET /gateway/bot answer, as on the real platform.
+    discord_api_base_url: str = Field(default="https://discord.com/api/v10",
+                                      validation_alias=_env("DISCORD_API_BASE_URL"))
+    # User ids allowed in direct messages; channel ids served (a thread is served when its parent is).
+    discord_allowed_users: str = Field(default="", validation_alias=_env("TALON_DISCORD_ALLOWED_USERS"))
+    discord_allowed_channels: str = Field(default="", validation_alias=_env("TALON_DISCORD_ALLOWED_CHANNELS"))
+    discord_channel_context: int = Field(default=20, ge=0, le=200,
+                                         validation_alias=_env("TALON_DISCORD_CHANNEL_CONTEXT"))
+    discord_streaming: bool = Field(default=True, validation_alias=_env("TALON_DISCORD_STREAMING"))
+    discord_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                             validation_alias=_env("TALON_DISCORD_STREAM_INTERVAL"))
+    discord_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_DISCORD_ACK_REACTION"))
+
     # --- speech ------------------------------------------------------------------------------
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
         default="auto", validation_alias=_env("TALON_TRANSCRIBER")
@@ -383,6 +440,58 @@ class Settings(BaseSettings):
     @property
     def whatsapp_allowlist(self) -> set[str]:
         return {normalize_whatsapp_number(x) for x in _csv(self.whatsapp_allowed_numbers)}
+
+    @property
+    def matrix_allowlist(self) -> set[str]:
+        return {x.lower() for x in _csv(self.matrix_allowed_users)}
+
+    @property
+    def matrix_allowed_room_ids(self) -> frozenset[str]:
+        """Room ids from ``TALON_MATRIX_ALLOWED_ROOMS``; ConfigError for an entry that is not one."""
+        rooms = frozenset(_csv(self.matrix_allowed_rooms))
+        for room in rooms:
+            # Room versions before 12 add ":server"; from 12 on a room id is "!" and a hash.
+            if not (room.startswith("!") and len(room) > 2 and " " not in room):
+                raise ConfigError(f"TALON_MATRIX_ALLOWED_ROOMS: {room!r} is not a room id (room ids start with !, "
+                                  "e.g. !AbCdEf:example.org; the log names the id of a room the bot was invited to)",
+                                  ["TALON_MATRIX_ALLOWED_ROOMS"])
+        return rooms
+
+    @property
+    def slack_allowlist(self) -> set[str]:
+        return {x.upper() for x in _csv(self.slack_allowed_users)}
+
+    @property
+    def slack_allowed_channel_ids(self) -> frozenset[str]:
+        return frozenset(x.upper() for x in _csv(self.slack_allowed_channels))
+
+    def slack_configured(self) -> bool:
+        return bool(self.slack_bot_token.strip())
+
+    @property
+    def slack_socket_mode(self) -> bool:
+        return bool(self.slack_app_token.strip())
+
+    @property
+    def discord_allowlist(self) -> set[str]:
+        return set(_csv(self.discord_allowed_users))
+
+    @property
+    def discord_allowed_channel_ids(self) -> frozenset[str]:
+        """Channel ids from ``TALON_DISCORD_ALLOWED_CHANNELS``; ConfigError for one that is not an id."""
+        ids = frozenset(_csv(self.discord_allowed_channels))
+        for entry in ids:
+            if not entry.isdigit():
+                raise ConfigError(f"TALON_DISCORD_ALLOWED_CHANNELS: {entry!r} is not a channel id (a number: turn on "
+                                  "Developer Mode, then right-click the channel, Copy Channel ID)",
+                                  ["TALON_DISCORD_ALLOWED_CHANNELS"])
+        return ids
+
+    def discord_configured(self) -> bool:
+        return bool(self.discord_bot_token.strip())
+
+    def matrix_configured(self) -> bool:
+        return bool(self.matrix_homeserver.strip() and self.matrix_user_id.strip())
 
     def approver_ids(self) -> frozenset[str]:
         """TALON_APPROVERS: ids as given, usernames as ``@name`` in lower case."""

@@ -41,6 +41,7 @@
     ├── ApprovalNotShown            a call waiting for approval could not be shown whole: it is refused
     ├── DeliveryError               a reply or file could not be delivered to the chat (``.permanent``)
     │   ├── UploadTimedOut          a Telegram upload timed out twice (it may have arrived)
+    │   ├── PlatformRateLimited     a chat platform said "too many requests, wait ``.seconds``" (retried)
     │   └── TwilioRefused           Twilio answered with an error retrying will not fix
     ├── MalformedWebhook (ValueError) a webhook body that is not what the platform sends
     ├── StreamStopped               a live view asks to stop showing this turn (the reply still goes)
@@ -302,6 +303,15 @@ class UploadTimedOut(DeliveryError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, permanent=True)
+
+
+class PlatformRateLimited(DeliveryError):
+    """A chat platform's "too many requests" (Matrix ``M_LIMIT_EXCEEDED``): wait ``seconds``, then
+    try again; the channel's call loop does, within its bound."""
+
+    def __init__(self, message: str, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 class TwilioRefused(DeliveryError):

@@ -463,7 +463,9 @@ def shared_http_server(settings: Settings) -> "HttpServer | None":
     # With Telegram long polling alone nothing needs to listen; naming TALON_HTTP_PORT asks for
     # the server anyway, for /metrics and /healthz.
     wanted = settings.metrics and "http_port" in settings.model_fields_set
-    if wanted or settings.whatsapp_configured() or (settings.telegram_configured() and settings.telegram_webhook_mode):
+    slack_events = settings.slack_configured() and not settings.slack_socket_mode
+    if wanted or settings.whatsapp_configured() or slack_events or (
+            settings.telegram_configured() and settings.telegram_webhook_mode):
         from channels.http import HttpServer
 
         return HttpServer(settings.http_host, settings.http_port)
@@ -488,6 +490,18 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
                                         links=stores.links if stores is not None else None,
                                         state=stores.whatsapp if stores is not None else None,
                                         worker_id=stores.worker_id if stores is not None else ""))
+    if settings.matrix_configured():
+        from channels.matrix import MatrixChannel
+
+        channels.append(MatrixChannel(settings))
+    if settings.slack_configured():
+        from channels.slack import SlackChannel
+
+        channels.append(SlackChannel(settings, http=http))
+    if settings.discord_configured():
+        from channels.discord import DiscordChannel
+
+        channels.append(DiscordChannel(settings))
     return channels
 
 

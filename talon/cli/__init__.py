@@ -51,7 +51,10 @@ class _RedactingFormatter(logging.Formatter):
 def _secrets(settings: Settings) -> list[str]:
     return [value.strip() for value in (settings.telegram_bot_token, settings.twilio_auth_token,
                                         settings.openai_api_key, settings.anthropic_api_key,
-                                        settings.telegram_webhook_secret) if value.strip()]
+                                        settings.telegram_webhook_secret, settings.matrix_access_token,
+                                        settings.matrix_password, settings.slack_bot_token,
+                                        settings.slack_signing_secret, settings.slack_app_token,
+                                        settings.discord_bot_token) if value.strip()]
 
 
 def _setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
@@ -248,8 +251,16 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
-    from talon.doctor_checks import (model_url_row, settings_row, telegram_bot_row, twilio_account_row,
-                                     whatsapp_templates_row)
+    from talon.doctor_checks import (
+        discord_bot_row,
+        matrix_account_row,
+        model_url_row,
+        settings_row,
+        slack_bot_row,
+        telegram_bot_row,
+        twilio_account_row,
+        whatsapp_templates_row,
+    )
     from talon.speech.transcribe import Transcriber
 
     rows: list[tuple[str, str]] = [settings_row()]
@@ -298,6 +309,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if account is not None:
             rows.append(account)
         rows.append(whatsapp_templates_row(settings))
+    rows.append(("matrix", "configured" if settings.matrix_configured() else "not configured"))
+    if settings.matrix_configured():
+        rows.append(asyncio.run(matrix_account_row(settings)))
+        rows.append(("matrix allowlist", ", ".join(sorted(settings.matrix_allowlist)) or empty_allowlist))
+        try:
+            rooms = ", ".join(sorted(settings.matrix_allowed_room_ids)) or "none (direct messages only)"
+        except ConfigError as exc:
+            rooms = f"INVALID: {exc}"
+        rows.append(("matrix rooms", rooms))
+    rows.append(("slack", ("configured (Socket Mode)" if settings.slack_socket_mode else
+                           f"configured (Events API at {settings.slack_events_path})")
+                  if settings.slack_configured() else "not configured"))
+    if settings.slack_configured():
+        rows.append(asyncio.run(slack_bot_row(settings)))
+        rows.append(("slack allowlist", ", ".join(sorted(settings.slack_allowlist)) or empty_allowlist))
+        rows.append(("slack channels", ", ".join(sorted(settings.slack_allowed_channel_ids))
+                     or "none (direct messages only)"))
+    rows.append(("discord", "configured" if settings.discord_configured() else "not configured"))
+    if settings.discord_configured():
+        rows.append(asyncio.run(discord_bot_row(settings)))
+        rows.append(("discord allowlist", ", ".join(sorted(settings.discord_allowlist)) or empty_allowlist))
+        try:
+            served = ", ".join(sorted(settings.discord_allowed_channel_ids)) or "none (direct messages only)"
+        except ConfigError as exc:
+            served = f"INVALID: {exc}"
+        rows.append(("discord channels", served))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     from talon.control.doctor import control_rows
