@@ -61,7 +61,7 @@ SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
-                       "/approvals"})
+                       "/approvals", "/skills"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -849,7 +849,8 @@ class Bridge:
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
-                    "/tasks lists scheduled tasks; /approvals lists the tools allowed without asking.")
+                    "/tasks lists scheduled tasks; /skills lists the skills I can load; "
+                    "/approvals lists the tools allowed without asking.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
@@ -865,6 +866,8 @@ class Bridge:
                 return ("Only the person who asked, an administrator of this group or an approver "
                         "can stop what I am doing.")
             return "Nothing to stop: I was not working on anything."
+        if word == "/skills":
+            return await self.agent.skills_text(chat)
         if word == "/tasks":
             if self.scheduler is None:
                 return "Scheduled tasks are not available here."

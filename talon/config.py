@@ -136,6 +136,13 @@ class Settings(BaseSettings):
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 
+    # --- skills (talon.agent.tools.skills, docs/skills.md) ---------------------------------------
+    # Skill folders shared by every chat, read-only for the agent (outside the media root); each
+    # chat's own live in its workspace under skills/.
+    skills_dir: Path | None = Field(default=None, validation_alias=_env("TALON_SKILLS_DIR"))
+    # Tokens the system prompt's list of skills (one line each) may take; the rest are named as left out.
+    skills_budget: int = Field(default=2_000, ge=100, validation_alias=_env("TALON_SKILLS_BUDGET"))
+
     # --- MCP servers and web fetch (talon.agent.tools.mcp, talon.agent.tools.web_fetch) ---------------------
     # The mcpServers JSON file; unset: mcp.json in the working directory (beside .env), if any.
     mcp_config: Path | None = Field(default=None, validation_alias=_env("TALON_MCP_CONFIG"))

@@ -19,6 +19,7 @@ from talon.agent.providers.profiles import settings_profile, split_summary_model
 from talon.agent.providers.base import Provider, data_url
 from talon.agent.tools.sandbox import SandboxLimits
 from talon.agent.tools.registry import ToolRegistry
+from talon.agent.tools.skills import SHARED_SKILLS_MOUNT, LoadSkillTool, SkillCatalog, check_shared_dir
 from talon.agent.tools.workspace import Workspace, WorkspacePolicy
 from talon.agent.tools.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
@@ -275,6 +276,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     scheduler = build_scheduler(settings, stores)
     for tool in scheduler_tools(scheduler):
         tools.add(tool)
+    skills = skill_catalog(settings)
+    tools.add(LoadSkillTool(skills, shell_path=shared_skills_in_shell(tools, skills)))
     agent = Agent(
         provider,
         sessions,
@@ -295,6 +298,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
+        skills=skills,
     )
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
@@ -334,6 +338,29 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
                    stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
                    mcp=mcp, scheduler=scheduler)
+
+
+def skill_catalog(settings: Settings) -> SkillCatalog:
+    """The shared skills (``TALON_SKILLS_DIR``, outside the media root) and every chat's own."""
+    if settings.skills_dir is not None:
+        check_shared_dir(settings.skills_dir, settings.media_root)
+    return SkillCatalog(settings.skills_dir, budget_tokens=settings.skills_budget)
+
+
+def shared_skills_in_shell(tools: ToolRegistry, skills: SkillCatalog) -> str | None:
+    """Where the shell sees the shared skills: read-only at /skills in its sandbox (their own path
+    when it runs unsandboxed); None without a shell or shared skills."""
+    from talon.agent.tools.workspace_tools import ShellTool
+
+    shell = tools.tools.get("shell")
+    if not isinstance(shell, ShellTool) or skills.shared_root is None:
+        return None
+    if not shell.sandboxed:
+        return str(skills.shared_root)
+    if not skills.shared_root.is_dir():
+        return None  # bwrap cannot mount what is not there; the scan says so too
+    shell.read_only_binds = ((str(skills.shared_root), SHARED_SKILLS_MOUNT),)
+    return SHARED_SKILLS_MOUNT
 
 
 def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":

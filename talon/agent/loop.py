@@ -68,6 +68,7 @@ from talon.agent.context.summary import Summarizer, mechanical_summary
 from talon.agent.context.tokens import (CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request,
                                 estimate_tools)
 from talon.agent.tools.registry import ToolContext, ToolRegistry, ToolResult
+from talon.agent.tools.skills import SkillCatalog
 from talon.agent.tools.workspace import Workspace
 from talon.agent.tools.workspace_tools import WorkspaceTool
 from talon.bounded import BoundedMap
@@ -185,6 +186,7 @@ class Agent:
         discoverer: "Discoverer | None" = None,
         learned: LearnedFacts | None = None,
         workspaces: Callable[[ChatKey], Path] | None = None,
+        skills: SkillCatalog | None = None,
     ) -> None:
         self.provider = provider
         self.learned = learned
@@ -207,6 +209,9 @@ class Agent:
             fallback=provider if summary_provider is not None else None,
         )
         self.workspace = Workspace(workspace) if isinstance(workspace, Path) else workspace
+        # Shared skills and each chat's own (``talon.agent.tools.skills``), listed in the prompt
+        # when the ``load_skill`` tool is offered.
+        self.skills = skills
         # Per conversation (``talon.workspaces``): each chat's tools and AGENTS.md are its own.
         # Everything kept per chat here is bounded and dropped when the chat is idle (``talon.bounded``).
         # Without it, ``workspace`` is shared by every chat.
@@ -371,11 +376,31 @@ class Agent:
             # Said plainly, so the model does not write pretend tool calls as text.
             guide = NO_TOOLS_NOTE if self.tools.tools else ""
         memory = memory_file.block() if memory_file is not None else ""
-        prompt = build_system_prompt(self.system_prompt, guide, memory)
+        prompt = build_system_prompt(self.system_prompt, guide, memory, self._skills_block(workspace))
         note = self.chat_notes.get(chat) if chat is not None else None
         if note:
             prompt = SystemPrompt(text=f"{prompt.text}\n\n{note}", cache_points=prompt.cache_points)
         return prompt
+
+    def _skills_block(self, workspace: Workspace | None) -> str:
+        if self.skills is None or not self.tools_available or "load_skill" not in self.tools.tools:
+            return ""
+        return self.skills.prompt_block(workspace.root if workspace is not None else None)
+
+    async def refresh_skills(self, chat: ChatKey | None) -> None:
+        """See whether skills were added or changed (a few ``stat`` calls, off the event loop)."""
+        if self.skills is None:
+            return
+        workspace, _ = self.workspace_of(chat)
+        await asyncio.to_thread(self.skills.refresh, workspace.root if workspace is not None else None)
+
+    async def skills_text(self, chat: ChatKey) -> str:
+        """What ``/skills`` says: the skills this chat sees and any problems with them."""
+        if self.skills is None:
+            return "Skills are not available here."
+        await self.refresh_skills(chat)
+        workspace, _ = self.workspace_of(chat)
+        return self.skills.describe(workspace.root if workspace is not None else None)
 
     def build_system_prompt(self, chat: ChatKey | None = None) -> str:
         return self.system(chat).text
@@ -616,6 +641,7 @@ class Agent:
                     log.info("turn %s in %s already answered before a restart; replaying", turn_id, chat)
                     text = done.text + (cut_off_note(int(done.meta["cut_off"])) if done.meta.get("cut_off") else "")
                     return TurnResult(text=text, steps=0, replayed=True, messages=[done])
+        await self.refresh_skills(chat)
         if self.tools_available and self.tools.sources:
             # Outside tool sources (MCP servers) get ready for this chat, bounded by their own limits.
             await self.tools.prepare(self.tool_context(chat))
