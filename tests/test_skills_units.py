@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from talon.agent.tools.registry import ToolContext, ToolRegistry
-from talon.agent.tools.skills import (MAX_SKILL_BYTES, LoadSkillTool, SkillCatalog, SkillProblem,
+from talon.agent.tools.skills import (MAX_SKILL_BYTES, LoadSkillTool, SkillCatalog,
                                       check_shared_dir, parse_skill, render_block)
 from talon.agent.tools.workspace import Workspace
 from talon.content import ToolCall
-from talon.errors import ConfigError
+from talon.errors import ConfigError, SkillProblem
 
 
 def skill(root: Path, folder: str, name: str | None = None, description: str = "Does a thing",

@@ -44,7 +44,7 @@ from talon.agent.context.tokens import CHARS_PER_TOKEN
 from talon.agent.tools.beneath import dir_beneath, open_file_beneath
 from talon.agent.tools.registry import Tool, ToolContext, ToolResult
 from talon.bounded import BoundedMap
-from talon.errors import ConfigError, ToolError, UnsafePath
+from talon.errors import ConfigError, SkillProblem, ToolError, UnsafePath
 from talon.media.markers import defang_untrusted
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,6 @@ class View:
 
     skills: dict[str, Skill] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
-
-
-class SkillProblem(ValueError):
-    pass
 
 
 # --- one SKILL.md -------------------------------------------------------------------------------
