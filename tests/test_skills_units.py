@@ -96,9 +96,9 @@ def test_yaml_bombs_and_huge_front_matter_are_refused_quickly() -> None:
     never_closed = "---\nname: big\n" + "k: v\n" * 100_000
     with pytest.raises(SkillProblem, match="longer than"):
         parse_skill(never_closed, "chat", "big")
-    many = "---\nname: n\ndescription: d\nk: [" + ",".join("1" for _ in range(3000)) + "]\n---\n"
-    with pytest.raises(SkillProblem, match="YAML nodes"):
-        parse_skill(many, "chat", "n")
+    # '&' and '*' inside quoted text are no anchors: such a skill is fine.
+    fine, _ = parse_skill("---\nname: ok\ndescription: \"Tom & Jerry *bold*\"\n---\n", "chat", "ok")
+    assert fine.description == "Tom & Jerry *bold*"
 
 
 def test_descriptions_are_one_line_bounded_and_cannot_close_talons_markers() -> None:
@@ -173,7 +173,7 @@ def test_a_hard_link_to_an_outside_file_is_refused(ws: Path, tmp_path: Path) -> 
 
 def test_the_scan_is_kept_until_something_changes(shared: Path, ws: Path) -> None:
     skill(shared, "one")
-    catalog = refreshed(SkillCatalog(shared), ws)
+    catalog = refreshed(SkillCatalog(shared, shared_recheck_s=0), ws)
     assert catalog.shared is not None
     scan = catalog.shared.scan
     block = catalog.prompt_block(ws)
@@ -193,6 +193,15 @@ def test_the_scan_is_kept_until_something_changes(shared: Path, ws: Path) -> Non
     skill(ws / "skills", "later")
     catalog.refresh(ws)
     assert "later" in catalog.view(ws).skills
+    # The shared directory is looked at once a second at most; a chat's own every time.
+    slow = refreshed(SkillCatalog(shared), ws)
+    skill(shared, "two")
+    skill(ws / "skills", "three")
+    slow.refresh(ws)
+    assert "two" not in slow.view(ws).skills and "three" in slow.view(ws).skills
+    slow.shared_recheck_s = 0
+    slow.refresh(ws)
+    assert "two" in slow.view(ws).skills
 
 
 def test_the_list_keeps_to_its_budget_and_names_what_it_leaves_out(shared: Path) -> None:

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -54,7 +56,6 @@ CHAT_SKILLS = "skills"  # the chat's own skills, in its workspace
 SHARED_SKILLS_MOUNT = "/skills"  # where the sandboxed shell sees the shared skills, read-only
 MAX_SKILL_BYTES = 256_000  # one SKILL.md
 MAX_FRONT_MATTER = 8_000  # characters between the two --- lines
-MAX_YAML_EVENTS = 2_000  # parser events in the front matter (nodes, keys, values)
 MAX_DESCRIPTION = 1_024  # characters of a description
 MAX_SKILLS = 500  # skill folders read from one directory
 MAX_FILES_LISTED = 200
@@ -67,6 +68,10 @@ _SPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 Origin = Literal["shared", "chat"]
+# yaml.safe_load's loader, in C (libyaml) where PyYAML was built with it.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# The shared directory is Talon's operator's, not the agent's: looked at at most once a second.
+SHARED_RECHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -95,13 +100,13 @@ class View:
 
 # --- one SKILL.md -------------------------------------------------------------------------------
 def _no_aliases(text: str) -> None:
-    """Refuse front matter with anchors or aliases (the "billion laughs") or too many nodes."""
-    events = 0
+    """Refuse front matter with anchors or aliases (the "billion laughs"): with them a few
+    thousand characters can stand for billions of nodes. Without them the size limit bounds the
+    work, so text with neither '&' nor '*' is not walked at all."""
+    if "&" not in text and "*" not in text:
+        return
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            events += 1
-            if events > MAX_YAML_EVENTS:
-                raise SkillProblem(f"front matter has more than {MAX_YAML_EVENTS:,} YAML nodes")
+        for event in yaml.parse(text, Loader=_LOADER):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise SkillProblem("front matter uses YAML anchors or aliases, which skills may not")
     except yaml.YAMLError as exc:
@@ -132,7 +137,7 @@ def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
     body = rest[end.end():].lstrip("\n")
     _no_aliases(head)
     try:
-        data = yaml.safe_load(head)
+        data = yaml.load(head, Loader=_LOADER)  # the safe loader: no tag builds an object
     except yaml.YAMLError as exc:
         raise SkillProblem(f"front matter is not valid YAML ({_yaml_reason(exc)})") from None
     if not isinstance(data, dict):
@@ -168,6 +173,14 @@ def _read_text(base: Path, parts: tuple[str, ...], limit: int, shown: str) -> tu
     return data[:limit].decode("utf-8", errors="replace"), len(data) > limit or st.st_size > limit
 
 
+def _mark(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 # --- one directory --------------------------------------------------------------------------------
 class SkillDir:
     """The skills of one directory (``base/prefix``), scanned again only when it changed."""
@@ -178,41 +191,35 @@ class SkillDir:
         self.origin = origin
         self.label = label  # how problems name the directory
         self.scan = Scan()
+        self._dir = os.fspath(self.path)
         self._key: object = None
         self._said: set[str] = set()
-        self._other_folders: tuple[str, ...] = ()  # folders without a usable skill, watched too
+        self._watched: list[str] = []  # each folder's SKILL.md, usable or not
+        # What each folder's SKILL.md gave, by its status: a rescan reads only what changed.
+        self._parsed: dict[str, tuple[tuple[int, int, int], Skill | str]] = {}
 
     @property
     def path(self) -> Path:
         return self.base.joinpath(*self.prefix)
 
-    def _stat_key(self, folders: tuple[str, ...]) -> object:
+    def _stat_key(self) -> object:
         try:
-            st = os.lstat(self.path)
+            st = os.lstat(self._dir)
         except OSError:
             return None
-        head = (st.st_ino, st.st_mtime_ns, stat.S_IFMT(st.st_mode))
-        marks: list[object] = []
-        for folder in folders:
-            try:
-                s = os.lstat(os.path.join(self.path, folder, SKILL_FILE))
-                marks.append((s.st_ino, s.st_size, s.st_mtime_ns))
-            except OSError:
-                marks.append(None)
-        return head, tuple(marks)
+        return (st.st_ino, st.st_mtime_ns, stat.S_IFMT(st.st_mode)), [_mark(p) for p in self._watched]
 
     def refresh(self) -> Scan:
-        """Blocking (a few ``stat`` calls; a full read only after a change)."""
-        folders = tuple(s.folder for s in self.scan.skills) + self._other_folders
-        key = self._stat_key(folders)
+        """Blocking (one ``stat`` per skill; a read of what changed only after a change)."""
+        key = self._stat_key()
         if key == self._key:
             return self.scan
         scan, folders = self._read()
-        self._other_folders = tuple(f for f in folders if f not in {s.folder for s in scan.skills})
-        self._key = self._stat_key(tuple(s.folder for s in scan.skills) + self._other_folders)
-        new = [p for p in scan.problems if p not in self._said]
-        for problem in new:
-            log.warning("skills: %s", problem)
+        self._watched = [os.path.join(self._dir, folder, SKILL_FILE) for folder in folders]
+        self._key = self._stat_key()
+        for problem in scan.problems:
+            if problem not in self._said:
+                log.warning("skills: %s", problem)
         self._said = set(scan.problems)
         self.scan = scan
         return scan
@@ -233,6 +240,7 @@ class SkillDir:
             names = names[:MAX_SKILLS]
         found: dict[str, Skill] = {}
         folders: list[str] = []
+        self._parsed = {f: v for f, v in self._parsed.items() if f in names}
         for folder in names:
             where = f"{self.label}/{folder}"
             try:
@@ -245,21 +253,11 @@ class SkillDir:
             if not stat.S_ISDIR(st.st_mode):
                 continue  # a stray file beside the skill folders
             folders.append(folder)
-            try:
-                text, longer = _read_text(self.base, (*self.prefix, folder, SKILL_FILE), MAX_SKILL_BYTES,
-                                          f"{where}/{SKILL_FILE}")
-                if longer:
-                    raise SkillProblem(f"{SKILL_FILE} is larger than {MAX_SKILL_BYTES:,} bytes")
-                skill, _ = parse_skill(text, self.origin, folder)
-            except UnsafePath as exc:
-                if exc.errno == errno.ENOENT:
-                    problems.append(f"{where} has no {SKILL_FILE}")
-                else:
-                    problems.append(f"{where}: {exc.strerror or exc}")
+            result = self._parse(folder, where)
+            if isinstance(result, str):
+                problems.append(result)
                 continue
-            except SkillProblem as exc:
-                problems.append(f"{where}: {exc}; left out")
-                continue
+            skill = result
             if skill.name in found:
                 problems.append(f"{where}: the name {skill.name!r} is already used by "
                                 f"{self.label}/{found[skill.name].folder}; left out")
@@ -267,6 +265,28 @@ class SkillDir:
             found[skill.name] = skill
         skills = tuple(sorted(found.values(), key=lambda s: s.name))
         return Scan(skills=skills, problems=tuple(problems)), tuple(folders)
+
+    def _parse(self, folder: str, where: str) -> Skill | str:
+        """One folder's skill, or the problem with it; read again only when its SKILL.md changed."""
+        mark = _mark(os.path.join(self._dir, folder, SKILL_FILE))
+        known = self._parsed.get(folder)
+        if mark is not None and known is not None and known[0] == mark:
+            return known[1]
+        result: Skill | str
+        try:
+            text, longer = _read_text(self.base, (*self.prefix, folder, SKILL_FILE), MAX_SKILL_BYTES,
+                                      f"{where}/{SKILL_FILE}")
+            if longer:
+                raise SkillProblem(f"{SKILL_FILE} is larger than {MAX_SKILL_BYTES:,} bytes")
+            result = parse_skill(text, self.origin, folder)[0]
+        except UnsafePath as exc:
+            result = (f"{where} has no {SKILL_FILE}" if exc.errno == errno.ENOENT
+                      else f"{where}: {exc.strerror or exc}")
+        except SkillProblem as exc:
+            result = f"{where}: {exc}; left out"
+        if mark is not None:
+            self._parsed[folder] = (mark, result)
+        return result
 
 
 def check_shared_dir(shared: Path, media_root: Path) -> None:
@@ -285,11 +305,14 @@ def check_shared_dir(shared: Path, media_root: Path) -> None:
 class SkillCatalog:
     """The shared skills and every chat's own, with the prompt block each chat gets."""
 
-    def __init__(self, shared: Path | None, *, budget_tokens: int = DEFAULT_BUDGET) -> None:
+    def __init__(self, shared: Path | None, *, budget_tokens: int = DEFAULT_BUDGET,
+                 shared_recheck_s: float = SHARED_RECHECK_S) -> None:
         self.shared_root = Path(os.path.realpath(shared)) if shared is not None else None
         self.shared = (SkillDir(self.shared_root, (), "shared", str(self.shared_root))
                        if self.shared_root is not None else None)
         self.budget_tokens = budget_tokens
+        self.shared_recheck_s = shared_recheck_s
+        self._shared_checked = -math.inf
         self._chats: BoundedMap[Path, SkillDir] = BoundedMap("skills_chat_dirs")
         self._views: BoundedMap[Path, tuple[tuple[int, int], View, str, list[str]]] = BoundedMap("skills_views")
 
@@ -302,8 +325,11 @@ class SkillCatalog:
         return known
 
     def refresh(self, workspace_root: Path | None) -> None:
-        """Look for changes (blocking: run it off the event loop)."""
-        if self.shared is not None:
+        """Look for changes (blocking: run it off the event loop): the chat's own skills every
+        time, the shared ones at most once a second."""
+        now = time.monotonic()
+        if self.shared is not None and now - self._shared_checked >= self.shared_recheck_s:
+            self._shared_checked = now
             self.shared.refresh()
         if workspace_root is not None:
             self._chat_dir(workspace_root).refresh()
