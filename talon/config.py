@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     local_threads: int = Field(default=0, ge=0, validation_alias=_env("TALON_LOCAL_THREADS"))
     local_start_timeout_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_LOCAL_START_TIMEOUT"))
     summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
+    # Models tried in order when the one in use is down, times out, rate-limits or fails with a
+    # server error after its retries (comma-separated, each in TALON_MODEL's form); a failed
+    # model rests this many seconds before it is tried first again.
+    model_fallbacks: str = Field(default="", validation_alias=_env("TALON_MODEL_FALLBACKS"))
+    model_fallback_cooldown_s: float = Field(default=300.0, ge=0, validation_alias=_env("TALON_MODEL_FALLBACK_COOLDOWN"))
     turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
     # The signs that a turn is under way (the acknowledgement reaction, the typing indicator, the
     # first live draft) wait this long: an answer ready sooner arrives without them.
@@ -428,6 +433,24 @@ class Settings(BaseSettings):
 
     def whatsapp_configured(self) -> bool:
         return bool(self.twilio_account_sid and self.twilio_whatsapp_from)
+
+    @property
+    def fallback_models(self) -> list[str]:
+        """``TALON_MODEL_FALLBACKS`` as a list (a model without ``provider:`` uses TALON_MODEL's)."""
+        return _csv(self.model_fallbacks)
+
+    def check_fallbacks(self) -> None:
+        """Raise ConfigError for a fallback model Talon could not call."""
+        for spec in self.fallback_models:
+            provider, name = split_model(spec) if ":" in spec else (self.provider_name, spec)
+            where = ["TALON_MODEL_FALLBACKS"]
+            if provider not in ("openai", "anthropic") or not name:
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} is not a model Talon can fall back to (use "
+                                  "openai:NAME or anthropic:NAME; a local: model cannot be one)", where)
+            if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} needs OPENAI_API_KEY or OPENAI_BASE_URL", where)
+            if provider == "anthropic" and not self.anthropic_api_key:
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} needs ANTHROPIC_API_KEY", where)
 
     def check_model(self) -> None:
         """Raise ConfigError naming what is missing for the configured model."""

@@ -14,7 +14,7 @@ from talon.agent.context.pipeline import ContextPolicy
 from talon.agent.providers.discovery import Discoverer
 from talon.agent.providers.learned import LearnedFacts
 from talon.agent.providers.local import LocalModelServer, local_model_server
-from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
+from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent, ModelSlot
 from talon.agent.providers.profiles import settings_profile, split_summary_model
 from talon.agent.providers.base import Provider, data_url
 from talon.agent.tools.sandbox import SandboxLimits
@@ -278,6 +278,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         tools.add(tool)
     skills = skill_catalog(settings)
     tools.add(LoadSkillTool(skills, shell_path=shared_skills_in_shell(tools, skills)))
+    settings.check_fallbacks()
+    fallbacks = [ModelSlot(spec, build_provider(settings, store, spec), settings_profile(settings, spec))
+                 for spec in settings.fallback_models]
     agent = Agent(
         provider,
         sessions,
@@ -299,6 +302,9 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
         skills=skills,
+        fallbacks=fallbacks,
+        fallback_cooldown_s=settings.model_fallback_cooldown_s,
+        model_label=settings.model,
     )
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)

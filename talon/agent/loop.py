@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -122,6 +123,22 @@ class TurnResult:
     messages: list[Message] = field(default_factory=list)
 
 
+@dataclass
+class ModelSlot:
+    """One model of the failover list (``TALON_MODEL`` first, then ``TALON_MODEL_FALLBACKS``)."""
+
+    label: str  # as configured, e.g. "openai:gpt-4.1-mini"
+    provider: Provider
+    profile: ModelProfile
+    down_until: float = 0.0  # monotonic time until which it is not tried first again
+    reason: str = ""  # why it last failed
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] + ("…" if len(text) > 200 else "")
+
+
 def _wire(messages: list[Message], copies: DerivedCache | None = None) -> list[Message]:
     """Messages as a provider gets them: private bookkeeping removed.
 
@@ -187,6 +204,9 @@ class Agent:
         learned: LearnedFacts | None = None,
         workspaces: Callable[[ChatKey], Path] | None = None,
         skills: SkillCatalog | None = None,
+        fallbacks: list[ModelSlot] | None = None,
+        fallback_cooldown_s: float = 300.0,
+        model_label: str = "",
     ) -> None:
         self.provider = provider
         self.learned = learned
@@ -229,6 +249,15 @@ class Agent:
         # turn late in a long chat does not copy every earlier message again.
         self.copies = DerivedCache()
         self._apply_learned()
+        # Model failover: the models in order, the one in use (its provider and profile are
+        # ``self.provider`` and ``self.profile`` while it is), how long a failed one rests.
+        self.models: list[ModelSlot] = [ModelSlot(model_label or provider.model, provider, self.profile),
+                                        *(fallbacks or [])]
+        self.active = 0
+        self.fallback_cooldown_s = fallback_cooldown_s
+        self.clock: Callable[[], float] = time.monotonic
+        # Which model gave each chat's last answer, and why that one.
+        self.answered_by: BoundedMap[ChatKey, tuple[str, str]] = BoundedMap("agent_answered_by")
         # What the system prompt says about one chat (a group's name and people), set by the
         # bridge; it goes after the cached prefix, so every chat shares that prefix.
         self.chat_notes: BoundedMap[ChatKey, str] = BoundedMap("agent_chat_notes")
@@ -275,7 +304,7 @@ class Agent:
 
     def _remember(self) -> None:
         """Record what the server just revealed (a smaller window, images or tools refused)."""
-        if self.learned is None:
+        if self.learned is None or self.active != 0:  # what is learned is the first model's
             return
         facts: dict[str, object] = {}
         if dict(self.profile.sources).get("context_window", "").startswith("stated by the server"):
@@ -296,6 +325,8 @@ class Agent:
         """
         if self.discoverer is None:
             return None
+        if self.active != 0:  # the discoverer asks about the first model; a fallback is in use
+            return self.facts
         facts = await self.discoverer.discover()
         self.facts = facts
         if not facts.reachable:
@@ -481,8 +512,17 @@ class Agent:
         if self.facts is not None and (not self.facts.reachable or self.facts.listed is False):
             server = f"\nServer: {self.facts.describe()}"
         server += "".join(f"\n{line}" for line in self.tools.status_lines())
+        label = model_label or self.provider.model
+        if self.active != 0:
+            first = self.models[0]
+            left = max(0.0, first.down_until - self.clock())
+            label = (f"{self.models[self.active].label}, a fallback: {first.label} failed ({first.reason}); it is "
+                     f"tried again in {left:.0f}s")
+        answered = self.answered_by.get(chat)
+        if answered is not None:
+            server += f"\nLast answer by: {answered[0]} ({answered[1]})"
         return (
-            f"Model: {model_label or self.provider.model} ({profile.describe(with_sources=True)})\n"
+            f"Model: {label} ({profile.describe(with_sources=True)})\n"
             f"Context: {context}; older turns are summarized from {budget.trigger:,}\n"
             f"Session: {thread}, {len(conversation)} messages, {_kb(await self.sessions.size_bytes(chat))}{extra}"
             f"{server}"
@@ -503,12 +543,27 @@ class Agent:
     # --- model calls --------------------------------------------------------------------------
     async def _complete(self, chat: ChatKey, history: list[Message],
                         on_text: TextSink | None = None) -> tuple[ModelRequest, ModelResponse]:
-        system = self.system(chat)
-        tools = self.tool_specs()
-        budget = self.budget
-        ctx = self._request_context(chat, history, system, tools, budget)
-        messages = self._withhold_refused(
-            chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
+        self._choose_model()
+        tried: set[int] = set()
+
+        async def fitted() -> tuple[SystemPrompt, list[ToolSpec], ContextBudget, RequestContext, list[Message]]:
+            """The request's parts for the model in use; a summary due now is made by it, and if it
+            is down, the next model takes over (and makes it)."""
+            while True:
+                system = self.system(chat)
+                tools = self.tool_specs()
+                budget = self.budget
+                ctx = self._request_context(chat, history, system, tools, budget)
+                try:
+                    messages = self._withhold_refused(
+                        chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
+                except ProviderUnavailable as exc:
+                    if not self._fail_over(chat, exc, tried):
+                        raise
+                    continue
+                return system, tools, budget, ctx, messages
+
+        system, tools, budget, ctx, messages = await fitted()
         refusals = 0
         image_refusals = 0
         refitted = False
@@ -523,6 +578,14 @@ class Agent:
             )
             try:
                 response = await model_call(self.provider, request)
+            except ProviderUnavailable as exc:
+                if not self._fail_over(chat, exc, tried):
+                    raise
+                # The next model, with its own window: the request is fitted to it again.
+                system, tools, budget, ctx, messages = await fitted()
+                refusals = image_refusals = 0
+                refitted = False
+                continue
             except ImageRejected as exc:
                 # One bad picture must not break the conversation: withhold the newest images,
                 # then all of them, and remember which were refused for this chat's next requests.
@@ -572,10 +635,74 @@ class Agent:
                 ) from exc
             self._calibrate(request, response)
             self._remember()
+            self._note_answer(chat)
             if not self.tools_available and self.tools.tools and _PRETEND_CALL.search(response.message.text):
                 log.warning("chat %s: the model wrote a tool call as text, but this server cannot call tools "
                             "(see /status); it was answered as text", chat)
             return request, response
+
+    # --- failover -----------------------------------------------------------------------------
+    def _use(self, index: int) -> None:
+        """Make model ``index`` the one in use (its provider, its profile and window)."""
+        if index == self.active:
+            return
+        current = self.models[self.active]
+        current.provider, current.profile = self.provider, self.profile
+        slot = self.models[index]
+        self.active = index
+        self.provider = slot.provider
+        self.profile = slot.profile
+        if self.summary_provider is None:
+            self.summarizer.provider = slot.provider
+
+    def _choose_model(self) -> None:
+        """Before a model call: the first model that is not resting (the first one again once its
+        cool-down is over); when all rest, the first."""
+        if len(self.models) == 1:
+            return
+        now = self.clock()
+        index = next((i for i, slot in enumerate(self.models) if slot.down_until <= now), 0)
+        if index != self.active:
+            if index < self.active:
+                log.warning("model %s has rested its cool-down: trying it again instead of %s",
+                            self.models[index].label, self.models[self.active].label)
+            else:
+                log.warning("model %s is resting after a failure (%s): using %s", self.models[self.active].label,
+                            self.models[self.active].reason, self.models[index].label)
+            self._use(index)
+
+    def _fail_over(self, chat: ChatKey, exc: ProviderUnavailable, tried: set[int]) -> bool:
+        """The model in use failed after its retries: let it rest and use the next one not yet
+        tried in this call. False when there is none (the error stands)."""
+        if len(self.models) == 1:
+            return False
+        failed = self.models[self.active]
+        failed.down_until = self.clock() + self.fallback_cooldown_s
+        failed.reason = _why(exc)
+        tried.add(self.active)
+        now = self.clock()
+        index = next((i for i, slot in enumerate(self.models) if i not in tried and slot.down_until <= now), None)
+        if index is None:
+            log.error("chat %s: model %s failed (%s), and no other model is left to try", chat, failed.label,
+                      failed.reason)
+            return False
+        log.warning("chat %s: model %s failed after its retries (%s); the turn goes on with %s (%s is tried "
+                    "again after %gs)", chat, failed.label, failed.reason, self.models[index].label, failed.label,
+                    self.fallback_cooldown_s)
+        self._use(index)
+        return True
+
+    def _note_answer(self, chat: ChatKey) -> None:
+        if len(self.models) == 1:
+            return
+        slot = self.models[self.active]
+        if self.active == 0:
+            self.answered_by[chat] = (slot.label, "the first model")
+            return
+        first = self.models[0]
+        why = f"fallback: {first.label} failed ({first.reason})"
+        self.answered_by[chat] = (slot.label, why)
+        log.info("chat %s: answered by %s (%s)", chat, slot.label, why)
 
     def _withhold_refused(self, chat: ChatKey, messages: list[Message]) -> list[Message]:
         refused = self.refused_images.get(chat)
@@ -774,6 +901,9 @@ class Agent:
             produced.append(message)
 
     async def aclose(self) -> None:
+        for slot in self.models:
+            if slot.provider is not self.provider:
+                await slot.provider.aclose()
         await self.provider.aclose()
         if self.summary_provider is not None and self.summary_provider is not self.provider:
             await self.summary_provider.aclose()
