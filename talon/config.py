@@ -141,6 +141,15 @@ class Settings(BaseSettings):
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 
+    # --- sub-agents (talon.agent.tools.delegate, docs/agent.md) -----------------------------------
+    # The delegate tool: a child agent with a fresh context. Its model (empty: the one in use),
+    # how deep delegation may go, children at once per chat, and one child's time limit.
+    subagents_enabled: bool = Field(default=True, validation_alias=_env("TALON_SUBAGENT"))
+    subagent_model: str = Field(default="", validation_alias=_env("TALON_SUBAGENT_MODEL"))
+    subagent_depth: int = Field(default=1, ge=1, le=3, validation_alias=_env("TALON_SUBAGENT_DEPTH"))
+    subagents: int = Field(default=3, ge=1, le=10, validation_alias=_env("TALON_SUBAGENTS"))
+    subagent_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_SUBAGENT_TIMEOUT"))
+
     # --- skills (talon.agent.tools.skills, docs/skills.md) ---------------------------------------
     # Skill folders shared by every chat, read-only for the agent (outside the media root); each
     # chat's own live in its workspace under skills/.

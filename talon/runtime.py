@@ -306,6 +306,13 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         fallback_cooldown_s=settings.model_fallback_cooldown_s,
         model_label=settings.model,
     )
+    if settings.subagents_enabled:
+        from talon.agent.tools.delegate import DelegateTool, SubAgentLimits
+
+        child_model = (build_provider(settings, store, settings.subagent_model, local=local)
+                       if settings.subagent_model and settings.subagent_model != settings.model else None)
+        tools.add(DelegateTool(agent, SubAgentLimits(settings.subagent_depth, settings.subagents,
+                                                     settings.subagent_timeout_s), provider=child_model))
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
     from talon.control import Control

@@ -73,7 +73,7 @@ from talon.agent.tools.skills import SkillCatalog
 from talon.agent.tools.workspace import Workspace
 from talon.agent.tools.workspace_tools import WorkspaceTool
 from talon.bounded import BoundedMap
-from talon.content import ImageBlock, Message
+from talon.content import ImageBlock, Message, ToolCall
 from talon.errors import CapReached, ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
 StepDone = Callable[[bool], Awaitable[None]]
@@ -440,7 +440,7 @@ class Agent:
         chars = int(self.budget.tool_result_tokens * CHARS_PER_TOKEN * 0.9)
         workspace, _ = self.workspace_of(chat)
         return ToolContext(read_only_roots=(self.sessions.context_dir(chat),), max_output_chars=chars,
-                           workspace=workspace, time_budget_s=self.tools.timeout_s * 0.8)
+                           workspace=workspace, time_budget_s=self.tools.timeout_s * 0.8, chat=chat)
 
     def _request_context(
         self,
@@ -878,27 +878,40 @@ class Agent:
         if last_assistant is None or not history[last_assistant].tool_calls:
             return
         answered = {m.tool_call_id for m in history[last_assistant + 1:] if m.role == "tool"}
-        ctx = self.tool_context(chat)
-        for call in history[last_assistant].tool_calls:
-            if call.id in answered:
-                continue
+        ctx = replace(self.tool_context(chat), hooks=hooks)
+        pending = [call for call in history[last_assistant].tool_calls if call.id not in answered]
+
+        async def run(call: ToolCall) -> tuple[ToolResult, bool]:
             refusal = await hooks.approve(call) if hooks is not None and hooks.approve is not None else None
             if refusal is not None:
-                result = ToolResult.text(refusal, is_error=True)
-            else:
-                result = await self.tools.call(call, ctx)
-            if hooks is not None and hooks.tool_done is not None:
-                hooks.tool_done(call.name, "denied" if refusal is not None else "error" if result.is_error else "ok")
-            message = Message(
-                role="tool",
-                content=result.content,
-                tool_call_id=call.id,
-                tool_name=call.name,
-                meta={"turn_id": turn_id, **({"error": True} if result.is_error else {})},
-            )
-            await self._append(chat, message)
-            history.append(message)
-            produced.append(message)
+                return ToolResult.text(refusal, is_error=True), True
+            return await self.tools.call(call, ctx), False
+
+        # Calls of a parallel tool (delegate) in this step start together; results are still
+        # written in the order the model asked for them.
+        together = [c for c in pending if getattr(self.tools.tools.get(c.name), "parallel", False)]
+        started = {c.id: asyncio.ensure_future(run(c)) for c in together} if len(together) > 1 else {}
+        try:
+            for call in pending:
+                result, denied = await (started[call.id] if call.id in started else run(call))
+                if hooks is not None and hooks.tool_done is not None:
+                    hooks.tool_done(call.name, "denied" if denied else "error" if result.is_error else "ok")
+                message = Message(
+                    role="tool",
+                    content=result.content,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    meta={"turn_id": turn_id, **({"error": True} if result.is_error else {})},
+                )
+                await self._append(chat, message)
+                history.append(message)
+                produced.append(message)
+        finally:
+            unfinished = [task for task in started.values() if not task.done()]
+            for task in unfinished:
+                task.cancel()  # the turn was stopped: its other delegations stop with it
+            if unfinished:
+                await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def aclose(self) -> None:
         for slot in self.models:
