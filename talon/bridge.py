@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from talon.agent.hooks import TurnHooks
 from talon.agent.loop import Agent
 from talon.bounded import BoundedMap
 from talon.storage.sessions import ChatKey
@@ -691,6 +692,15 @@ class Bridge:
 
         hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else None
         guard = hooks.guard if hooks is not None and isinstance(hooks.guard, TurnGuard) else None
+
+        async def notice(line: str) -> None:
+            """One line in the chat about the turn's work (a delegation), outside the reply."""
+            try:
+                await channel.deliver(message.chat_id, OutboundReply(text=line, thread_id=message.thread_id))
+            except Exception as exc:  # a line of progress is not worth failing the turn for
+                log.warning("chat %s: a progress line could not be shown: %s", chat, exc)
+
+        hooks = dataclasses.replace(hooks or TurnHooks(), notice=notice)
 
         async def steer() -> list[Message]:
             joined = []

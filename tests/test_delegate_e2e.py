@@ -46,9 +46,9 @@ async def test_a_child_gets_the_task_alone_and_its_answer_comes_back(
         tg.push_update(tg.text_message(ALICE, "my locker code is 4417-SECRET", user_id=ALICE))
         await tg.wait_for("sendMessage", to_alice)
         tg.push_update(tg.text_message(ALICE, "find out the capital of France", user_id=ALICE))
-        await tg.wait_for("sendMessage", to_alice, count=2)
+        await tg.wait_for("sendMessage", to_alice, count=3)
         tg.push_update(tg.text_message(ALICE, "/usage", user_id=ALICE))
-        replies = await tg.wait_for("sendMessage", to_alice, count=3)
+        _, line, *replies = await tg.wait_for("sendMessage", to_alice, count=4)
         workspace = settings.workspace_dir("telegram", str(ALICE))
         assert (workspace / "capital.txt").read_text() == "Paris\n"  # the same workspace as the parent
         metrics = runtime.bridge.metrics
@@ -65,10 +65,12 @@ async def test_a_child_gets_the_task_alone_and_its_answer_comes_back(
     # Its answer (and the file it wrote) is the parent's tool result.
     [result] = [m for m in final.json["messages"] if m["role"] == "tool"]
     assert "The capital is Paris" in result["content"] and "Files it wrote: capital.txt" in result["content"]
-    assert replies[1].params["text"] == "The sub-agent says: Paris."
+    # The chat saw one line about the delegation, then the answer (not the child's words).
+    assert line.params["text"] == "↳ Delegated to a sub-agent: Write the capital of France into capital.txt."
+    assert replies[0].params["text"] == "The sub-agent says: Paris."
     # The child's calls are the person's usage: 5 model calls, 2 of them the child's.
     assert child_calls == 2
-    assert "in 5 model calls" in replies[2].params["text"]
+    assert "in 5 model calls" in replies[1].params["text"]
 
 
 async def test_three_delegations_in_one_step_run_at_the_same_time(
@@ -91,8 +93,9 @@ async def test_three_delegations_in_one_step_run_at_the_same_time(
               child, child, child, "All three are counted.")
     async with running(settings):
         tg.push_update(tg.text_message(ALICE, "count the fruit", user_id=ALICE))
-        [reply] = await tg.wait_for("sendMessage", to_alice)
+        *lines, reply = await tg.wait_for("sendMessage", to_alice, count=4)
     assert reply.params["text"] == "All three are counted."
+    assert sorted(x.params["text"] for x in lines) == sorted(f"↳ Delegated to a sub-agent: {t}" for t in tasks)
     assert sorted(arrived) == sorted(tasks)
     results = [m["content"] for m in llm.requests[-1].json["messages"] if m["role"] == "tool"]
     assert results == [f"done: {t}" for t in tasks]  # in the order the model asked
@@ -118,7 +121,7 @@ async def test_stop_ends_a_delegation_within_two_seconds(tg: FakeTelegram, llm: 
         while delegate.running and time.monotonic() - stopped_at < 2.0:
             await asyncio.sleep(0.01)
         took = time.monotonic() - stopped_at
-        replies = await tg.wait_for("sendMessage", to_alice)
+        replies = await tg.wait_for("sendMessage", lambda c: to_alice(c) and c.params["text"] == "Stopped.")
         never.set()
     assert delegate.running == 0 and took < 2.0, f"the child still ran {took:.2f}s after /stop"
     assert any(r.params["text"] == "Stopped." for r in replies)

@@ -8,7 +8,8 @@ another agent. It is offered the parent's tools (or the subset ``tools`` names) 
 delegate). It works in the same workspace, on the same model (the one in use, so failover holds)
 or ``TALON_SUBAGENT_MODEL``.
 
-Everything the turn was lent holds for the child too: its model calls go through the turn's call
+The chat is shown one line per delegation ("↳ Delegated to a sub-agent: <the task's start>"),
+not the child's stream. Everything the turn was lent holds for the child too: its model calls go through the turn's call
 guard (``talon.agent.hooks``: the caps and usage of the person who asked; ``purpose`` is
 "subagent"), its tool calls through the turn's approvals (asked in the chat), and it runs inside
 the tool call, so ``/stop`` (which cancels the turn) cancels the child's model request at once.
@@ -149,6 +150,8 @@ class DelegateTool(Tool):
         messages: list[Message] = [Message.user(task)]
         written: list[str] = []
         log.info("chat %s: delegated to a sub-agent (depth %d): %.80s", ctx.chat, ctx.depth, task)
+        if hooks is not None and getattr(hooks, "notice", None) is not None:
+            await hooks.notice(f"↳ Delegated to a sub-agent: {_one_line(task)}")
         for _ in range(agent.max_steps):
             provider = self.provider or agent.provider
             request = ModelRequest(system=system, messages=[_wire(m) for m in messages], tools=specs,
@@ -188,6 +191,11 @@ class DelegateTool(Tool):
 
 
 _WORKSPACE_TOOLS = frozenset({"ls", "read_file", "write_file", "edit_file", "glob", "grep", "shell"})
+
+
+def _one_line(text: str, limit: int = 100) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
 def _wire(message: Message) -> Message:
