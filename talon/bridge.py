@@ -62,7 +62,7 @@ SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
-                       "/approvals", "/skills"})
+                       "/approvals", "/skills", "/context"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -858,6 +858,7 @@ class Bridge:
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
+                    "/context shows what fills the model's context; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
                     "/tasks lists scheduled tasks; /skills lists the skills I can load; "
                     "/approvals lists the tools allowed without asking.")
@@ -878,6 +879,8 @@ class Bridge:
             return "Nothing to stop: I was not working on anything."
         if word == "/skills":
             return await self.agent.skills_text(chat)
+        if word == "/context":
+            return await self.agent.context_text(chat)
         if word == "/tasks":
             if self.scheduler is None:
                 return "Scheduled tasks are not available here."

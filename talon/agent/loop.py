@@ -35,6 +35,7 @@ from talon.agent.context.pipeline import (
     ContextPolicy,
     RequestContext,
     STOPPED_NOTE,
+    SUMMARY,
     TALON_NOTICE,
     ResultFiles,
     clip_trailing_tool_results,
@@ -66,14 +67,15 @@ from talon.agent.providers.refusals import stated_window
 from talon.agent.context.session import FAILED_TURN, is_checkpoint
 from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.context.summary import Summarizer, mechanical_summary
-from talon.agent.context.tokens import (CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request,
-                                estimate_tools)
+from talon.agent.context.tokens import (CHARS_PER_TOKEN, FILE_BLOCK_TOKENS, IMAGE_TOKENS, MESSAGE_OVERHEAD,
+                                        estimate_message, estimate_messages, estimate_overhead, estimate_request,
+                                        estimate_text, estimate_tools)
 from talon.agent.tools.registry import ToolContext, ToolRegistry, ToolResult
 from talon.agent.tools.skills import SkillCatalog
 from talon.agent.tools.workspace import Workspace
 from talon.agent.tools.workspace_tools import WorkspaceTool
 from talon.bounded import BoundedMap
-from talon.content import ImageBlock, Message, ToolCall
+from talon.content import AudioBlock, FileBlock, ImageBlock, Message, ToolCall
 from talon.errors import CapReached, ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
 StepDone = Callable[[bool], Awaitable[None]]
@@ -532,13 +534,74 @@ class Agent:
         """Estimated input tokens of the next request (no summary, no file writes)."""
         system = self.system(chat)
         tools = self.tool_specs()
+        view = self._next_view(chat, history)
+        return math.ceil((estimate_overhead(system.text, tools) + estimate_messages(view)) * self.token_scale)
+
+    def _next_view(self, chat: ChatKey, history: list[Message]) -> list[Message]:
+        """The messages of the next request as far as they can be known without a model call or a
+        file write (the summary already made is in; one due now is not)."""
         view = repair_tool_pairs(conversation_view(history, self.copies))
         view = truncate_tool_arguments(view, max_chars=self.policy.tool_args_max_chars,
                                        tools=self.policy.long_argument_tools)
         view = evict_tool_results(view, max_tokens=self.budget.tool_result_tokens,
                                   results=ResultFiles(self.sessions.results_dir(chat), write=False))
-        view = tombstone_images(view, keep_turns=self.policy.image_keep_turns, max_images=self.policy.max_images)
-        return math.ceil((estimate_overhead(system.text, tools) + estimate_messages(view)) * self.token_scale)
+        return tombstone_images(view, keep_turns=self.policy.image_keep_turns, max_images=self.policy.max_images)
+
+    async def context_text(self, chat: ChatKey) -> str:
+        """What ``/context`` says: what fills the model's context now, part by part, in tokens and
+        as a share of the window (estimates, scaled by the provider's counts so far). The parts
+        add up to the next request's input."""
+        await self.refresh_skills(chat)
+        _, history = await self.sessions.load_current(chat)
+        workspace, memory_file = self.workspace_of(chat)
+        system = self.system(chat)
+        tools = self.tool_specs()
+        view = self._next_view(chat, history)
+        scale = self.token_scale
+        skills = self._skills_block(workspace)
+        memory = memory_file.block() if memory_file is not None else ""
+        note = self.chat_notes.get(chat) or ""
+        base_chars = len(system.text) - sum(len(x) + 2 for x in (skills, memory, note) if x)
+        parts: list[tuple[str, int]] = [
+            ("system prompt", -(-max(0, base_chars) // CHARS_PER_TOKEN) + MESSAGE_OVERHEAD),
+            ("skills list", estimate_text(skills) if skills else 0),
+            ("memory (AGENTS.md)", estimate_text(memory) if memory else 0),
+            ("chat notes", estimate_text(note) if note else 0),
+        ]
+        per_tool = sorted(((spec.name, estimate_tools([spec])) for spec in tools), key=lambda x: -x[1])
+        parts.append((f"tool definitions ({len(tools)})", sum(n for _, n in per_tool)))
+        summary = sum(estimate_message(m) for m in view if m.meta.get(SUMMARY))
+        images = sum(1 for m in view for b in m.content if isinstance(b, ImageBlock))
+        files = sum(1 for m in view for b in m.content if isinstance(b, (AudioBlock, FileBlock)))
+        attachments = images * IMAGE_TOKENS + sum(
+            FILE_BLOCK_TOKENS + estimate_text(getattr(b, "transcript", None) or "")
+            for m in view for b in m.content if isinstance(b, (AudioBlock, FileBlock)))
+        conversation = [m for m in view if not m.meta.get(SUMMARY)]
+        parts += [("summary of older turns", summary),
+                  (f"messages ({len(conversation)})", estimate_messages(conversation) - attachments),
+                  (f"attachments ({images} image{'s' if images != 1 else ''}, {files} file{'s' if files != 1 else ''})",
+                   attachments)]
+        window = self.budget.window
+        total = math.ceil(sum(n for _, n in parts) * scale)
+
+        def row(label: str, tokens: int, indent: str = "") -> str:
+            shown = math.ceil(tokens * scale)
+            return f"{indent}- {label}: {shown:,} tokens ({shown * 100 / window:.1f}%)"
+
+        lines = [f"Context of the next request: ~{total:,} of {window:,} tokens ({total * 100 / window:.0f}%)"
+                 + (f"; estimates scaled by {scale:.2f} to the provider's counts" if scale != 1.0 else "")]
+        for label, tokens in parts:
+            if tokens or label.startswith(("system", "tool", "messages")):
+                lines.append(row(label, tokens))
+            if label.startswith("tool definitions"):
+                shown = per_tool[:25]
+                lines += [row(name, n, "    ") for name, n in shown]
+                rest = per_tool[25:]
+                if rest:
+                    lines.append(row(f"{len(rest)} more tools", sum(n for _, n in rest), "    "))
+        lines.append(f"Reserved for the reply: {self.budget.max_output:,} tokens; older turns are summarized from "
+                     f"{self.budget.trigger:,}.")
+        return "\n".join(lines)
 
     # --- model calls --------------------------------------------------------------------------
     async def _complete(self, chat: ChatKey, history: list[Message],
