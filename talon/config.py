@@ -150,6 +150,11 @@ class Settings(BaseSettings):
     subagents: int = Field(default=3, ge=1, le=10, validation_alias=_env("TALON_SUBAGENTS"))
     subagent_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_SUBAGENT_TIMEOUT"))
 
+    # --- a lean prompt (talon.agent.tools.search) ------------------------------------------------
+    # Share of the model's window the tool definitions may take; past it only the most used are
+    # sent, and find_tools finds the others.
+    tools_budget: float = Field(default=0.15, gt=0, le=1, validation_alias=_env("TALON_TOOLS_BUDGET"))
+
     # --- skills (talon.agent.tools.skills, docs/skills.md) ---------------------------------------
     # Skill folders shared by every chat, read-only for the agent (outside the media root); each
     # chat's own live in its workspace under skills/.

@@ -19,6 +19,7 @@ from talon.agent.providers.profiles import settings_profile, split_summary_model
 from talon.agent.providers.base import Provider, data_url
 from talon.agent.tools.sandbox import SandboxLimits
 from talon.agent.tools.registry import ToolRegistry
+from talon.agent.tools.search import FindToolsTool, ToolBudget
 from talon.agent.tools.skills import SHARED_SKILLS_MOUNT, LoadSkillTool, SkillCatalog, check_shared_dir
 from talon.agent.tools.workspace import Workspace, WorkspacePolicy
 from talon.agent.tools.workspace_tools import workspace_tools
@@ -305,7 +306,10 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         fallbacks=fallbacks,
         fallback_cooldown_s=settings.model_fallback_cooldown_s,
         model_label=settings.model,
+        tool_budget=ToolBudget(settings.tools_budget),
     )
+    assert agent.tool_budget is not None
+    tools.add(FindToolsTool(tools.specs, agent.tool_budget, lambda chat: agent.sent_tools.get(chat, frozenset())))
     if settings.subagents_enabled:
         from talon.agent.tools.delegate import DelegateTool, SubAgentLimits
 

@@ -71,6 +71,7 @@ from talon.agent.context.tokens import (CHARS_PER_TOKEN, FILE_BLOCK_TOKENS, IMAG
                                         estimate_message, estimate_messages, estimate_overhead, estimate_request,
                                         estimate_text, estimate_tools)
 from talon.agent.tools.registry import ToolContext, ToolRegistry, ToolResult
+from talon.agent.tools.search import FIND_TOOLS, ToolBudget
 from talon.agent.tools.skills import SkillCatalog
 from talon.agent.tools.workspace import Workspace
 from talon.agent.tools.workspace_tools import WorkspaceTool
@@ -209,6 +210,7 @@ class Agent:
         fallbacks: list[ModelSlot] | None = None,
         fallback_cooldown_s: float = 300.0,
         model_label: str = "",
+        tool_budget: ToolBudget | None = None,
     ) -> None:
         self.provider = provider
         self.learned = learned
@@ -234,6 +236,10 @@ class Agent:
         # Shared skills and each chat's own (``talon.agent.tools.skills``), listed in the prompt
         # when the ``load_skill`` tool is offered.
         self.skills = skills
+        # TALON_TOOLS_BUDGET: which definitions are sent when all would not fit, and what each
+        # chat's last request was sent (find_tools searches the rest).
+        self.tool_budget = tool_budget
+        self.sent_tools: BoundedMap[ChatKey, frozenset[str]] = BoundedMap("agent_sent_tools")
         # Per conversation (``talon.workspaces``): each chat's tools and AGENTS.md are its own.
         # Everything kept per chat here is bounded and dropped when the chat is idle (``talon.bounded``).
         # Without it, ``workspace`` is shared by every chat.
@@ -373,7 +379,10 @@ class Agent:
         fits = self._tools_fit.get(key)
         if fits is None:
             budget = self.budget
-            need = math.ceil(estimate_tools(specs) * self.token_scale)
+            need = estimate_tools(specs)
+            if self.tool_budget is not None and any(s.name == FIND_TOOLS for s in specs):
+                need = min(need, self.tool_budget.tokens(budget.window))  # the rest go through find_tools
+            need = math.ceil(need * self.token_scale)
             fits = need <= (budget.window - budget.max_output) // 2
             said = next(iter(self._tools_fit.values()), True)  # the last decision, said when it changes
             if not fits and said:
@@ -384,8 +393,18 @@ class Agent:
             self._tools_fit = {key: fits}
         return fits
 
-    def tool_specs(self) -> list[ToolSpec]:
-        return self.tools.specs() if self.tools_available else []
+    def tool_specs(self, chat: ChatKey | None = None) -> list[ToolSpec]:
+        """The definitions sent to the model: all, or within ``TALON_TOOLS_BUDGET`` with
+        ``find_tools`` (``talon.agent.tools.search``)."""
+        if not self.tools_available:
+            return []
+        specs = self.tools.specs()
+        if self.tool_budget is None:
+            return specs
+        chosen = self.tool_budget.choose(specs, self.budget.window, chat)
+        if chat is not None:
+            self.sent_tools[chat] = frozenset(s.name for s in chosen)
+        return chosen
 
     def workspace_of(self, chat: ChatKey | None) -> tuple[Workspace | None, Memory | None]:
         """The workspace and AGENTS.md memory of one chat (the shared ones without a mapping)."""
@@ -533,7 +552,7 @@ class Agent:
     def estimate_context(self, chat: ChatKey, history: list[Message]) -> int:
         """Estimated input tokens of the next request (no summary, no file writes)."""
         system = self.system(chat)
-        tools = self.tool_specs()
+        tools = self.tool_specs(chat)
         view = self._next_view(chat, history)
         return math.ceil((estimate_overhead(system.text, tools) + estimate_messages(view)) * self.token_scale)
 
@@ -555,7 +574,7 @@ class Agent:
         _, history = await self.sessions.load_current(chat)
         workspace, memory_file = self.workspace_of(chat)
         system = self.system(chat)
-        tools = self.tool_specs()
+        tools = self.tool_specs(chat)
         view = self._next_view(chat, history)
         scale = self.token_scale
         skills = self._skills_block(workspace)
@@ -614,7 +633,7 @@ class Agent:
             is down, the next model takes over (and makes it)."""
             while True:
                 system = self.system(chat)
-                tools = self.tool_specs()
+                tools = self.tool_specs(chat)
                 budget = self.budget
                 ctx = self._request_context(chat, history, system, tools, budget)
                 try:
@@ -669,7 +688,7 @@ class Agent:
                                 self.profile.context_window)
                     budget = self.budget
                     system = self.system(chat)  # the memory share follows the window
-                    tools = self.tool_specs()  # and so does room for the tools' definitions
+                    tools = self.tool_specs(chat)  # and so does room for the tools' definitions
                     ctx = self._request_context(chat, history, system, tools, budget)
                     messages = self._withhold_refused(
                         chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
@@ -957,6 +976,8 @@ class Agent:
         try:
             for call in pending:
                 result, denied = await (started[call.id] if call.id in started else run(call))
+                if self.tool_budget is not None and not denied:
+                    self.tool_budget.uses[call.name] += 1  # the most used are sent first
                 if hooks is not None and hooks.tool_done is not None:
                     hooks.tool_done(call.name, "denied" if denied else "error" if result.is_error else "ok")
                 message = Message(
