@@ -125,3 +125,23 @@ async def test_stop_ends_a_delegation_within_two_seconds(tg: FakeTelegram, llm: 
         never.set()
     assert delegate.running == 0 and took < 2.0, f"the child still ran {took:.2f}s after /stop"
     assert any(r.params["text"] == "Stopped." for r in replies)
+
+
+async def test_a_childs_risky_call_asks_in_the_chat_like_any_other(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL=True,
+                             TALON_TELEGRAM_STREAMING="off")  # the default approvals: the shell asks
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "make child.txt with the shell"}),
+              FakeOpenAI.tool_call("shell", {"command": "echo child > child.txt"}),
+              "Made child.txt.", "The sub-agent made child.txt.")
+    made = settings.workspace_dir("telegram", str(ALICE)) / "child.txt"
+    async with running(settings):
+        tg.push_update(tg.text_message(ALICE, "have a helper make a file", user_id=ALICE))
+        [prompt] = await tg.wait_for("sendMessage", lambda c: to_alice(c) and bool(c.params.get("reply_markup")))
+        assert "echo child > child.txt" in prompt.params["text"] and not made.exists()
+        approve = {b["text"]: b["callback_data"] for row in prompt.params["reply_markup"]["inline_keyboard"]
+                   for b in row}["Approve"]
+        tg.push_update(tg.press_button(ALICE, prompt.result["message_id"], approve, user_id=ALICE, first_name="Alice"))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "The sub-agent made child.txt.")
+    assert made.read_text() == "child\n"
+    assert is_child(llm.requests[1]) and is_child(llm.requests[2])
