@@ -106,3 +106,4 @@ async def test_one_model_alone_behaves_as_before(tmp_path: Path) -> None:
     with pytest.raises(ProviderUnavailable):
         await agent.run_turn(CHAT, Message.user("hi"), "t1")
     assert agent.answered_by.get(CHAT) is None and "Last answer by" not in await agent.status_text(CHAT, "x")
+

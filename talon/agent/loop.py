@@ -879,7 +879,8 @@ class Agent:
         steps = 0
         usage: Usage | None = None
         while True:
-            await self._answer_pending_tool_calls(chat, history, start, turn_id, produced, hooks)
+            await self._answer_pending_tool_calls(chat, history, start, turn_id, produced, hooks,
+                                                  resumed=steps == 0)
             if steps >= self.max_steps:
                 words = (f"I stopped after {steps} steps without finishing (the step limit is "
                          f"{self.max_steps}). Tell me how to continue.")
@@ -951,9 +952,11 @@ class Agent:
 
     async def _answer_pending_tool_calls(
         self, chat: ChatKey, history: list[Message], start: int, turn_id: str, produced: list[Message],
-        hooks: TurnHooks | None = None,
+        hooks: TurnHooks | None = None, *, resumed: bool = False,
     ) -> None:
-        """Run this turn's tool calls that have no result yet (none after a crash-free step)."""
+        """Run this turn's tool calls that have no result yet (none after a crash-free step).
+        ``resumed``: they were asked for before a restart; a delegation among them is reported
+        as cut off instead of started again unseen (its child died with the process)."""
         last_assistant = next(
             (i for i in range(len(history) - 1, start, -1) if history[i].role == "assistant"), None
         )
@@ -964,6 +967,12 @@ class Agent:
         pending = [call for call in history[last_assistant].tool_calls if call.id not in answered]
 
         async def run(call: ToolCall) -> tuple[ToolResult, bool]:
+            if resumed and call.name == "delegate":
+                log.warning("chat %s: a delegation was cut off by a restart; the turn is told so", chat)
+                return ToolResult.text(
+                    "Error: Talon restarted while this sub-agent was working, so it stopped before it finished. "
+                    "Files it wrote may be in the workspace; delegate the task again if it is still needed.",
+                    is_error=True), False
             refusal = await hooks.approve(call) if hooks is not None and hooks.approve is not None else None
             if refusal is not None:
                 return ToolResult.text(refusal, is_error=True), True

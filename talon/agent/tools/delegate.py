@@ -18,7 +18,8 @@ At most ``TALON_SUBAGENTS`` children run at once per chat (more wait), each for 
 tool is ``parallel``; ``talon.agent.loop``).
 
 The child's own messages are not kept in the chat's log: the parent gets its final answer and the
-files it wrote, which is what the parent's next step needs.
+files it wrote, which is what the parent's next step needs. A child cut off by a restart is
+reported to the resumed turn as such (``talon.agent.loop``), never started again unseen.
 """
 
 from __future__ import annotations
