@@ -34,16 +34,20 @@ async def test_many_mcp_tools_stay_within_the_budget_and_find_tools_brings_one_i
     wanted = "mcp__svc__telescope_summarize"  # the last of the server's tools
     llm.queue(FakeOpenAI.tool_call("find_tools", {"query": "a short report of the telescope records"}),
               FakeOpenAI.tool_call(wanted, {"query": "March"}),
-              "The telescope log for March is summarized.")
+              "The telescope log for March is summarized.",
+              FakeOpenAI.tool_call("delegate", {"task": "list the garden records"}), "No garden records.", "None.")
     async with running(settings) as runtime:
         tg.push_update(tg.text_message(ALICE, "summarize March's telescope log", user_id=ALICE))
         await tg.wait_for("sendMessage", lambda c: str(c.params.get("chat_id")) == str(ALICE), timeout=60)
+        tg.push_update(tg.text_message(ALICE, "and the garden?", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: c.params.get("text") == "None.", timeout=60)
         every = runtime.agent.tools.specs()
-    first, second, third = llm.requests
+    first, second, third, _, child, _ = llm.requests
     budget = int(WINDOW * settings.tools_budget)
     assert sum(1 for s in every if s.name.startswith("mcp__svc__")) >= 60
     assert estimate_tools(every) > budget  # all of them would not fit
-    for req in (first, second, third):
+    assert "You are a sub-agent" in str(child.json["messages"][0]["content"])
+    for req in (first, second, third, child):  # a sub-agent's requests keep to the budget too
         assert estimate_tools(specs_of(req)) <= budget
     sent = [s.name for s in specs_of(first)]
     assert "find_tools" in sent and wanted not in sent and "read_file" in sent and len(sent) < len(every)

@@ -155,7 +155,10 @@ class DelegateTool(Tool):
             await hooks.notice(f"↳ Delegated to a sub-agent: {_one_line(task)}")
         for _ in range(agent.max_steps):
             provider = self.provider or agent.provider
-            request = ModelRequest(system=system, messages=[_wire(m) for m in messages], tools=specs,
+            sent = specs
+            if agent.tool_budget is not None:  # many tools: the same budget (and find_tools) as the parent
+                sent = agent.tool_budget.choose(specs, agent.budget.window, ctx.chat)
+            request = ModelRequest(system=system, messages=[_wire(m) for m in messages], tools=sent,
                                    max_output_tokens=agent.budget.max_output)
             try:
                 response = await model_call(provider, request, purpose="subagent")
