@@ -62,7 +62,7 @@ SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
-                       "/approvals", "/skills", "/context"})
+                       "/approvals", "/search", "/skills", "/context"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -750,6 +750,9 @@ class Bridge:
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
                                         reply_to_message_id=None if message.scheduled else message.message_id)
+        if message.scheduled is not None and reply.scheduled_task is None:
+            # A channel that must ask leave to speak (WhatsApp's window) names the task in its reminder.
+            reply = dataclasses.replace(reply, scheduled_task=message.scheduled.task_text or message.text)
         live_id = self._live_ids.pop(message.key, None) or item.live_message
         if live_id is not None and reply.live_message_id is None:
             # The streamed message becomes the answer (also after a restart): edited, not doubled.
@@ -861,13 +864,17 @@ class Bridge:
                     "/context shows what fills the model's context; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
                     "/tasks lists scheduled tasks; /skills lists the skills I can load; "
-                    "/approvals lists the tools allowed without asking.")
+                    "/approvals lists the tools allowed without asking; "
+                    "/search words finds earlier messages of this chat.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
         if word == "/status":
             await self.agent.discover()  # what the server says now (bounded; never fails /status)
-            return await self.agent.status_text(chat, self.model_label)
+            text = await self.agent.status_text(chat, self.model_label)
+            channel = self.channels.get(message.channel)
+            extra = await channel.status_lines(message.chat_id) if channel is not None else []
+            return "\n".join([text, *extra]) if extra else text
         if word == "/stop":
             # The running turn was cancelled when /stop arrived (see submit); this answers it.
             outcome = self._stops.pop(message.key, "idle")
@@ -893,6 +900,16 @@ class Bridge:
             if self.control is None:
                 return "Approvals are not used here."
             return await self.control.approvals.grants_command(message.channel, chat.chat_id, message.text)
+        if word == "/search":
+            from talon.storage.search import SEARCH_OFF, format_hits
+
+            if not self.agent.sessions.search_enabled:
+                return SEARCH_OFF
+            query = message.text.strip().split(maxsplit=1)[1] if len(message.text.split()) > 1 else ""
+            if not query.strip():
+                return "Say what to look for: /search boiler March"
+            # This conversation's own history only, every thread of it (talon.storage.search).
+            return format_hits(query, await self.agent.sessions.search(chat, query, 10))
         if word in ("/approve", "/deny"):
             # A waiting approval takes these at once (see submit); here nothing was waiting.
             return "Nothing is waiting for approval in this chat."

@@ -66,6 +66,7 @@ class Limits:
     whatsapp_body_max: int = 1600
     whatsapp_media_max_bytes: int = 16 * MB
     whatsapp_image_max_bytes: int = 5 * MB
+    whatsapp_document_max_bytes: int = 100 * MB  # WhatsApp: documents up to 100 MB, other media 16 MB
     # A reply longer than this many messages goes as its head plus the whole text as reply.md.
     telegram_reply_max_messages: int = 8
     whatsapp_reply_max_messages: int = 5
@@ -150,7 +151,7 @@ class Settings(BaseSettings):
     subagents: int = Field(default=3, ge=1, le=10, validation_alias=_env("TALON_SUBAGENTS"))
     subagent_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_SUBAGENT_TIMEOUT"))
 
-    # --- a lean prompt (talon.agent.tools.search) ------------------------------------------------
+    # --- a lean prompt (talon.agent.tools.find_tools) ------------------------------------------------
     # Share of the model's window the tool definitions may take; past it only the most used are
     # sent, and find_tools finds the others.
     tools_budget: float = Field(default=0.15, gt=0, le=1, validation_alias=_env("TALON_TOOLS_BUDGET"))
@@ -175,6 +176,9 @@ class Settings(BaseSettings):
     # Bytes of one message (one line) from a stdio server; past it the call fails and the server restarts.
     mcp_max_result: int = Field(default=4 * MB, ge=64 * 1024, validation_alias=_env("TALON_MCP_MAX_RESULT"))
     web_fetch: bool = Field(default=True, validation_alias=_env("TALON_WEB_FETCH"))
+    # The full-text index of stored messages (search_conversations, /search; talon.storage.search).
+    # Off: no index is written, and search says it is off (the logs are kept as always).
+    search_index: bool = Field(default=True, validation_alias=_env("TALON_SEARCH_INDEX"))
     # Hosts web_fetch may reach although they are on a private network (exact names or addresses).
     web_allow_hosts: str = Field(default="", validation_alias=_env("TALON_WEB_ALLOW_HOSTS"))
     web_max_bytes: int = Field(default=5 * MB, gt=0, validation_alias=_env("TALON_WEB_MAX_BYTES"))
@@ -280,6 +284,13 @@ class Settings(BaseSettings):
     whatsapp_insecure_no_signature: bool = Field(
         default=False, validation_alias=_env("TALON_WHATSAPP_INSECURE_NO_SIGNATURE")
     )
+    # Approved Twilio Content templates for when WhatsApp's 24-hour window is closed: a Content SID
+    # (HX...), optionally a space and a JSON object of fixed variables (channels/whatsapp/templates.py).
+    whatsapp_template_reopen: str = Field(default="", validation_alias=_env("TALON_WHATSAPP_TEMPLATE_REOPEN"))
+    whatsapp_template_reminder: str = Field(default="", validation_alias=_env("TALON_WHATSAPP_TEMPLATE_REMINDER"))
+    whatsapp_template_approval: str = Field(default="", validation_alias=_env("TALON_WHATSAPP_TEMPLATE_APPROVAL"))
+    # Messages waiting for the window are dropped (with a log line) after this many days.
+    whatsapp_pending_days: float = Field(default=7.0, gt=0, validation_alias=_env("TALON_WHATSAPP_PENDING_DAYS"))
     public_base_url: str = Field(default="", validation_alias=_env("TALON_PUBLIC_BASE_URL"))
     http_host: str = Field(default="127.0.0.1", validation_alias=_env("TALON_HTTP_HOST"))
     http_port: int = Field(default=8080, validation_alias=_env("TALON_HTTP_PORT"))

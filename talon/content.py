@@ -105,6 +105,9 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     tool_name: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
+    # When the message was received or sent (seconds since the epoch, UTC), stamped by the session
+    # store as it is stored. None in lines written before stamps existed: they still load.
+    at: float | None = None
 
     @classmethod
     def user(cls, text: str, **meta: Any) -> "Message":

@@ -53,7 +53,9 @@
     ├── WebFetchRefused             web_fetch will not fetch a URL (scheme, address rules, redirects)
     ├── ConversionCut               web_fetch's HTML-to-text worker hit its time or memory limit
     ├── SandboxUnavailable          no trustworthy bwrap sandbox can start here (says why)
-    └── CapReached                  a usage cap is reached: the model call is not made (``.scope``)
+    ├── CapReached                  a usage cap is reached: the model call is not made (``.scope``)
+    └── BackupError                 `talon backup | restore`: a damaged or tampered archive, a target
+                                    that is not empty, an archive from a newer Talon
 
 One name per meaning: ``ImageRejected`` is the model refusing an image, ``ImageUnusable`` an
 image Talon itself cannot use. This module is the bottom layer: it imports nothing from Talon or
@@ -379,3 +381,8 @@ class CapReached(TalonError):
     def __init__(self, line: str, scope: str) -> None:
         super().__init__(line)
         self.scope = scope
+
+
+class BackupError(TalonError):
+    """A backup, verification or restore that cannot go on (talon.storage.backup); ``str(exc)``
+    says what is wrong: a damaged or tampered archive, a target that is not empty, a newer schema."""

@@ -18,8 +18,9 @@ from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent, ModelSlot
 from talon.agent.providers.profiles import settings_profile, split_summary_model
 from talon.agent.providers.base import Provider, data_url
 from talon.agent.tools.sandbox import SandboxLimits
+from talon.agent.tools.search import SearchConversationsTool
 from talon.agent.tools.registry import ToolRegistry
-from talon.agent.tools.search import FindToolsTool, ToolBudget
+from talon.agent.tools.find_tools import FindToolsTool, ToolBudget
 from talon.agent.tools.skills import SHARED_SKILLS_MOUNT, LoadSkillTool, SkillCatalog, check_shared_dir
 from talon.agent.tools.workspace import Workspace, WorkspacePolicy
 from talon.agent.tools.workspace_tools import workspace_tools
@@ -277,6 +278,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     scheduler = build_scheduler(settings, stores)
     for tool in scheduler_tools(scheduler):
         tools.add(tool)
+    if settings.search_index:
+        tools.add(SearchConversationsTool(sessions))  # this chat's own history (talon.storage.search)
     skills = skill_catalog(settings)
     tools.add(LoadSkillTool(skills, shell_path=shared_skills_in_shell(tools, skills)))
     settings.check_fallbacks()
@@ -526,7 +529,9 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
 
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
         channels.append(WhatsAppChannel(settings, http=http,
-                                        links=stores.links if stores is not None else None))
+                                        links=stores.links if stores is not None else None,
+                                        state=stores.whatsapp if stores is not None else None,
+                                        worker_id=stores.worker_id if stores is not None else ""))
     return channels
 
 

@@ -185,6 +185,13 @@ _SLOW_TESTS = frozenset({
     "test_build_provider_picks_adapter_and_profile",
     "test_doctor_refuses_the_money_cap_that_run_refuses",  # doctor in-process against the fakes
     "test_a_web_page_full_of_lookalikes_reaches_the_model_with_only_its_own_markers",
+    # real archives written, verified and restored (tests/test_backup.py, tests/test_export.py)
+    "test_round_trip_keeps_everything_and_the_archive_verifies",
+    "test_tampered_truncated_and_hostile_archives_are_refused",
+    "test_a_restore_never_writes_over_anything",
+    "test_links_planted_in_a_workspace_are_not_followed_and_link_members_are_refused",
+    "test_a_backup_while_messages_arrive_holds_whole_messages",
+    "test_export_names_every_message_and_keeps_everything",
 })
 
 

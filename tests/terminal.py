@@ -29,11 +29,12 @@ def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 class ChatTerminal:
-    """``talon chat`` on a pty, in its own session (so a signal to its group is like Ctrl-C)."""
+    """``talon chat`` (or another command: ``args``) on a pty, in its own session (so a signal to
+    its group is like Ctrl-C)."""
 
-    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp_path: Path, env: dict[str, str], args: tuple[str, ...] = ("chat",)) -> None:
         self.master, slave = os.openpty()
-        self.proc = subprocess.Popen([sys.executable, "-m", "talon.cli", "chat"], stdin=slave, stdout=slave,
+        self.proc = subprocess.Popen([sys.executable, "-m", "talon.cli", *args], stdin=slave, stdout=slave,
                                      stderr=slave, cwd=tmp_path, env=env, start_new_session=True)
         os.close(slave)
         self._out = bytearray()

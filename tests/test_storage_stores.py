@@ -142,9 +142,9 @@ async def test_embedded_sessions_append_off_the_loop(tmp_path: Path) -> None:
     seen: list[int] = []
     original = sessions._append
 
-    def spy(path: Path, payload: bytes) -> None:
+    def spy(chat: ChatKey, path: Path, messages: list[Message]) -> None:
         seen.append(threading.get_ident())
-        original(path, payload)
+        original(chat, path, messages)
 
     sessions._append = spy  # type: ignore[method-assign]
     await sessions.append(ChatKey("telegram", "1"), Message.user("hi"))

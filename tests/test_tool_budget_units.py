@@ -1,10 +1,10 @@
-"""Which tool definitions are sent within TALON_TOOLS_BUDGET (talon.agent.tools.search.ToolBudget)."""
+"""Which tool definitions are sent within TALON_TOOLS_BUDGET (talon.agent.tools.find_tools.ToolBudget)."""
 
 from __future__ import annotations
 
 from talon.agent.context.tokens import estimate_tools
 from talon.agent.providers.base import ToolSpec
-from talon.agent.tools.search import FIND_TOOLS, ToolBudget
+from talon.agent.tools.find_tools import FIND_TOOLS, ToolBudget
 
 PARAMS = {"type": "object", "properties": {"query": {"type": "string"}}}
 

@@ -32,12 +32,19 @@ class _PollingRequest(HTTPXRequest):
         self.last_ok = time.monotonic()
         self.failures = 0
         self.last_error = ""
+        self.failing_since: float | None = None  # the first failure of the current run of them
 
     async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
         result = await super().do_request(*args, **kwargs)
         self.last_ok = time.monotonic()
         if 200 <= result[0] < 300:
+            if self.failures:
+                # The other half of the warnings logged while it failed: it works again.
+                since = self.failing_since if self.failing_since is not None else self.last_ok
+                log.info("telegram: getUpdates works again after %d failed attempt(s) over %.0fs",
+                         self.failures, self.last_ok - since)
             self.failures = 0
+            self.failing_since = None
         return result
 
 
@@ -65,6 +72,8 @@ class Polling:
         )
 
     def _on_poll_error(self, exc: TelegramError) -> None:
+        if not self._poll_request.failures:
+            self._poll_request.failing_since = time.monotonic()
         self._poll_request.failures += 1
         self._poll_request.last_error = f"{type(exc).__name__}: {exc.message}"
         log.warning("telegram: getUpdates failed (%s); python-telegram-bot retries", exc)

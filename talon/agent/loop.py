@@ -71,7 +71,7 @@ from talon.agent.context.tokens import (CHARS_PER_TOKEN, FILE_BLOCK_TOKENS, IMAG
                                         estimate_message, estimate_messages, estimate_overhead, estimate_request,
                                         estimate_text, estimate_tools)
 from talon.agent.tools.registry import ToolContext, ToolRegistry, ToolResult
-from talon.agent.tools.search import FIND_TOOLS, ToolBudget
+from talon.agent.tools.find_tools import FIND_TOOLS, ToolBudget
 from talon.agent.tools.skills import SkillCatalog
 from talon.agent.tools.workspace import Workspace
 from talon.agent.tools.workspace_tools import WorkspaceTool
@@ -395,7 +395,7 @@ class Agent:
 
     def tool_specs(self, chat: ChatKey | None = None) -> list[ToolSpec]:
         """The definitions sent to the model: all, or within ``TALON_TOOLS_BUDGET`` with
-        ``find_tools`` (``talon.agent.tools.search``)."""
+        ``find_tools`` (``talon.agent.tools.find_tools``)."""
         if not self.tools_available:
             return []
         specs = self.tools.specs()

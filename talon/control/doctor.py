@@ -31,5 +31,19 @@ def control_rows(settings: Settings) -> list[tuple[str, str]]:
                                     "million tokens" if price else "unknown (usage is shown in tokens only)"))
     except ConfigError as exc:
         rows.append(("caps", f"INVALID: {exc}"))
-    rows.append(("metrics", "GET /metrics on the HTTP server" if settings.metrics else "off (TALON_METRICS=false)"))
+    rows.append(("metrics", _metrics_row(settings)))
     return rows
+
+
+def _metrics_row(settings: Settings) -> str:
+    """Where /metrics and /healthz are served, or, when nothing listens (Telegram long polling
+    alone), the one setting that serves them."""
+    if not settings.metrics:
+        return "off (TALON_METRICS=false)"
+    from talon.runtime import shared_http_server
+
+    if shared_http_server(settings) is None:
+        return (f"not served: with Telegram long polling alone nothing listens. Set TALON_HTTP_PORT={settings.http_port} "
+                f"to serve GET /metrics and /healthz on http://{settings.http_host}:{settings.http_port} "
+                "(TALON_HTTP_HOST, default 127.0.0.1: this machine only)")
+    return f"GET /metrics and /healthz on http://{settings.http_host}:{settings.http_port}"

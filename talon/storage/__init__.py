@@ -10,6 +10,10 @@ Rules every store here keeps:
 - PostgreSQL tables are created by the numbered scripts in ``talon.storage.postgres.schema``; a new
   store appends its script there. Embedded stores create their tables with ``IF NOT EXISTS`` when
   they open.
+
+Besides the stores: ``search`` (full-text search over a chat's messages, kept by both session
+stores), ``backup`` and ``pg_export`` (`talon backup | restore`), ``export`` (`talon export`) and
+``migrate`` (`talon migrate --to`).
 """
 
 from talon.storage.sqlite import SqliteRunner

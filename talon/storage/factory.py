@@ -26,6 +26,7 @@ from talon.storage.approvals import ApprovalStore
 from talon.storage.sqlite import SqliteRunner
 from talon.storage.tasks import TaskStore
 from talon.storage.usage import UsageStore
+from talon.storage.whatsapp import WhatsAppStore
 
 if TYPE_CHECKING:  # psycopg (11 MB) is imported only with TALON_DATABASE_URL
     from talon.storage.postgres.db import AsyncDatabase
@@ -49,6 +50,8 @@ class Stores:
     # Control (talon.control): model usage and approvals; the embedded ones share ``control_db``.
     usage: UsageStore
     approvals: ApprovalStore
+    # WhatsApp's window, waiting messages and receipts (channels.whatsapp); None: not opened yet.
+    whatsapp: WhatsAppStore | None = None
     control_db: SqliteRunner | None = None
     adb: AsyncDatabase | None = None  # None: embedded
     leases: Leases | None = None
@@ -84,7 +87,9 @@ class Stores:
             await self.tasks.aclose()
         except Exception:
             log.exception("closing the task store failed")
-        for store in (self.inbox, self.gate, self.sessions, self.attachments):
+        for store in (self.inbox, self.gate, self.sessions, self.attachments, self.whatsapp):
+            if store is None:
+                continue
             try:
                 await store.close()
             except Exception:
@@ -133,11 +138,12 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.sessions import JsonlSessions
         from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
         from talon.storage.embedded.tasks import SqliteTaskStore
+        from talon.storage.embedded.whatsapp import SqliteWhatsAppStore
 
         control = open_control_db(settings.data_dir / "control.sqlite3")
         return Stores(
             attachments=FileAttachments(settings.data_dir / "attachments"),
-            sessions=JsonlSessions(settings.data_dir),
+            sessions=JsonlSessions(settings.data_dir, index=settings.search_index),
             inbox=SqliteInbox(settings.data_dir / "inbox.sqlite3"),
             gate=AccessGate(embedded_pairing(settings), _allowlists(settings), pairing=settings.pairing),
             links=MemoryMediaLinks(),
@@ -146,6 +152,8 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             usage=SqliteUsageStore(control),
             approvals=SqliteApprovalStore(control),
             control_db=control,
+            whatsapp=SqliteWhatsAppStore(settings.data_dir / "whatsapp.sqlite3")
+            if settings.whatsapp_configured() else None,
         )
     from talon.storage.postgres.access import PgPairing
     from talon.storage.postgres.attachments import PgAttachments
@@ -156,12 +164,13 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.media_links import PgMediaLinks
     from talon.storage.postgres.sessions import PgSessions
     from talon.storage.postgres.tasks import PgTaskStore
+    from talon.storage.postgres.whatsapp import PgWhatsAppStore
 
     db = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
     attachments = PgAttachments(db, settings.data_dir / "attachments")
     return Stores(
         attachments=attachments,
-        sessions=PgSessions(db, settings.data_dir),
+        sessions=PgSessions(db, settings.data_dir, index=settings.search_index),
         inbox=PgInbox(db),
         gate=AccessGate(PgPairing(db), _allowlists(settings), pairing=settings.pairing),
         links=PgMediaLinks(db, attachments),
@@ -169,6 +178,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         tasks=PgTaskStore(db),
         usage=PgUsageStore(db),
         approvals=PgApprovalStore(db),
+        whatsapp=PgWhatsAppStore(db),
         adb=db,
         leases=PgLeases(db, worker, settings.lease_s),
         shared_dirs={"TALON_MEDIA_ROOT": settings.media_root, "TALON_DATA_DIR": settings.data_dir / "sessions"}

@@ -9,6 +9,10 @@ the markdown archive of summarized turns per thread and tool outputs too large t
 These are files in every implementation (with many workers, on storage they all mount), at the
 paths the agent is shown: ``SessionFiles`` computes them.
 
+Every message is stamped with the time it is stored (``Message.at``) unless it carries one, and
+indexed for full-text search (``talon.storage.search``); ``search`` finds a chat's own messages,
+every thread of it, and never another chat's.
+
 Implementations: ``MemorySessions`` (tests), ``talon.storage.embedded.sessions.JsonlSessions``
 (one JSONL file per thread) and ``talon.storage.postgres.sessions.PgSessions``. Returned messages
 may be shared with a cache: transform them with ``model_copy``, never in place.
@@ -20,9 +24,12 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from talon.content import Message
+
+if TYPE_CHECKING:
+    from talon.storage.search import SearchHit
 from talon.permissions import private_dir
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
@@ -41,6 +48,12 @@ def safe_path_part(part: str) -> str:
     """One path component made from an outside id (chat id, channel name): never a traversal."""
     cleaned = _SAFE.sub("_", part)
     return "_" if cleaned in ("", ".", "..") else cleaned
+
+
+def stamped(messages: tuple[Message, ...], now: float | None = None) -> list[Message]:
+    """The messages with ``at`` set to now where they have none (copies; the originals are kept)."""
+    when = time.time() if now is None else now
+    return [m if m.at is not None else m.model_copy(update={"at": when}) for m in messages]
 
 
 def new_thread_name(taken: "set[str] | None" = None) -> str:
@@ -80,6 +93,11 @@ class SessionFiles:
         """Tool outputs too large to send whole, named by content hash."""
         return self.context_dir(chat) / "results"
 
+    @property
+    def search_enabled(self) -> bool:
+        """Whether a full-text index is kept (TALON_SEARCH_INDEX); ``search`` finds nothing without."""
+        return True
+
 
 class SessionStore(Protocol):
     root: Path
@@ -88,6 +106,9 @@ class SessionStore(Protocol):
     def context_dir(self, chat: ChatKey) -> Path: ...
     def archive_path(self, chat: ChatKey, thread: str) -> Path: ...
     def results_dir(self, chat: ChatKey) -> Path: ...
+
+    @property
+    def search_enabled(self) -> bool: ...
 
     async def current_thread(self, chat: ChatKey) -> str:
         """The thread new messages go to ("main" until ``/new``)."""
@@ -106,6 +127,13 @@ class SessionStore(Protocol):
 
     async def size_bytes(self, chat: ChatKey) -> int:
         """The size of the current thread's log."""
+
+    async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
+        """Every (chat, thread) stored, or only ``chat``'s, sorted (``talon export``)."""
+
+    async def search(self, chat: ChatKey, query: str, limit: int = 10) -> "list[SearchHit]":
+        """The chat's stored messages (every thread) holding all the words of ``query``, newest
+        first. The query is words, never syntax (``talon.storage.search.query_words``)."""
 
     async def close(self) -> None: ...
 
@@ -136,11 +164,25 @@ class MemorySessions(SessionFiles):
 
     async def append(self, chat: ChatKey, *messages: Message, thread: str | None = None) -> None:
         key = (chat, thread or await self.current_thread(chat))
-        self._logs.setdefault(key, []).extend(m.to_json() for m in messages)
+        self._logs.setdefault(key, []).extend(m.to_json() for m in stamped(messages))
 
     async def size_bytes(self, chat: ChatKey) -> int:
         lines = self._logs.get((chat, await self.current_thread(chat)), [])
         return sum(len(line.encode("utf-8")) + 1 for line in lines)
+
+    async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
+        return sorted((key for key in self._logs if chat is None or key[0] == chat),
+                      key=lambda k: (str(k[0]), k[1]))
+
+    async def search(self, chat: ChatKey, query: str, limit: int = 10) -> "list[SearchHit]":
+        from talon.storage.search import clamp_limit, memory_search, query_words
+
+        words = query_words(query)
+        if not words:
+            return []
+        logs = {key: [Message.from_json(line) for line in lines] for key, lines in self._logs.items()
+                if key[0] == chat}
+        return memory_search(chat, logs, words, clamp_limit(limit))
 
     async def close(self) -> None:
         pass

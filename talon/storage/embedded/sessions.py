@@ -5,6 +5,11 @@ line (power loss mid-write) is skipped on load and the next append starts a fres
 work runs on a thread of its own, in submission order (an fsync takes milliseconds, far more on a
 busy disk, and must not stall the event loop).
 
+Each message is stamped with the time it is stored and indexed for full-text search
+(``talon.storage.embedded.search``, FTS5 in ``search.sqlite3``) on the same file thread, right
+after its line is written: the log is the record, the index is derived (``talon migrate`` indexes
+what a crash between the two left out).
+
 Loading is incremental: the parsed messages of recently used threads are kept, and a later load
 parses only the lines appended since, so a long chat is not re-parsed on every turn.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +29,9 @@ from typing import TypeVar
 
 from talon.content import Message
 from talon.permissions import open_private, private_dir
-from talon.storage.sessions import ChatKey, SessionFiles, new_thread_name
+from talon.storage.embedded.search import INDEX_FILE, SearchIndex, chat_of
+from talon.storage.search import SearchHit, clamp_limit, query_words
+from talon.storage.sessions import ChatKey, SessionFiles, new_thread_name, stamped
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +48,11 @@ class _Parsed:
 
 
 class JsonlSessions(SessionFiles):
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, index: bool = True) -> None:
         super().__init__(data_dir)
+        # The full-text index; None only where a benchmark measures the store without it.
+        self.index = SearchIndex(Path(data_dir) / INDEX_FILE) if index else None
+        self._named: set[Path] = set()  # chat directories whose CHAT file is known to exist
         self._parsed: OrderedDict[Path, _Parsed] = OrderedDict()  # touched on the file thread only
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sessions")
 
@@ -110,18 +121,46 @@ class JsonlSessions(SessionFiles):
                 log.warning("session %s line %d is unreadable (torn write?); skipped", path, number)
         return messages
 
-    @staticmethod
-    def _append(path: Path, payload: bytes) -> None:
+    def _append(self, chat: ChatKey, path: Path, messages: list[Message]) -> None:
+        lines = [(m.to_json() + "\n").encode("utf-8") for m in messages]
+        payload = b"".join(lines)
         private_dir(path.parent)
+        self._name_chat(chat, path.parent)
         with os.fdopen(open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "ab+") as fh:
+            fh.seek(0, os.SEEK_END)
+            start = fh.tell()
             # A torn last line from a crash must not swallow the next record.
-            if fh.tell() > 0:
+            if start > 0:
                 fh.seek(-1, os.SEEK_END)
                 if fh.read(1) != b"\n":
                     payload = b"\n" + payload
+                    start += 1
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
+            end = start + sum(len(line) for line in lines)
+        if self.index is not None:
+            entries, pos = [], start
+            for message, line in zip(messages, lines):
+                entries.append((pos, message))
+                pos += len(line)
+            try:
+                self.index.add(chat, path.stem, entries, end, start=start)
+            except sqlite3.Error as exc:  # the log has the message; `talon migrate` indexes it
+                log.error("search index %s: could not index %d message(s) of %s (%s)",
+                          self.index.path, len(entries), chat, exc)
+
+    def _name_chat(self, chat: ChatKey, directory: Path) -> None:
+        """``CHAT`` in the chat's directory: its real ids (the directory name is made safe)."""
+        if directory in self._named:
+            return
+        marker = directory / "CHAT"
+        if not marker.exists():
+            tmp = directory / "CHAT.tmp"
+            with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8") as fh:
+                fh.write(str(chat))
+            os.replace(tmp, marker)
+        self._named.add(directory)
 
     # --- the interface ----------------------------------------------------------------------
     async def current_thread(self, chat: ChatKey) -> str:
@@ -143,8 +182,8 @@ class JsonlSessions(SessionFiles):
     async def append(self, chat: ChatKey, *messages: Message, thread: str | None = None) -> None:
         if not messages:
             return
-        payload = "".join(m.to_json() + "\n" for m in messages).encode("utf-8")
-        await self._run(lambda: self._append(self.thread_path(chat, thread), payload))
+        ready = stamped(messages)
+        await self._run(lambda: self._append(chat, self.thread_path(chat, thread), ready))
 
     async def size_bytes(self, chat: ChatKey) -> int:
         def go() -> int:
@@ -155,5 +194,31 @@ class JsonlSessions(SessionFiles):
 
         return await self._run(go)
 
+    @property
+    def search_enabled(self) -> bool:
+        return self.index is not None
+
+    async def threads(self, chat: ChatKey | None = None) -> list[tuple[ChatKey, str]]:
+        def go() -> list[tuple[ChatKey, str]]:
+            found: list[tuple[ChatKey, str]] = []
+            dirs = [self.chat_dir(chat)] if chat is not None else [
+                c for ch in sorted(self.root.iterdir()) if ch.is_dir() for c in sorted(ch.iterdir()) if c.is_dir()]
+            for directory in dirs:
+                if directory.is_dir():
+                    key = chat if chat is not None else chat_of(directory)
+                    found += [(key, p.stem) for p in sorted(directory.glob("*.jsonl"))]
+            return sorted(found, key=lambda k: (str(k[0]), k[1]))
+
+        return await self._run(go)
+
+    async def search(self, chat: ChatKey, query: str, limit: int = 10) -> list[SearchHit]:
+        words, index = query_words(query), self.index
+        if not words or index is None:
+            return []
+        return await self._run(lambda: index.search(chat, words, clamp_limit(limit), self.chat_dir(chat)))
+
     async def close(self) -> None:
+        index = self.index
+        if index is not None:  # its last batch is written on the file thread, after the appends
+            await self._run(index.close)
         await asyncio.to_thread(self._executor.shutdown, True)

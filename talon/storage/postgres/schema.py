@@ -152,6 +152,38 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE talon_usage ADD COLUMN estimated BOOLEAN NOT NULL DEFAULT false;
     ALTER TABLE talon_usage ADD COLUMN extra_share BOOLEAN NOT NULL DEFAULT false;
     """,
+    # 9: WhatsApp's 24-hour window, the messages waiting for it, delivery receipts and one-time
+    # approval-button tokens (talon.storage.whatsapp).
+    """
+    CREATE TABLE talon_wa_windows (
+        chat_id TEXT PRIMARY KEY, last_inbound DOUBLE PRECISION, last_read DOUBLE PRECISION,
+        holder TEXT, until DOUBLE PRECISION, last_refused DOUBLE PRECISION
+    );
+    CREATE TABLE talon_wa_pending (
+        id BIGSERIAL PRIMARY KEY, chat_id TEXT NOT NULL, created DOUBLE PRECISION NOT NULL, payload TEXT NOT NULL
+    );
+    CREATE INDEX talon_wa_pending_chat ON talon_wa_pending (chat_id, id);
+    CREATE TABLE talon_wa_sent (
+        sid TEXT PRIMARY KEY, chat_id TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+        sent_at DOUBLE PRECISION NOT NULL, status TEXT NOT NULL, error_code INTEGER,
+        error_message TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL, retried BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE INDEX talon_wa_sent_failed ON talon_wa_sent (chat_id, updated) WHERE status IN ('failed', 'undelivered');
+    CREATE TABLE talon_wa_tokens (
+        token TEXT PRIMARY KEY, choice TEXT NOT NULL, approval_id TEXT NOT NULL, digest TEXT NOT NULL,
+        chat_id TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX talon_wa_tokens_approval ON talon_wa_tokens (approval_id);
+    """,
+    # 10: full-text search over session lines (talon.storage.search): when each was stored, who
+    # wrote it, and its words ('simple' configuration: no stemming, any language) with the chat's
+    # token, under a GIN index. Lines stored before this version are indexed by `talon migrate`.
+    """
+    ALTER TABLE talon_session_lines ADD COLUMN at DOUBLE PRECISION, ADD COLUMN role TEXT,
+        ADD COLUMN sender TEXT, ADD COLUMN search tsvector, ADD COLUMN indexed BOOLEAN NOT NULL DEFAULT false;
+    CREATE INDEX talon_session_lines_search ON talon_session_lines USING GIN (search);
+    CREATE INDEX talon_session_lines_unindexed ON talon_session_lines (channel, chat_id) WHERE NOT indexed;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,4 +1,6 @@
-"""``talon run | chat | doctor | pair | migrate | usage``."""
+"""The `talon` command: ``run | chat | doctor | pair | migrate | usage`` and the parser here; one
+module per later command in this package: ``setup``, ``backup`` (backup, ``--verify`` and restore),
+``export``, and ``reindex`` (`talon migrate` with no ``--to``: the search index)."""
 
 from __future__ import annotations
 
@@ -74,7 +76,10 @@ def _fail(message: str, missing: list[str] | None = None, settings: Settings | N
     if missing and settings is not None:
         missing = unset(settings, missing)
     if missing:
-        print(f"talon: missing settings: {', '.join(missing)} (see .env.example)", file=sys.stderr)
+        # Point at .env.example only where there is one (a checkout); else at what writes them.
+        where = ("see .env.example" if Path(".env.example").is_file()
+                 else "`talon setup` writes them to .env; see the README's settings")
+        print(f"talon: missing settings: {', '.join(missing)} ({where})", file=sys.stderr)
     return 2
 
 
@@ -243,7 +248,8 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
-    from talon.doctor_checks import model_url_row, settings_row, telegram_bot_row, twilio_account_row
+    from talon.doctor_checks import (model_url_row, settings_row, telegram_bot_row, twilio_account_row,
+                                     whatsapp_templates_row)
     from talon.speech.transcribe import Transcriber
 
     rows: list[tuple[str, str]] = [settings_row()]
@@ -291,6 +297,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         account = twilio_account_row(settings)
         if account is not None:
             rows.append(account)
+        rows.append(whatsapp_templates_row(settings))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     from talon.control.doctor import control_rows
@@ -438,15 +445,17 @@ async def _pair(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy."""
+    """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy; with no
+    ``--to``, bring the configured stores up to date in place (schema, search index)."""
     from talon.storage.postgres.db import redact
 
     settings = _load_settings()
     _setup_logging("WARNING", _secrets(settings))
     url = (args.to or "").strip()
     if not url:
-        return _fail("talon migrate needs --to postgresql://... (the TALON_DATABASE_URL the workers will use)",
-                     ["TALON_DATABASE_URL"])
+        from talon.cli.reindex import run as reindex
+
+        return reindex(settings, rebuild=args.rebuild_index)
     if not settings.data_dir.is_dir():
         return _fail(f"TALON_DATA_DIR={settings.data_dir} does not exist: nothing to migrate", ["TALON_DATA_DIR"],
                      settings)
@@ -487,13 +496,33 @@ def cmd_usage(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="start every configured channel").set_defaults(func=cmd_run)
-    chat = sub.add_parser("chat", help="talk to the agent in this terminal")
+    sub.add_parser(
+        "run", help="start every configured channel",
+        description="Start Talon: every configured channel (Telegram, WhatsApp), the agent, scheduled tasks "
+                    "and, when a port is set or a webhook needs one, the HTTP server (/healthz, /metrics). "
+                    "Settings come from the environment and .env (`talon setup` writes it; `talon doctor` "
+                    "checks it). Stops cleanly on Ctrl-C or SIGTERM.").set_defaults(func=cmd_run)
+    chat = sub.add_parser("chat", help="talk to the agent in this terminal",
+                          description="Talk to the agent in this terminal, with no platform account; without "
+                                      "TALON_MODEL the small bundled model answers. Ctrl-C stops an answer, "
+                                      "Ctrl-D leaves.")
     chat.add_argument("-v", "--verbose", action="store_true", help="show logs")
     chat.set_defaults(func=cmd_chat)
-    sub.add_parser("doctor", help="show what is configured").set_defaults(func=cmd_doctor)
-    migrate = sub.add_parser("migrate", help="copy an embedded deployment (TALON_DATA_DIR) into PostgreSQL")
+    sub.add_parser(
+        "doctor", help="show what is configured",
+        description="Show where the settings come from and what they configure, and check each live: the "
+                    "bot token (getMe), the Twilio account, the model server (one short request), the database, "
+                    "MCP servers, the transcriber. No secret is printed. Exits 1 when something cannot work, "
+                    "naming the setting.").set_defaults(func=cmd_doctor)
+    migrate = sub.add_parser(
+        "migrate", help="bring the stores up to date (schema, search index), or copy an embedded deployment "
+                        "(TALON_DATA_DIR) into PostgreSQL with --to",
+        description="Without --to: upgrade the configured stores in place and index every stored message "
+                    "for search (safe to repeat, also while Talon runs). With --to URL: copy the embedded "
+                    "stores of TALON_DATA_DIR into that PostgreSQL database and check the copy.")
     migrate.add_argument("--to", metavar="URL", help="the PostgreSQL URL (TALON_DATABASE_URL of the workers)")
+    migrate.add_argument("--rebuild-index", action="store_true",
+                         help="embedded: forget the search index and index every message again")
     migrate.set_defaults(func=cmd_migrate)
     pair = sub.add_parser("pair", help="list pairing requests, approve a code, or revoke an approval")
     which = pair.add_mutually_exclusive_group()
@@ -504,6 +533,15 @@ def main(argv: list[str] | None = None) -> int:
     usage.add_argument("--grant", nargs=2, metavar=("CHANNEL:ID", "AMOUNT"),
                        help="give a person more on top of TALON_LIMIT_PER_PERSON: 50000 (tokens) or $5")
     usage.set_defaults(func=cmd_usage)
+    from talon.cli.backup import add_commands as backup_commands
+
+    backup_commands(sub)
+    from talon.cli.export import add_command as export_command
+
+    export_command(sub)
+    from talon.cli.setup import add_command as setup_command
+
+    setup_command(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -1,0 +1,554 @@
+"""``talon backup | backup --verify | restore``: one archive of everything a Talon keeps.
+
+The archive is a tar stream (``.tar.zst`` with zstandard, or ``.tar.gz``) in ONE layout whatever
+the source: the embedded layout of ``TALON_DATA_DIR`` under ``data/`` and the media root (the
+per-chat workspaces: memory files, skills, files the agent made) under ``media/``, then
+``manifest.json`` last: the sha256 and size of every member, the format, the schema version and
+where it came from. So an archive of an embedded Talon restores into PostgreSQL and back.
+
+Taken from an embedded Talon, running or not: each SQLite database through SQLite's online backup
+API (a consistent snapshot while writers go on), each session log up to its last complete line
+(a message being written is left out whole, never half in), the other files as they are. The
+search index is not archived: it is derived, and rebuilt on restore. From PostgreSQL: every table
+read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only transaction (one consistent
+snapshot of all of them) and written in the embedded layout; attachments chunk by chunk. Files go
+through a temporary file at most one at a time: memory stays flat whatever the size.
+
+``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
+relative names, each exactly once, each matching the manifest, nothing missing, nothing extra.
+``restore`` verifies first, then extracts into a data dir and a media root that are empty or
+absent (never over live data), checking every file again as it is written, then indexes the
+messages for search, or, with a database URL, copies the stores into that (empty) database with
+``talon.storage.migrate`` and its checks. Anything that fails, Ctrl-C included, removes what the
+restore wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from talon.errors import BackupError
+from talon.permissions import open_private, private_dir
+from talon.storage.sessions import safe_path_part
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 20
+# Files of a data dir that are not archived: derived (the search index), SQLite's side files (the
+# backup API reads through them), logs and leftovers of interrupted writes.
+_SKIP_NAMES = {"local_model.log"}
+_SKIP_SUFFIXES = ("-wal", "-shm", "-journal", ".tmp")
+_SKIP_DIRS = {"migrate-check"}
+_INDEX_PREFIX = "search.sqlite3"
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes expected; 0 when unknown)
+
+
+@dataclass
+class Manifest:
+    source: str  # "embedded" or "postgres"
+    schema_version: int
+    created: float
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (size, sha256)
+    format: int = FORMAT
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": self.format, "source": self.source, "schema_version": self.schema_version,
+            "created": self.created,
+            "files": [{"path": k, "size": s, "sha256": h} for k, (s, h) in sorted(self.files.items())],
+        }, indent=1).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Manifest":
+        try:
+            raw = json.loads(data)
+            files = {str(f["path"]): (int(f["size"]), str(f["sha256"])) for f in raw["files"]}
+            return cls(source=str(raw["source"]), schema_version=int(raw["schema_version"]),
+                       created=float(raw["created"]), files=files, format=int(raw["format"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackupError(f"the archive's manifest is unreadable ({exc})") from None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for size, _ in self.files.values())
+
+
+# --- archives ---------------------------------------------------------------------------------
+def _compression(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith(".tar.zst") or name.endswith(".tzst"):
+        return "zst"
+    if name.endswith(".tar.gz") or name.endswith(".tgz"):
+        return "gz"
+    raise BackupError(f"{path.name}: name the archive .tar.zst or .tar.gz")
+
+
+class _Writer:
+    """A tar stream into ``path`` (written as ``path.partial``, renamed when complete)."""
+
+    def __init__(self, path: Path, progress: Progress | None, expected: int) -> None:
+        self.path = path
+        self.partial = path.with_name(path.name + ".partial")
+        self.kind = _compression(path)
+        self._raw = os.fdopen(open_private(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+        self._zst: Any = None  # the compressing stream (zstandard or gzip)
+        if self.kind == "zst":
+            import zstandard
+
+            self._zst = zstandard.ZstdCompressor(level=1).stream_writer(self._raw, closefd=False)
+            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK)
+        else:
+            import gzip
+
+            self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6)
+            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK)
+        self.tar.copybufsize = _CHUNK  # type: ignore[attr-defined]  # 1 MB reads, not 16 KB
+        self.manifest_files: dict[str, tuple[int, str]] = {}
+        self.progress, self.expected, self.done = progress, expected, 0
+
+    def add(self, name: str, fh: IO[bytes], size: int, mtime: float | None = None) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = size, 0o600, int(mtime if mtime is not None else time.time())
+        reader = _HashingReader(fh, size, self._advance)
+        self.tar.addfile(info, reader)
+        if reader.read_bytes != size:
+            raise BackupError(f"{name} changed while it was archived (read {reader.read_bytes} of {size} bytes)")
+        self.manifest_files[name] = (size, reader.sha.hexdigest())
+
+    def add_file(self, name: str, path: Path, size: int | None = None) -> None:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            self.add(name, fh, st.st_size if size is None else size, st.st_mtime)
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.expected)
+
+    def finish(self, manifest: Manifest) -> None:
+        manifest.files = self.manifest_files
+        data = manifest.to_json()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+        self.tar.addfile(info, io.BytesIO(data))
+        self.tar.close()
+        if self._zst is not None:
+            self._zst.close()
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
+        self._raw.close()
+        os.replace(self.partial, self.path)
+
+    def abort(self) -> None:
+        for closer in (self.tar.close, *(() if self._zst is None else (self._zst.close,)), self._raw.close):
+            try:
+                closer()
+            except Exception:
+                pass
+        self.partial.unlink(missing_ok=True)
+
+
+class _HashingReader(io.RawIOBase):
+    """Reads at most ``limit`` bytes of ``fh``, hashing them (what tar stores is what is summed)."""
+
+    def __init__(self, fh: IO[bytes], limit: int, advance: Callable[[int], None]) -> None:
+        self.fh, self.left, self.sha, self.read_bytes, self.advance = fh, limit, hashlib.sha256(), 0, advance
+
+    def read(self, n: int | None = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        want = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.fh.read(want)
+        self.left -= len(data)
+        self.read_bytes += len(data)
+        self.sha.update(data)
+        self.advance(len(data))
+        return data
+
+
+def _open_reader(path: Path) -> tuple[tarfile.TarFile, list[Any]]:
+    if not path.is_file():
+        raise BackupError(f"{path}: no such archive")
+    kind = _compression(path)
+    raw = open(path, "rb")
+    if kind == "zst":
+        import zstandard
+
+        stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK), [stream, raw]
+    return tarfile.open(fileobj=raw, mode="r|gz", bufsize=_CHUNK), [raw]
+
+
+def _safe_member_name(name: str) -> str:
+    pure = PurePosixPath(name)
+    if (name != pure.as_posix() or pure.is_absolute() or any(p in ("", ".", "..") for p in pure.parts)
+            or pure.parts[0] not in ("data", "media") or len(pure.parts) < 2 or "\\" in name or "\x00" in name):
+        raise BackupError(f"the archive holds an unsafe or unexpected name {name!r}: refused")
+    return name
+
+
+def _members(path: Path) -> Iterator[tuple[str, tarfile.TarInfo, IO[bytes] | None, tarfile.TarFile]]:
+    tar, closers = _open_reader(path)
+    try:
+        with _damaged(path):
+            for member in tar:
+                yield member.name, member, tar.extractfile(member) if member.isfile() else None, tar
+    finally:
+        tar.close()
+        for c in closers:
+            c.close()
+
+
+class _damaged:
+    """Turns what a broken stream raises (tar, gzip, zstandard, a short file) into BackupError."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or isinstance(exc, (BackupError, GeneratorExit, KeyboardInterrupt)):
+            return
+        broken = isinstance(exc, (tarfile.TarError, EOFError, OSError)) or (
+            type(exc).__module__.startswith("zstandard") or "zstd" in type(exc).__name__.lower())
+        if broken:
+            raise BackupError(f"{self.path.name} is damaged or not a Talon archive ({exc}): refused") from None
+
+
+def verify(path: Path, progress: Progress | None = None) -> Manifest:
+    """Read the whole archive and check it against its manifest; the manifest, or BackupError."""
+    seen: dict[str, tuple[int, str]] = {}
+    manifest: Manifest | None = None
+    done = 0
+    with _damaged(path):
+        for name, member, fh, _ in _members(path):
+            if manifest is not None:
+                raise BackupError(f"the archive holds {name!r} after its manifest: refused")
+            if name == MANIFEST and member.isfile() and fh is not None:
+                if member.size > 64 << 20:
+                    raise BackupError("the archive's manifest is implausibly large: refused")
+                manifest = Manifest.from_json(fh.read())
+                continue
+            _safe_member_name(name)
+            if not member.isfile() or fh is None:
+                raise BackupError(f"the archive holds {name!r}, which is not a regular file: refused")
+            if name in seen:
+                raise BackupError(f"the archive holds {name!r} twice: refused")
+            sha = hashlib.sha256()
+            size = 0
+            while chunk := fh.read(_CHUNK):
+                sha.update(chunk)
+                size += len(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, 0)
+            seen[name] = (size, sha.hexdigest())
+    if manifest is None:
+        raise BackupError(f"{path.name} has no manifest (not a complete Talon archive): refused")
+    if manifest.format != FORMAT:
+        raise BackupError(f"archive format {manifest.format} is not one this Talon reads ({FORMAT}): refused")
+    from talon.storage.postgres.schema import SCHEMA_VERSION
+
+    if manifest.schema_version > SCHEMA_VERSION:
+        raise BackupError(f"the archive was made by a newer Talon (schema version {manifest.schema_version}, "
+                          f"this one knows {SCHEMA_VERSION}): upgrade Talon to restore it")
+    for name, expected in manifest.files.items():
+        if name not in seen:
+            raise BackupError(f"{name} is in the manifest but not in the archive: refused")
+        if seen[name] != expected:
+            raise BackupError(f"{name} does not match its sha256 in the manifest (damaged or tampered): refused")
+    extra = sorted(set(seen) - set(manifest.files))
+    if extra:
+        raise BackupError(f"{extra[0]} is in the archive but not in its manifest: refused")
+    return manifest
+
+
+# --- backup ---------------------------------------------------------------------------------
+def _dir_size(root: Path) -> int:
+    total = 0
+    if root.is_dir():
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
+                except OSError:
+                    pass
+    return total
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, str]]:
+    """Regular files under ``root`` (symbolic links are not followed nor archived), sorted."""
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(dirpath, d)))
+        for name in sorted(files):
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            yield path, path.relative_to(root).as_posix()
+
+
+def _skip_data_file(rel: str, *, postgres: bool) -> bool:
+    parts = rel.split("/")
+    name = parts[-1]
+    if name in _SKIP_NAMES or name.startswith(_INDEX_PREFIX) or name.endswith(_SKIP_SUFFIXES):
+        return True
+    if parts[0] in _SKIP_DIRS or parts[:2] == ["attachments", "tmp"]:
+        return True
+    if postgres:
+        # The stores are read from the database; the data dir holds only the context files (and
+        # a cache of attachments, which the database has whole).
+        if name.endswith(".sqlite3") or parts[0] == "attachments":
+            return True
+        if parts[0] == "sessions" and (name.endswith(".jsonl") or name in ("CURRENT", "CHAT")):
+            return True
+    return False
+
+
+def _complete_lines_size(path: Path) -> int:
+    """Bytes up to and including the last newline (a line being written is left out whole)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            fh.seek(start)
+            block = fh.read(end - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+    return 0
+
+
+def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
+    """A consistent copy through SQLite's online backup API (writers are not stopped)."""
+    src = sqlite3.connect(f"file:{src_path}?mode=ro", uri=True)
+    try:
+        dst = sqlite3.connect(str(dst_path))
+        try:
+            src.backup(dst, pages=256)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+
+
+def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = "",
+           progress: Progress | None = None) -> Manifest:
+    """Write the archive at ``path`` (it must not exist); its manifest."""
+    from talon.storage.postgres.schema import SCHEMA_VERSION
+
+    path = Path(path)
+    if path.exists():
+        raise BackupError(f"{path} exists: choose a new name (a backup never overwrites)")
+    if not data_dir.is_dir():
+        raise BackupError(f"TALON_DATA_DIR={data_dir} does not exist: nothing to back up")
+    _compression(path)
+    postgres = bool(database_url)
+    expected = _dir_size(data_dir) + _dir_size(media_root)
+    writer = _Writer(path, progress, expected)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".talon-backup-", dir=path.parent) as scratch:
+            for file, rel in _walk(data_dir):
+                if _skip_data_file(rel, postgres=postgres):
+                    continue
+                name = f"data/{rel}"
+                if rel.endswith(".sqlite3"):
+                    snap = Path(scratch) / "snapshot.sqlite3"
+                    _sqlite_snapshot(file, snap)
+                    writer.add_file(name, snap)
+                    snap.unlink()
+                elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
+                    writer.add_file(name, file, _complete_lines_size(file))
+                else:
+                    writer.add_file(name, file)
+            if postgres:
+                from talon.storage.pg_export import export_postgres
+
+                export_postgres(database_url, writer, Path(scratch))
+            if media_root.is_dir():
+                for file, rel in _walk(media_root):
+                    writer.add_file(f"media/{rel}", file)
+        manifest = Manifest(source="postgres" if postgres else "embedded", schema_version=SCHEMA_VERSION,
+                            created=time.time())
+        writer.finish(manifest)
+        return manifest
+    except BaseException:
+        writer.abort()
+        raise
+
+
+# --- restore --------------------------------------------------------------------------------
+def _empty_or_absent(path: Path, what: str) -> bool:
+    """True when ``path`` must be created; BackupError when it holds anything."""
+    if not path.exists():
+        return True
+    if not path.is_dir():
+        raise BackupError(f"{what} {path} is not a directory: refused")
+    if any(path.iterdir()):
+        raise BackupError(f"{what} {path} is not empty: a restore never writes over live data. "
+                          "Name a new or empty directory.")
+    return False
+
+
+@dataclass
+class RestoreResult:
+    manifest: Manifest
+    data_dir: Path
+    media_root: Path
+    database_url: str
+    indexed: int
+
+
+def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, database_url: str = "",
+            progress: Progress | None = None) -> RestoreResult:
+    """Verify, then restore into empty places; what was restored where."""
+    from talon.workspaces import check_dirs_apart
+    from talon.errors import ConfigError
+
+    data_dir = Path(data_dir).absolute()
+    media_root = Path(media_root).absolute() if media_root is not None else data_dir.parent / "media_root"
+    try:
+        check_dirs_apart(media_root, data_dir)
+    except ConfigError as exc:
+        raise BackupError(f"the data dir and the media root may not nest: {exc}") from None
+    create_data = _empty_or_absent(data_dir, "the data dir")
+    create_media = _empty_or_absent(media_root, "the media root")
+    if database_url:
+        _check_database_empty(database_url)
+    manifest = verify(path)
+    try:
+        private_dir(data_dir)
+        media_root.mkdir(parents=True, exist_ok=True)
+        with _damaged(path):
+            _extract(path, manifest, data_dir, media_root, progress)
+        indexed = 0
+        if database_url:
+            _into_database(data_dir, database_url)
+        else:
+            from talon.cli.reindex import index_embedded
+
+            indexed = index_embedded(data_dir)[1]
+        return RestoreResult(manifest, data_dir, media_root, database_url, indexed)
+    except BaseException:
+        # Nothing half-restored: the places were empty or absent, so all of it goes.
+        for directory, created in ((data_dir, create_data), (media_root, create_media)):
+            if created:
+                shutil.rmtree(directory, ignore_errors=True)
+            elif directory.is_dir():
+                for child in directory.iterdir():
+                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        if database_url:
+            _empty_database(database_url)
+        raise
+
+
+def _extract(path: Path, manifest: Manifest, data_dir: Path, media_root: Path, progress: Progress | None) -> None:
+    """Write every member, checking it again (the archive may have changed since verified)."""
+    done = 0
+    for name, _, fh, _ in _members(path):
+        if name == MANIFEST:
+            continue
+        _safe_member_name(name)
+        if fh is None or name not in manifest.files:
+            raise BackupError(f"the archive changed since it was verified ({name}): refused")
+        top, rel = name.split("/", 1)
+        target = (data_dir if top == "data" else media_root) / rel
+        private_dir(target.parent)
+        sha = hashlib.sha256()
+        with os.fdopen(open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as out:
+            while chunk := fh.read(_CHUNK):
+                sha.update(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as exc:  # the target's disk, not the archive
+                    raise BackupError(f"could not write {target}: {exc}") from None
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, manifest.total_bytes)
+        if sha.hexdigest() != manifest.files[name][1]:
+            raise BackupError(f"{name} changed since the archive was verified: refused")
+
+
+# The tables a restore fills (and empties again when it fails), and those that must be empty.
+_FILLED_TABLES = ("talon_inbox", "talon_threads", "talon_session_lines", "talon_pairing_pending",
+                  "talon_pairing_replied", "talon_approved", "talon_attachment_chunks", "talon_attachments",
+                  "talon_tasks", "talon_task_runs", "talon_chat_zones", "talon_usage", "talon_usage_grants",
+                  "talon_approvals", "talon_approval_always")
+
+
+def _check_database_empty(url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        have = {str(r[0]) for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
+        for table in _FILLED_TABLES:
+            if table in have and conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone() != (False,):
+                raise BackupError(f"the database already holds Talon data ({table} is not empty): a restore "
+                                  "never writes over live data. Name a new, empty database.")
+
+
+def _empty_database(url: str) -> None:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            have = {str(r[0]) for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
+            tables = [t for t in _FILLED_TABLES if t in have]
+            if tables:
+                conn.execute(f"TRUNCATE {', '.join(tables)}")
+    except Exception as exc:
+        log.error("could not empty the database after the failed restore (%s): empty it before trying again", exc)
+
+
+def _into_database(data_dir: Path, url: str) -> None:
+    """Copy the restored embedded layout into the database (checked), then remove the embedded
+    stores from the data dir: it keeps the context files and the attachments (as the cache)."""
+    import asyncio
+
+    from talon.storage.migrate import migrate_embedded
+    from talon.storage.postgres.db import AsyncDatabase
+
+    async def go() -> Any:
+        db = AsyncDatabase(url, max_size=2)
+        await db.open()
+        try:
+            return await migrate_embedded(data_dir, db)
+        finally:
+            await db.close()
+
+    report = asyncio.run(go())
+    if not report.ok:
+        problems = [p for s in report.stores for p in s.problems] or ["not every item was verified"]
+        raise BackupError("copying into the database failed its checks: " + "; ".join(problems[:3]))
+    for file in list(data_dir.glob("*.sqlite3*")):
+        file.unlink()
+    sessions = data_dir / "sessions"
+    if sessions.is_dir():
+        for file, rel in list(_walk(sessions)):
+            if rel.endswith(".jsonl") or file.name in ("CURRENT", "CHAT"):
+                file.unlink()
+
+
+def session_dir_name(channel: str, chat_id: str) -> str:
+    return f"sessions/{safe_path_part(channel)}/{safe_path_part(chat_id)}"
