@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from talon.agent.hooks import TurnHooks
 from talon.agent.loop import Agent
 from talon.bounded import BoundedMap
 from talon.storage.sessions import ChatKey
@@ -61,7 +62,7 @@ SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
-                       "/approvals", "/search"})
+                       "/approvals", "/search", "/skills", "/context"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -692,6 +693,15 @@ class Bridge:
         hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else None
         guard = hooks.guard if hooks is not None and isinstance(hooks.guard, TurnGuard) else None
 
+        async def notice(line: str) -> None:
+            """One line in the chat about the turn's work (a delegation), outside the reply."""
+            try:
+                await channel.deliver(message.chat_id, OutboundReply(text=line, thread_id=message.thread_id))
+            except Exception as exc:  # a line of progress is not worth failing the turn for
+                log.warning("chat %s: a progress line could not be shown: %s", chat, exc)
+
+        hooks = dataclasses.replace(hooks or TurnHooks(), notice=notice)
+
         async def steer() -> list[Message]:
             joined = []
             # A message joins only if its sender may use the model now: a person at their cap
@@ -851,8 +861,10 @@ class Bridge:
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
+                    "/context shows what fills the model's context; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
-                    "/tasks lists scheduled tasks; /approvals lists the tools allowed without asking; "
+                    "/tasks lists scheduled tasks; /skills lists the skills I can load; "
+                    "/approvals lists the tools allowed without asking; "
                     "/search words finds earlier messages of this chat.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
@@ -872,6 +884,10 @@ class Bridge:
                 return ("Only the person who asked, an administrator of this group or an approver "
                         "can stop what I am doing.")
             return "Nothing to stop: I was not working on anything."
+        if word == "/skills":
+            return await self.agent.skills_text(chat)
+        if word == "/context":
+            return await self.agent.context_text(chat)
         if word == "/tasks":
             if self.scheduler is None:
                 return "Scheduled tasks are not available here."

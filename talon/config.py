@@ -107,6 +107,11 @@ class Settings(BaseSettings):
     local_threads: int = Field(default=0, ge=0, validation_alias=_env("TALON_LOCAL_THREADS"))
     local_start_timeout_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_LOCAL_START_TIMEOUT"))
     summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
+    # Models tried in order when the one in use is down, times out, rate-limits or fails with a
+    # server error after its retries (comma-separated, each in TALON_MODEL's form); a failed
+    # model rests this many seconds before it is tried first again.
+    model_fallbacks: str = Field(default="", validation_alias=_env("TALON_MODEL_FALLBACKS"))
+    model_fallback_cooldown_s: float = Field(default=300.0, ge=0, validation_alias=_env("TALON_MODEL_FALLBACK_COOLDOWN"))
     turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
     # The signs that a turn is under way (the acknowledgement reaction, the typing indicator, the
     # first live draft) wait this long: an answer ready sooner arrives without them.
@@ -136,6 +141,27 @@ class Settings(BaseSettings):
     protected_paths: str = Field(default=".git", validation_alias=_env("TALON_PROTECTED_PATHS"))
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
+
+    # --- sub-agents (talon.agent.tools.delegate, docs/agent.md) -----------------------------------
+    # The delegate tool: a child agent with a fresh context. Its model (empty: the one in use),
+    # how deep delegation may go, children at once per chat, and one child's time limit.
+    subagents_enabled: bool = Field(default=True, validation_alias=_env("TALON_SUBAGENT"))
+    subagent_model: str = Field(default="", validation_alias=_env("TALON_SUBAGENT_MODEL"))
+    subagent_depth: int = Field(default=1, ge=1, le=3, validation_alias=_env("TALON_SUBAGENT_DEPTH"))
+    subagents: int = Field(default=3, ge=1, le=10, validation_alias=_env("TALON_SUBAGENTS"))
+    subagent_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_SUBAGENT_TIMEOUT"))
+
+    # --- a lean prompt (talon.agent.tools.find_tools) ------------------------------------------------
+    # Share of the model's window the tool definitions may take; past it only the most used are
+    # sent, and find_tools finds the others.
+    tools_budget: float = Field(default=0.15, gt=0, le=1, validation_alias=_env("TALON_TOOLS_BUDGET"))
+
+    # --- skills (talon.agent.tools.skills, docs/skills.md) ---------------------------------------
+    # Skill folders shared by every chat, read-only for the agent (outside the media root); each
+    # chat's own live in its workspace under skills/.
+    skills_dir: Path | None = Field(default=None, validation_alias=_env("TALON_SKILLS_DIR"))
+    # Tokens the system prompt's list of skills (one line each) may take; the rest are named as left out.
+    skills_budget: int = Field(default=2_000, ge=100, validation_alias=_env("TALON_SKILLS_BUDGET"))
 
     # --- MCP servers and web fetch (talon.agent.tools.mcp, talon.agent.tools.web_fetch) ---------------------
     # The mcpServers JSON file; unset: mcp.json in the working directory (beside .env), if any.
@@ -550,6 +576,24 @@ class Settings(BaseSettings):
 
     def whatsapp_configured(self) -> bool:
         return bool(self.twilio_account_sid and self.twilio_whatsapp_from)
+
+    @property
+    def fallback_models(self) -> list[str]:
+        """``TALON_MODEL_FALLBACKS`` as a list (a model without ``provider:`` uses TALON_MODEL's)."""
+        return _csv(self.model_fallbacks)
+
+    def check_fallbacks(self) -> None:
+        """Raise ConfigError for a fallback model Talon could not call."""
+        for spec in self.fallback_models:
+            provider, name = split_model(spec) if ":" in spec else (self.provider_name, spec)
+            where = ["TALON_MODEL_FALLBACKS"]
+            if provider not in ("openai", "anthropic") or not name:
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} is not a model Talon can fall back to (use "
+                                  "openai:NAME or anthropic:NAME; a local: model cannot be one)", where)
+            if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} needs OPENAI_API_KEY or OPENAI_BASE_URL", where)
+            if provider == "anthropic" and not self.anthropic_api_key:
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} needs ANTHROPIC_API_KEY", where)
 
     def check_model(self) -> None:
         """Raise ConfigError naming what is missing for the configured model."""

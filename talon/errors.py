@@ -38,6 +38,7 @@
     │   ├── SendAgain               it adjusted itself to the server: send the request again now
     │   └── Retryable               a transient failure (``.error``): wait ``.delay`` and try again
     ├── ToolError                   a tool failure the agent reads and can act on (bad path...)
+    │   └── SkillProblem            a skill that cannot be used (front matter, name, size; talon.agent.tools.skills)
     ├── ApprovalNotShown            a call waiting for approval could not be shown whole: it is refused
     ├── DeliveryError               a reply or file could not be delivered to the chat (``.permanent``)
     │   ├── UploadTimedOut          a Telegram upload timed out twice (it may have arrived)
@@ -285,6 +286,10 @@ class Retryable(ProviderSignal):
 
 class ToolError(TalonError):
     """A tool failure the agent should read and can act on (bad path, missing file...)."""
+
+
+class SkillProblem(ToolError):
+    """A skill that cannot be used: its front matter, name or size (``talon.agent.tools.skills``)."""
 
 
 class ApprovalNotShown(TalonError):

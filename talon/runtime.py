@@ -14,12 +14,14 @@ from talon.agent.context.pipeline import ContextPolicy
 from talon.agent.providers.discovery import Discoverer
 from talon.agent.providers.learned import LearnedFacts
 from talon.agent.providers.local import LocalModelServer, local_model_server
-from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
+from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent, ModelSlot
 from talon.agent.providers.profiles import settings_profile, split_summary_model
 from talon.agent.providers.base import Provider, data_url
 from talon.agent.tools.sandbox import SandboxLimits
 from talon.agent.tools.search import SearchConversationsTool
 from talon.agent.tools.registry import ToolRegistry
+from talon.agent.tools.find_tools import FindToolsTool, ToolBudget
+from talon.agent.tools.skills import SHARED_SKILLS_MOUNT, LoadSkillTool, SkillCatalog, check_shared_dir
 from talon.agent.tools.workspace import Workspace, WorkspacePolicy
 from talon.agent.tools.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
@@ -278,6 +280,11 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         tools.add(tool)
     if settings.search_index:
         tools.add(SearchConversationsTool(sessions))  # this chat's own history (talon.storage.search)
+    skills = skill_catalog(settings)
+    tools.add(LoadSkillTool(skills, shell_path=shared_skills_in_shell(tools, skills)))
+    settings.check_fallbacks()
+    fallbacks = [ModelSlot(spec, build_provider(settings, store, spec), settings_profile(settings, spec))
+                 for spec in settings.fallback_models]
     agent = Agent(
         provider,
         sessions,
@@ -298,7 +305,21 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
+        skills=skills,
+        fallbacks=fallbacks,
+        fallback_cooldown_s=settings.model_fallback_cooldown_s,
+        model_label=settings.model,
+        tool_budget=ToolBudget(settings.tools_budget),
     )
+    assert agent.tool_budget is not None
+    tools.add(FindToolsTool(tools.specs, agent.tool_budget, lambda chat: agent.sent_tools.get(chat, frozenset())))
+    if settings.subagents_enabled:
+        from talon.agent.tools.delegate import DelegateTool, SubAgentLimits
+
+        child_model = (build_provider(settings, store, settings.subagent_model, local=local)
+                       if settings.subagent_model and settings.subagent_model != settings.model else None)
+        tools.add(DelegateTool(agent, SubAgentLimits(settings.subagent_depth, settings.subagents,
+                                                     settings.subagent_timeout_s), provider=child_model))
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
     from talon.control import Control
@@ -337,6 +358,29 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
                    stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
                    mcp=mcp, scheduler=scheduler)
+
+
+def skill_catalog(settings: Settings) -> SkillCatalog:
+    """The shared skills (``TALON_SKILLS_DIR``, outside the media root) and every chat's own."""
+    if settings.skills_dir is not None:
+        check_shared_dir(settings.skills_dir, settings.media_root)
+    return SkillCatalog(settings.skills_dir, budget_tokens=settings.skills_budget)
+
+
+def shared_skills_in_shell(tools: ToolRegistry, skills: SkillCatalog) -> str | None:
+    """Where the shell sees the shared skills: read-only at /skills in its sandbox (their own path
+    when it runs unsandboxed); None without a shell or shared skills."""
+    from talon.agent.tools.workspace_tools import ShellTool
+
+    shell = tools.tools.get("shell")
+    if not isinstance(shell, ShellTool) or skills.shared_root is None:
+        return None
+    if not shell.sandboxed:
+        return str(skills.shared_root)
+    if not skills.shared_root.is_dir():
+        return None  # bwrap cannot mount what is not there; the scan says so too
+    shell.read_only_binds = ((str(skills.shared_root), SHARED_SKILLS_MOUNT),)
+    return SHARED_SKILLS_MOUNT
 
 
 def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":
