@@ -159,6 +159,9 @@ class Bridge:
         self._stops: BoundedMap[str, str] = BoundedMap("bridge_stops")  # /stop key -> "stopped", "idle" or "refused"
         self._workers: dict[ChatKey, asyncio.Task[None]] = {}
         self._asides: set[asyncio.Task[None]] = set()
+        # Told of every new message once the inbox has it (the web panel's chat index), in the
+        # background: a slow or failing observer never holds a message up.
+        self.observers: list[Callable[[InboundMessage], Awaitable[None]]] = []
         # Channels whose messages may be handled now. A chat's worker starts only once its channel
         # has started: a message recovered at start-up must not be downloaded or answered
         # through a channel whose clients do not exist yet.
@@ -196,6 +199,8 @@ class Bridge:
             log.info("duplicate message %s ignored", message.key)
             return False
         self.metrics.received.labels(message.channel).inc()
+        for observer in self.observers:
+            self._aside(_observed(observer, message))
         if self._maybe_approval_reply(item):
             return True
         chat = conversation_key(message)
@@ -945,3 +950,13 @@ def apology(exc: ProviderError) -> str:
 if TYPE_CHECKING:
     def _a_bridge_is_a_handle(bridge: Bridge) -> BridgeHandle:
         return bridge  # mypy: Bridge satisfies what channels may call on it (talon.ports)
+
+
+async def _observed(observer: Callable[[InboundMessage], Awaitable[None]], message: InboundMessage) -> None:
+    try:
+        await observer(message)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("message %s: an observer failed (%s: %s); the message goes on", message.key,
+                    type(exc).__name__, exc)

@@ -484,6 +484,15 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return run(args, _load_settings())
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    """``talon ui password`` / ``talon ui link`` (talon.ui.cli)."""
+    from talon.ui import cli as ui_cli
+
+    if args.what == "password":
+        return ui_cli.cmd_password(args)
+    return ui_cli.cmd_link(args, _load_settings())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -504,6 +513,11 @@ def main(argv: list[str] | None = None) -> int:
     usage.add_argument("--grant", nargs=2, metavar=("CHANNEL:ID", "AMOUNT"),
                        help="give a person more on top of TALON_LIMIT_PER_PERSON: 50000 (tokens) or $5")
     usage.set_defaults(func=cmd_usage)
+    ui = sub.add_parser("ui", help="the web panel: make a password hash, or a one-time sign-in link")
+    ui.add_argument("what", choices=["password", "link"],
+                    help="password: print an argon2 hash for TALON_UI_PASSWORD_HASH; link: print a sign-in "
+                         "link good for 10 minutes, once")
+    ui.set_defaults(func=cmd_ui)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

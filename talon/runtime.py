@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from talon.ports import Channel
     from talon.agent.mcp import McpManager
     from channels.http import HttpServer
+    from talon.ui.app import Panel
+    from talon.ui.webchat import WebChat
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,8 @@ class Runtime:
     local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
     mcp: "McpManager | None" = None  # the MCP servers' connections; None without any configured
     scheduler: Scheduler | None = None
+    webchat: "WebChat | None" = None  # the web panel's chat channel (talon.ui.webchat), when the panel is on
+    panel: "Panel | None" = None
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -156,6 +160,9 @@ class Runtime:
             add_health_route(self)
             if self.settings.metrics:
                 add_metrics_route(self)
+            from talon.ui import add_ui_routes
+
+            self.panel = add_ui_routes(self)
             # Listening before the channels start: a webhook that comes early gets 503 and is retried.
             await self.http.start()
         for channel in self.channels:
@@ -331,9 +338,22 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     scheduler.attach(bridge)
-    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
+    channels = list(channels or [])
+    webchat = None
+    if stores.panel is not None:
+        from talon.ui.index import chat_indexer
+
+        bridge.observers.append(chat_indexer(stores.panel))
+        from talon.ui import ui_enabled
+
+        if http is not None and ui_enabled(settings, http_runs=True):
+            from talon.ui.webchat import WebChat
+
+            webchat = WebChat(settings, store, sessions)
+            channels.append(webchat)
+    return Runtime(settings, store, sessions, inbox, agent, bridge, channels, transcriber, http,
                    stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
-                   mcp=mcp, scheduler=scheduler)
+                   mcp=mcp, scheduler=scheduler, webchat=webchat)
 
 
 def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":
@@ -459,7 +479,7 @@ def shared_http_server(settings: Settings) -> "HttpServer | None":
     in webhook mode); the runtime starts it. None when nothing needs to listen."""
     # With Telegram long polling alone nothing needs to listen; naming TALON_HTTP_PORT asks for
     # the server anyway, for /metrics and /healthz.
-    wanted = settings.metrics and "http_port" in settings.model_fields_set
+    wanted = (settings.metrics and "http_port" in settings.model_fields_set) or settings.ui is True
     if wanted or settings.whatsapp_configured() or (settings.telegram_configured() and settings.telegram_webhook_mode):
         from channels.http import HttpServer
 

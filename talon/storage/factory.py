@@ -28,6 +28,7 @@ from talon.storage.tasks import TaskStore
 from talon.storage.usage import UsageStore
 
 if TYPE_CHECKING:  # psycopg (11 MB) is imported only with TALON_DATABASE_URL
+    from talon.storage.panel import PanelStore
     from talon.storage.postgres.db import AsyncDatabase
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Stores:
     usage: UsageStore
     approvals: ApprovalStore
     control_db: SqliteRunner | None = None
+    panel: "PanelStore | None" = None  # the web panel's (talon.ui): sign-in, audit log, chat index
     adb: AsyncDatabase | None = None  # None: embedded
     leases: Leases | None = None
     deployment: str = ""
@@ -133,6 +135,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.sessions import JsonlSessions
         from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
         from talon.storage.embedded.tasks import SqliteTaskStore
+        from talon.storage.embedded.panel import SqlitePanelStore
 
         control = open_control_db(settings.data_dir / "control.sqlite3")
         return Stores(
@@ -146,6 +149,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             usage=SqliteUsageStore(control),
             approvals=SqliteApprovalStore(control),
             control_db=control,
+            panel=SqlitePanelStore(control),
         )
     from talon.storage.postgres.access import PgPairing
     from talon.storage.postgres.attachments import PgAttachments
@@ -156,6 +160,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.media_links import PgMediaLinks
     from talon.storage.postgres.sessions import PgSessions
     from talon.storage.postgres.tasks import PgTaskStore
+    from talon.storage.postgres.panel import PgPanelStore
 
     db = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
     attachments = PgAttachments(db, settings.data_dir / "attachments")
@@ -169,6 +174,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         tasks=PgTaskStore(db),
         usage=PgUsageStore(db),
         approvals=PgApprovalStore(db),
+        panel=PgPanelStore(db),
         adb=db,
         leases=PgLeases(db, worker, settings.lease_s),
         shared_dirs={"TALON_MEDIA_ROOT": settings.media_root, "TALON_DATA_DIR": settings.data_dir / "sessions"}

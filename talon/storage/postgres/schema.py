@@ -152,6 +152,28 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE talon_usage ADD COLUMN estimated BOOLEAN NOT NULL DEFAULT false;
     ALTER TABLE talon_usage ADD COLUMN extra_share BOOLEAN NOT NULL DEFAULT false;
     """,
+    # 9: the web panel (talon.storage.panel): sign-in sessions and links, failed sign-ins, its
+    # audit log, and the chat index its lists read.
+    """
+    CREATE TABLE talon_panel_sessions (
+        token_hash TEXT PRIMARY KEY, csrf TEXT NOT NULL, who TEXT NOT NULL, address TEXT NOT NULL,
+        created DOUBLE PRECISION NOT NULL, last_seen DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE talon_panel_links (token_hash TEXT PRIMARY KEY, expires DOUBLE PRECISION NOT NULL);
+    CREATE TABLE talon_panel_failures (address TEXT NOT NULL, at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX talon_panel_failures_address ON talon_panel_failures (address, at);
+    CREATE TABLE talon_panel_audit (
+        id BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
+        detail TEXT NOT NULL, address TEXT NOT NULL
+    );
+    CREATE TABLE talon_panel_chats (
+        channel TEXT NOT NULL, chat_id TEXT NOT NULL, title TEXT NOT NULL, people TEXT NOT NULL,
+        last_at DOUBLE PRECISION NOT NULL, messages BIGINT NOT NULL, PRIMARY KEY (channel, chat_id)
+    );
+    CREATE INDEX talon_panel_chats_last ON talon_panel_chats (last_at);
+    CREATE TABLE talon_panel_days (day TEXT PRIMARY KEY, messages BIGINT NOT NULL);
+    CREATE INDEX talon_approvals_status ON talon_approvals (status, created);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,64 @@
+"""The panel's store in the embedded ``control.sqlite3`` (beside usage and approvals): see
+``talon.storage.panel``. Its work runs on the control database's thread, off the event loop."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from talon.storage.approvals import Approval
+from talon.storage.embedded.control import APPROVAL_COLUMNS, approval_of
+from talon.storage.panel import SqlPanelQueries
+from talon.storage.sqlite import SqliteRunner
+
+PANEL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS panel_sessions (
+    token_hash TEXT PRIMARY KEY, csrf TEXT NOT NULL, who TEXT NOT NULL, address TEXT NOT NULL,
+    created REAL NOT NULL, last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS panel_links (token_hash TEXT PRIMARY KEY, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS panel_failures (address TEXT NOT NULL, at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS panel_failures_address ON panel_failures (address, at);
+CREATE TABLE IF NOT EXISTS panel_audit (
+    id INTEGER PRIMARY KEY, at REAL NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
+    detail TEXT NOT NULL, address TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS panel_chats (
+    channel TEXT NOT NULL, chat_id TEXT NOT NULL, title TEXT NOT NULL, people TEXT NOT NULL,
+    last_at REAL NOT NULL, messages INTEGER NOT NULL, PRIMARY KEY (channel, chat_id)
+);
+CREATE INDEX IF NOT EXISTS panel_chats_last ON panel_chats (last_at);
+CREATE TABLE IF NOT EXISTS panel_days (day TEXT PRIMARY KEY, messages INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS approvals_status ON approvals (status, created);
+"""
+
+
+def setup_panel(conn: sqlite3.Connection) -> None:
+    conn.executescript(PANEL_SCHEMA)
+
+
+class SqlitePanelStore(SqlPanelQueries):
+    T = {"sessions": "panel_sessions", "links": "panel_links", "failures": "panel_failures",
+         "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "usage": "usage",
+         "approvals": "approvals"}
+    DAY_EXPR = "strftime('%Y-%m-%d', {col}, 'unixepoch')"
+    APPROVAL_COLUMNS = APPROVAL_COLUMNS
+
+    def __init__(self, db: SqliteRunner) -> None:
+        self.db = db
+        db.run_blocking(setup_panel)  # at start-up, before the loop serves anything
+
+    async def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        query = sql.replace("%s", "?")
+        return await self.db.run(lambda conn: conn.execute(query, tuple(params)).fetchall())
+
+    async def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        query = sql.replace("%s", "?")
+        return await self.db.run(lambda conn: conn.execute(query, tuple(params)).rowcount)
+
+    def _approval(self, row: tuple[Any, ...]) -> Approval:
+        return approval_of(row)
+
+    async def close(self) -> None:
+        return None  # the control database is closed with the stores
