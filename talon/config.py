@@ -171,6 +171,12 @@ class Settings(BaseSettings):
                              validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
 
+    @field_validator("ui", mode="before")
+    @classmethod
+    def _auto_ui(cls, value: object) -> object:
+        """TALON_UI= (empty) or auto: decided by the rule in ``talon.ui.security.ui_enabled``."""
+        return None if isinstance(value, str) and value.strip().lower() in ("", "auto") else value
+
     @field_validator("media_root")
     @classmethod
     def _absolute_media_root(cls, value: Path) -> Path:

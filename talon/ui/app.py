@@ -63,6 +63,12 @@ HEADERS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SESSION = web.RequestKey("talon_ui_session", PanelSession)
+
+
+def redirect(location: str) -> web.Response:
+    """303 See Other: after a POST, the browser GETs ``location``."""
+    return web.Response(status=303, headers={"Location": location})
 
 
 class Panel:
@@ -79,6 +85,7 @@ class Panel:
         self.env.filters.update(when=views.when, ago=views.ago, number=views.number, chat_url=views.chat_url,
                                 money=views.money)
         self.webchat: Any = None  # talon.ui.webchat.WebChat, when the panel serves one
+        self.failure_delay_s = FAILURE_DELAY_S
 
     # --- plumbing ------------------------------------------------------------------------------
     def route(self, method: str, path: str, handler: Handler, *, auth: bool = True, api: bool = False) -> None:
@@ -89,11 +96,13 @@ class Panel:
         async def guarded(request: web.Request) -> web.StreamResponse:
             try:
                 response = await self._checked(request, handler, auth=auth, api=api)
-            except web.HTTPException as exc:
-                response = exc
+            except web.HTTPException as exc:  # answered as a plain response, with the headers below
+                kept = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+                response = web.Response(status=exc.status, text=exc.text, headers=kept)
             for name, value in HEADERS.items():
                 response.headers.setdefault(name, value)
-            if isinstance(response, web.Response) and response.text is not None and self.secrets:
+            textual = response.content_type.startswith("text/") or response.content_type == "application/json"
+            if isinstance(response, web.Response) and textual and response.text is not None and self.secrets:
                 cleaned = sec.scrub(response.text, self.secrets)
                 if cleaned != response.text:
                     response.text = cleaned
@@ -118,11 +127,11 @@ class Panel:
             if session is None:
                 if api or request.method != "GET":
                     return web.json_response({"error": "sign in first"}, status=401)
-                raise web.HTTPSeeOther("/ui/signin")
+                return redirect("/ui/signin")
             if request.method == "POST" and not await self._csrf_ok(request, session.csrf):
                 log.warning("ui: POST %s from %s refused: no valid CSRF token", request.path, self.address(request))
                 return web.Response(status=403, text="forbidden: the form is stale or forged (CSRF token)\n")
-            request["session"] = session
+            request[SESSION] = session
         elif request.method == "POST":
             pre = request.cookies.get(PRE_COOKIE, "")
             if not pre or not await self._csrf_ok(request, pre):
@@ -185,14 +194,14 @@ class Panel:
                             secure=self.scheme(request) == "https", max_age=max_age)
 
     async def audit(self, request: web.Request, action: str, detail: str = "") -> None:
-        session = request.get("session")
+        session = request.get(SESSION)
         who = f"operator ({session.who})" if session is not None else "anonymous"
         await self.store.audit(AuditEntry(time.time(), who, action, sec.scrub(detail, self.secrets)[:500],
                                           self.address(request)))
         log.info("ui: %s %s %s", who, action, detail[:200])
 
     def render(self, request: web.Request, template: str, status: int = 200, **values: Any) -> web.Response:
-        session = request.get("session")
+        session = request.get(SESSION)
         page = self.env.get_template(template).render(
             csrf=session.csrf if session is not None else values.pop("csrf", ""),
             signed_in=session is not None, path=request.path, **values)
@@ -207,7 +216,7 @@ class Panel:
     # --- sign-in -------------------------------------------------------------------------------
     async def signin_page(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
         if await self.session_of(request) is not None and not error:
-            raise web.HTTPSeeOther("/ui/")
+            return redirect("/ui/")
         pre = request.cookies.get(PRE_COOKIE) or sec.new_token()
         response = self.render(request, "signin.html", status=status, csrf=pre, error=error,
                                has_password=bool(self.settings.ui_password_hash))
@@ -227,7 +236,7 @@ class Panel:
     async def _failed(self, request: web.Request, what: str) -> web.Response:
         await self.store.add_failure(self.address(request), time.time())
         await self.audit(request, "sign-in refused", what)
-        await asyncio.sleep(FAILURE_DELAY_S)
+        await asyncio.sleep(self.failure_delay_s)
         return await self.signin_page(request, "Wrong password." if what == "wrong password"
                                       else "This sign-in link is unknown, used or expired.", status=401)
 
@@ -237,12 +246,12 @@ class Panel:
         session = PanelSession(sec.token_hash(token), sec.new_token(), how, self.address(request), now, now)
         await self.store.add_session(session)
         await self.store.prune_sessions(now - self.settings.ui_session_idle_s)
-        request["session"] = session
+        request[SESSION] = session
         await self.audit(request, "signed in", f"by {how}")
-        response = web.HTTPSeeOther("/ui/")
+        response = redirect("/ui/")
         self.set_cookie(request, response, COOKIE, token)
         response.del_cookie(PRE_COOKIE, path="/ui/")
-        raise response
+        return response
 
     async def signin(self, request: web.Request) -> web.Response:
         limited = await self._limited(request)
@@ -275,12 +284,12 @@ class Panel:
         return await self._signed_in(request, "link")
 
     async def signout(self, request: web.Request) -> web.Response:
-        session: PanelSession = request["session"]
+        session: PanelSession = request[SESSION]
         await self.audit(request, "signed out")
         await self.store.end_session(session.token_hash)
-        response = web.HTTPSeeOther("/ui/signin")
+        response = redirect("/ui/signin")
         response.del_cookie(COOKIE, path="/ui/")
-        raise response
+        return response
 
     async def static(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

@@ -20,6 +20,8 @@ from talon.errors import ConfigError, PairingError
 from talon.storage.sessions import ChatKey
 from talon.ui import views
 
+from talon.ui.app import SESSION, redirect
+
 if TYPE_CHECKING:
     from talon.ui.app import Panel
 
@@ -70,7 +72,7 @@ class Pages:
         self.store = panel.store
 
     async def to_root(self, request: web.Request) -> web.Response:
-        raise web.HTTPSeeOther("/ui/")
+        return redirect("/ui/")
 
     # --- overview ------------------------------------------------------------------------------
     async def overview(self, request: web.Request) -> web.Response:
@@ -188,7 +190,7 @@ class Pages:
         if choice not in ("approve", "deny"):
             raise web.HTTPBadRequest(text="decision must be approve or deny")
         approval_id = request.match_info["id"]
-        by = f"panel (operator, {request['session'].who}, from {self.panel.address(request)})"
+        by = f"panel (operator, {request[SESSION].who}, from {self.panel.address(request)})"
         answer = await control.approvals.answer_as_operator(approval_id, "deny" if choice == "deny" else "approve", by)
         if answer.outcome == "decided" and answer.approval is not None:
             channel = self.runtime.bridge.channels.get(answer.approval.channel)
@@ -197,7 +199,7 @@ class Pages:
         subject = f"{answer.approval.tool} in {answer.approval.channel}:{answer.approval.chat_id}" \
             if answer.approval else approval_id
         await self.panel.audit(request, f"approval {choice}", f"{approval_id}: {subject}: {answer.note}")
-        raise web.HTTPSeeOther(f"/ui/approvals?note={_q(answer.note)}")
+        return redirect(f"/ui/approvals?note={_q(answer.note)}")
 
     # --- tasks ---------------------------------------------------------------------------------
     async def _tasks(self) -> list[Any]:
@@ -243,7 +245,7 @@ class Pages:
         note = f"Task {task_id}: {action} done." if changed else f"Task {task_id} is {task.status}: nothing changed."
         await self.panel.audit(request, f"task {action}", f"{task_id} in {task.channel}:{task.chat_id}: "
                                                           f"{'done' if changed else 'nothing changed'}")
-        raise web.HTTPSeeOther(f"/ui/tasks?note={_q(note)}")
+        return redirect(f"/ui/tasks?note={_q(note)}")
 
     # --- usage ---------------------------------------------------------------------------------
     async def usage(self, request: web.Request) -> web.Response:
@@ -281,12 +283,12 @@ class Pages:
             channel, person = parse_person(str(form.get("person", "")))
             amount, unit = parse_grant(str(form.get("amount", "")))
         except ConfigError as exc:
-            raise web.HTTPSeeOther(f"/ui/usage?note={_q(str(exc))}") from None
+            return redirect(f"/ui/usage?note={_q(str(exc))}")
         await self.runtime.stores.usage.grant(channel, person, amount, unit, time.time()) \
             if self.runtime.stores is not None else None
         shown = f"${amount:,.2f}" if unit == "usd" else f"{int(amount):,} tokens"
         await self.panel.audit(request, "usage grant", f"{shown} to {channel}:{person}")
-        raise web.HTTPSeeOther(f"/ui/usage?note={_q(f'Granted {shown} to {channel}:{person} for today and this month.')}")
+        return redirect(f"/ui/usage?note={_q(f'Granted {shown} to {channel}:{person} for today and this month.')}")
 
     # --- access --------------------------------------------------------------------------------
     async def access(self, request: web.Request) -> web.Response:
@@ -318,7 +320,7 @@ class Pages:
         except PairingError as exc:
             note = str(exc)
         await self.panel.audit(request, f"access {action}", note)
-        raise web.HTTPSeeOther(f"/ui/access?note={_q(note)}")
+        return redirect(f"/ui/access?note={_q(note)}")
 
     # --- logs, settings, audit, status ---------------------------------------------------------
     async def logs(self, request: web.Request) -> web.Response:
