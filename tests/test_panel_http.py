@@ -83,7 +83,7 @@ async def test_a_wrong_password_is_refused_and_the_right_one_opens_every_page_wi
             headers = answer.headers
             assert "script-src 'self'" in headers["Content-Security-Policy"]
             assert "unsafe-inline" not in headers["Content-Security-Policy"]
-            assert headers["X-Frame-Options"] == "DENY" and headers["Referrer-Policy"] == "no-referrer"
+            assert headers["X-Frame-Options"] == "DENY" and headers["Referrer-Policy"] == "same-origin"
             assert_no_secret(answer.text, settings, path)
             assert "<script>" not in answer.text and " on" + "click=" not in answer.text
         settings_page = (await client.get("/ui/settings")).text

@@ -55,7 +55,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # "no-referrer" makes Chromium send Origin: null with forms
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
     "Cross-Origin-Opener-Policy": "same-origin",

@@ -4,6 +4,7 @@ them, numbers and times in words, the day chart as SVG geometry. Plain functions
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -66,6 +67,19 @@ class Shown:
     error: bool = False
 
 
+# How the inbound normalizer writes a voice note's (or audio file's) transcript into the text the
+# model sees (talon.media.inbound._transcript_line): "[voice note, 0:03, machine transcription]: ...".
+_TRANSCRIPT = re.compile(r"^\[(?P<what>[^\]\n]*?), (?P<length>[0-9:]+), machine transcription[^\]\n]*\]: (?P<text>.*)$",
+                         re.MULTILINE)
+
+
+def _transcripts(text: str) -> tuple[str, list[dict[str, object]]]:
+    """The text without its transcript lines, and those lines as voice notes."""
+    found = [{"sha": "", "transcript": m["text"], "duration": None, "length": m["length"], "name": m["what"]}
+             for m in _TRANSCRIPT.finditer(text)]
+    return (_TRANSCRIPT.sub("", text).strip() if found else text), found
+
+
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit:,} more characters)"
 
@@ -90,7 +104,11 @@ def shown_messages(messages: list[Message], first: int = 0) -> list[Shown]:
                 item.files.append({"sha": block.ref.id, "name": block.ref.name or block.ref.id[:12],
                                    "mime": block.ref.mime, "bytes": block.ref.bytes})
         limit = TOOL_TEXT_MAX if message.role == "tool" else TEXT_MAX
-        item.text = _clip("\n".join(texts), limit)
+        text = "\n".join(texts)
+        if message.role == "user":
+            text, heard = _transcripts(text)
+            item.audio.extend(heard)
+        item.text = _clip(text, limit)
         for call in message.tool_calls:
             try:
                 args = json.dumps(json.loads(call.arguments), indent=1, ensure_ascii=False)
