@@ -216,12 +216,23 @@ async def test_web_chat_takes_a_pasted_image_with_a_caption_and_refuses_what_it_
             assert thumb is not None and 70 <= thumb["width"] <= 76 and 70 <= thumb["height"] <= 76
             page.fill("#text", "what is in this picture?")
             tab.shot("chat_draft")
+            # Watch the live answer as it is written (the page's own script fills #streaming).
+            page.evaluate("""() => {
+                window.streamed = [];
+                const live = document.querySelector('#streaming .text');
+                new MutationObserver(() => window.streamed.push(live.textContent))
+                    .observe(live, {childList: true, characterData: true, subtree: true});
+            }""")
             page.click("#send")
             page.wait_for_function("() => document.querySelector('#text').value === ''")
             page.wait_for_selector("article.msg.assistant >> text=wide orange rectangle", timeout=20000)
             tab.shot("chat_answered")
+            return page.evaluate("() => window.streamed")
 
-        await chromium.run(paste_and_send)
+        streamed = await chromium.run(paste_and_send)
+        answer = "The picture is a wide orange rectangle, and that is all there is to it."
+        growing = [s for s in streamed if s]
+        assert len(growing) >= 2 and growing[0] != answer and answer.startswith(growing[0]), streamed
         [request] = await llm.wait_for_requests(1)
         assert "what is in this picture?" in last_user_text(request)
         mime, data = decode_data_url(image_urls(request)[-1])

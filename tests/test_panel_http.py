@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from talon.config import Settings
+from talon.envelope import InboundMessage
 from talon.storage.panel import PanelSession
 from tests.conftest import ALICE, TOKEN
 from tests.fakes.openai_server import FakeOpenAI
@@ -272,3 +273,62 @@ async def test_web_chat_checks_the_whole_batch_before_anything_is_stored_or_sent
             assert (await stranger.get(url)).status_code == 401
         # Not referenced by another chat: not served through it.
         assert (await client.get(f"/ui/attachments/telegram/{ALICE}/{sha}")).status_code == 404
+
+
+async def test_behind_a_trusted_https_proxy_the_cookie_is_secure_and_actions_reach_the_stores(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    from talon.storage.tasks import ACTIVE, CANCELLED, PAUSED
+
+    settings = panel_settings(tmp_path, tg.base_url, llm.base_url, TALON_UI_TRUST_PROXY="true",
+                              TALON_UI_HOSTS="talon.example.org", TALON_PAIRING="true")
+    async with running_panel(settings) as runtime, client_for(runtime) as client:
+        proxied = {"Host": "talon.example.org", "X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+        page = await client.get("/ui/signin", headers=proxied)
+        assert "Secure" in page.headers["Set-Cookie"]
+        # The browser behind the proxy sends the Secure sign-in cookie back (httpx keeps it off http).
+        proxied["Cookie"] = f"talon_ui_pre={form_csrf(page.text)}"
+        answer = await client.post("/ui/signin", data={"csrf": form_csrf(page.text), "password": PASSWORD},
+                                   headers={**proxied, "Origin": "https://talon.example.org"})
+        assert answer.status_code == 303
+        assert "Secure" in answer.headers["Set-Cookie"] and "HttpOnly" in answer.headers["Set-Cookie"]
+        # An http:// Origin is not this (https) site.
+        wrong = await client.post("/ui/signin", data={"csrf": form_csrf(page.text), "password": PASSWORD},
+                                  headers={**proxied, "Origin": "http://talon.example.org"})
+        assert wrong.status_code == 403
+        # Plain loopback from here on (httpx keeps Secure cookies off plain http): a fresh session.
+        csrf = page_csrf((await sign_in(client)).text)
+        post = origin(client)
+        # Access: a pairing request rejected, another approved.
+        gate = runtime.bridge.gate
+        first = await gate.request_pairing("telegram", "555", "Eve")
+        second = await gate.request_pairing("telegram", "666", "Dan")
+        assert first is not None and second is not None
+        assert first.code in (await client.get("/ui/access")).text
+        await client.post("/ui/access/reject", data={"csrf": csrf, "code": first.code}, headers=post)
+        await client.post("/ui/access/approve", data={"csrf": csrf, "code": second.code}, headers=post)
+        assert await gate.allowed("telegram", ["666"]) and not await gate.allowed("telegram", ["555"])
+        assert [p.sender_id for p in await gate.pending()] == []
+        await client.post("/ui/access/revoke", data={"csrf": csrf, "channel": "telegram", "sender": "666"},
+                          headers=post)
+        assert not await gate.allowed("telegram", ["666"])
+        # Tasks: pause, resume, run now (due at once), cancel.
+        origin_message = InboundMessage(channel="telegram", chat_id=str(ALICE), sender_id=str(ALICE), message_id="1")
+        assert runtime.scheduler is not None
+        task = await runtime.scheduler.schedule(origin_message, "every 3 hours", "stretch")
+        tasks = runtime.stores.tasks  # type: ignore[union-attr]
+        for action, status in (("pause", PAUSED), ("resume", ACTIVE)):
+            done = await client.post(f"/ui/tasks/{task.id}", data={"csrf": csrf, "action": action}, headers=post)
+            assert done.status_code == 303 and (await tasks.get(task.id)).status == status
+        before = time.time()
+        await client.post(f"/ui/tasks/{task.id}", data={"csrf": csrf, "action": "run"}, headers=post)
+        # Due now: the scheduler hands it to the inbox at its next look (or has already).
+        current = await tasks.get(task.id)
+        assert current.next_run is not None and (current.next_run <= time.time() or current.last_due is not None)
+        assert current.last_due is None or current.last_due >= before - 1
+        await client.post(f"/ui/tasks/{task.id}", data={"csrf": csrf, "action": "cancel"}, headers=post)
+        assert (await tasks.get(task.id)).status == CANCELLED
+        audit = (await client.get("/ui/audit")).text
+        for action in ("access reject", "access approve", "access revoke", "task pause", "task resume",
+                       "task run", "task cancel"):
+            assert action in audit, action
+        assert "203.0.113.9" in audit  # the address the proxy reported signed in
