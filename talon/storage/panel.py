@@ -137,7 +137,6 @@ class SqlPanelQueries(abc.ABC):
     """The SQL of both implementations, written with ``%s`` placeholders."""
 
     T: dict[str, str]  # logical table name -> real one
-    DAY_EXPR: str  # SQL giving the UTC day of an epoch-seconds column ``{col}`` as YYYY-MM-DD
     APPROVAL_COLUMNS: str
     LIKE: str = "LIKE"
 
@@ -260,12 +259,15 @@ class SqlPanelQueries(abc.ABC):
         return [self._approval(r) for r in rows]
 
     async def usage_by(self, dimension: Dimension, since: float, limit: int = 200) -> list[UsageRow]:
+        """Sums per person, chat, model or day over the UTC days from ``since``'s on (the daily
+        rollup the usage table's trigger keeps)."""
         key = {"person": "channel || ':' || person", "chat": "channel || ':' || chat_id", "model": "model",
-               "day": self.DAY_EXPR.format(col="at")}[dimension]
+               "day": "day"}[dimension]
         # A further share of a shared call is the same call: counted once, except per person.
-        calls = "count(*)" if dimension == "person" else "sum(CASE WHEN extra_share THEN 0 ELSE 1 END)"
+        calls = "sum(person_calls)" if dimension == "person" else "sum(calls)"
         order = "k DESC" if dimension == "day" else "sum(input_tokens + output_tokens) DESC"
+        first = time.strftime("%Y-%m-%d", time.gmtime(since))
         rows = await self._all(self._sql(
             f"SELECT {key} AS k, {calls}, sum(input_tokens), sum(output_tokens), coalesce(sum(cost), 0) "
-            f"FROM {{usage}} WHERE at >= %s GROUP BY k ORDER BY {order} LIMIT %s"), (since, limit))
+            f"FROM {{usage}} WHERE day >= %s GROUP BY k ORDER BY {order} LIMIT %s"), (first, limit))
         return [UsageRow(str(r[0]), int(r[1] or 0), int(r[2] or 0), int(r[3] or 0), float(r[4] or 0.0)) for r in rows]

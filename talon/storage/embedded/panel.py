@@ -33,16 +33,40 @@ CREATE TABLE IF NOT EXISTS panel_days (day TEXT PRIMARY KEY, messages INTEGER NO
 CREATE INDEX IF NOT EXISTS approvals_status ON approvals (status, created);
 """
 
+# Usage summed per UTC day, person, chat and model, kept by a trigger as each call is recorded:
+# the panel's usage views read a few thousand rows, not every call.
+ROLLUP_SCHEMA = """
+CREATE TABLE panel_usage_daily (
+    day TEXT NOT NULL, channel TEXT NOT NULL, person TEXT NOT NULL, chat_id TEXT NOT NULL, model TEXT NOT NULL,
+    calls INTEGER NOT NULL, person_calls INTEGER NOT NULL, input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL, cost REAL NOT NULL, PRIMARY KEY (day, channel, person, chat_id, model)
+);
+CREATE INDEX panel_usage_daily_chat ON panel_usage_daily (channel, chat_id);
+CREATE TRIGGER panel_usage_rollup AFTER INSERT ON usage BEGIN
+    INSERT INTO panel_usage_daily VALUES (strftime('%Y-%m-%d', NEW.at, 'unixepoch'), NEW.channel, NEW.person,
+        NEW.chat_id, NEW.model, CASE WHEN NEW.extra_share THEN 0 ELSE 1 END, 1, NEW.input_tokens,
+        NEW.output_tokens, coalesce(NEW.cost, 0))
+    ON CONFLICT (day, channel, person, chat_id, model) DO UPDATE SET calls = calls + excluded.calls,
+        person_calls = person_calls + 1, input_tokens = input_tokens + excluded.input_tokens,
+        output_tokens = output_tokens + excluded.output_tokens, cost = cost + excluded.cost;
+END;
+INSERT INTO panel_usage_daily SELECT strftime('%Y-%m-%d', at, 'unixepoch'), channel, person, chat_id, model,
+    sum(CASE WHEN extra_share THEN 0 ELSE 1 END), count(*), sum(input_tokens), sum(output_tokens),
+    coalesce(sum(cost), 0) FROM usage GROUP BY 1, 2, 3, 4, 5;
+"""
+
 
 def setup_panel(conn: sqlite3.Connection) -> None:
     conn.executescript(PANEL_SCHEMA)
+    made = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'panel_usage_daily'").fetchone()
+    if made is None:  # the first start with the panel: the calls recorded so far are summed once
+        conn.executescript(f"BEGIN; {ROLLUP_SCHEMA} COMMIT;")
 
 
 class SqlitePanelStore(SqlPanelQueries):
     T = {"sessions": "panel_sessions", "links": "panel_links", "failures": "panel_failures",
-         "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "usage": "usage",
+         "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "usage": "panel_usage_daily",
          "approvals": "approvals"}
-    DAY_EXPR = "strftime('%Y-%m-%d', {col}, 'unixepoch')"
     APPROVAL_COLUMNS = APPROVAL_COLUMNS
 
     def __init__(self, db: SqliteRunner) -> None:

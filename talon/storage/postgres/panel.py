@@ -14,8 +14,7 @@ from talon.storage.postgres.db import AsyncDatabase
 class PgPanelStore(SqlPanelQueries):
     T = {"sessions": "talon_panel_sessions", "links": "talon_panel_links", "failures": "talon_panel_failures",
          "audit": "talon_panel_audit", "chats": "talon_panel_chats", "days": "talon_panel_days",
-         "usage": "talon_usage", "approvals": "talon_approvals"}
-    DAY_EXPR = "to_char(to_timestamp({col}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+         "usage": "talon_panel_usage_daily", "approvals": "talon_approvals"}
     APPROVAL_COLUMNS = APPROVAL_COLUMNS
 
     def __init__(self, db: AsyncDatabase) -> None:

@@ -173,6 +173,32 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX talon_panel_chats_last ON talon_panel_chats (last_at);
     CREATE TABLE talon_panel_days (day TEXT PRIMARY KEY, messages BIGINT NOT NULL);
     CREATE INDEX talon_approvals_status ON talon_approvals (status, created);
+    CREATE TABLE talon_panel_usage_daily (
+        day TEXT NOT NULL, channel TEXT NOT NULL, person TEXT NOT NULL, chat_id TEXT NOT NULL, model TEXT NOT NULL,
+        calls BIGINT NOT NULL, person_calls BIGINT NOT NULL, input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL, cost DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (day, channel, person, chat_id, model)
+    );
+    CREATE INDEX talon_panel_usage_daily_chat ON talon_panel_usage_daily (channel, chat_id);
+    CREATE FUNCTION talon_panel_usage_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO talon_panel_usage_daily VALUES (to_char(to_timestamp(NEW.at) AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
+            NEW.channel, NEW.person, NEW.chat_id, NEW.model, CASE WHEN NEW.extra_share THEN 0 ELSE 1 END, 1,
+            NEW.input_tokens, NEW.output_tokens, coalesce(NEW.cost, 0))
+        ON CONFLICT (day, channel, person, chat_id, model) DO UPDATE SET
+            calls = talon_panel_usage_daily.calls + EXCLUDED.calls,
+            person_calls = talon_panel_usage_daily.person_calls + 1,
+            input_tokens = talon_panel_usage_daily.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = talon_panel_usage_daily.output_tokens + EXCLUDED.output_tokens,
+            cost = talon_panel_usage_daily.cost + EXCLUDED.cost;
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER talon_panel_usage_rollup AFTER INSERT ON talon_usage FOR EACH ROW
+        EXECUTE FUNCTION talon_panel_usage_rollup();
+    INSERT INTO talon_panel_usage_daily SELECT to_char(to_timestamp(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD'), channel,
+        person, chat_id, model, sum(CASE WHEN extra_share THEN 0 ELSE 1 END), count(*), sum(input_tokens),
+        sum(output_tokens), coalesce(sum(cost), 0) FROM talon_usage GROUP BY 1, 2, 3, 4, 5;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
