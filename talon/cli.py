@@ -1,4 +1,4 @@
-"""``talon run | chat | doctor | pair | migrate | usage``."""
+"""``talon run | chat | doctor | pair | migrate | usage | ui``."""
 
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ from aiohttp import BodyPartReader, web
 from talon.config import Limits, Settings
 from talon.content import AttachmentRef, InboundFile
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
-from talon.errors import MediaPathError
+from talon.errors import MediaPathError, UploadRefused
+
 from talon.media import MarkdownMediaRef, outbound_channel_media
 from talon.storage.attachments import AttachmentStore
 from talon.storage.sessions import ChatKey, SessionStore
@@ -68,18 +69,6 @@ class ImageLimits:
                    settings.ui_image_max_pixels)
 
 
-class Refused(Exception):
-    """A batch the server will not take: ``status`` and the line the composer shows."""
-
-    def __init__(self, status: int, message: str, file: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.file = file
-
-    def body(self) -> dict[str, str]:
-        return {"error": str(self), "file": self.file}
-
-
 @dataclass(frozen=True)
 class Upload:
     name: str
@@ -99,25 +88,25 @@ def check_image(upload: Upload, limits: ImageLimits) -> Upload:
 
     expected = IMAGE_TYPES.get(upload.mime)
     if expected is None:
-        raise Refused(415, f"{upload.name}: {upload.mime or 'this type'} is not an image the chat takes "
+        raise UploadRefused(415, f"{upload.name}: {upload.mime or 'this type'} is not an image the chat takes "
                            "(PNG, JPEG, WebP or GIF)", upload.name)
     try:
         with Image.open(io.BytesIO(upload.data)) as img:
             if img.format != expected:
-                raise Refused(422, f"{upload.name}: declared {upload.mime} but it is "
+                raise UploadRefused(422, f"{upload.name}: declared {upload.mime} but it is "
                                    f"{(img.format or 'something else').upper()}", upload.name)
             width, height = img.size
             if width * height > limits.max_pixels:
-                raise Refused(413, f"{upload.name}: {width} x {height} is {width * height / 1e6:.1f} megapixels; "
+                raise UploadRefused(413, f"{upload.name}: {width} x {height} is {width * height / 1e6:.1f} megapixels; "
                                    f"at most {limits.max_pixels / 1e6:g} are taken", upload.name)
             frames = getattr(img, "n_frames", 1)
             for frame in range(min(frames, 1000)):  # every frame decoded: a truncated file shows here
                 img.seek(frame)
                 img.load()
-    except Refused:
+    except UploadRefused:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise Refused(422, f"{upload.name}: not a readable {expected} image ({exc})", upload.name) from None
+        raise UploadRefused(422, f"{upload.name}: not a readable {expected} image ({exc})", upload.name) from None
     return Upload(upload.name, upload.mime, upload.data, width, height)
 
 
@@ -133,11 +122,11 @@ async def read_batch(request: web.Request, limits: ImageLimits) -> tuple[str, li
         if part is None:
             break
         if not isinstance(part, BodyPartReader):
-            raise Refused(400, "nested multipart bodies are not taken")
+            raise UploadRefused(400, "nested multipart bodies are not taken")
         if part.name == "text":
             raw = await part.read(decode=False)
             if len(raw) > TEXT_MAX * 4:
-                raise Refused(413, f"the text is too long (at most {TEXT_MAX:,} characters)")
+                raise UploadRefused(413, f"the text is too long (at most {TEXT_MAX:,} characters)")
             text = raw.decode("utf-8", "replace")[:TEXT_MAX]
             continue
         if part.name != "image":
@@ -145,10 +134,10 @@ async def read_batch(request: web.Request, limits: ImageLimits) -> tuple[str, li
             continue
         name = (part.filename or "image")[:120]
         if len(uploads) >= limits.max_images:
-            raise Refused(413, f"at most {limits.max_images} images per message", name)
+            raise UploadRefused(413, f"at most {limits.max_images} images per message", name)
         mime = (part.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if mime not in IMAGE_TYPES:
-            raise Refused(415, f"{name}: {mime or 'this type'} is not an image the chat takes (PNG, JPEG, WebP "
+            raise UploadRefused(415, f"{name}: {mime or 'this type'} is not an image the chat takes (PNG, JPEG, WebP "
                                "or GIF)", name)
         data = bytearray()
         while True:
@@ -157,9 +146,9 @@ async def read_batch(request: web.Request, limits: ImageLimits) -> tuple[str, li
                 break
             data += chunk
             if len(data) > limits.max_bytes:
-                raise Refused(413, f"{name}: larger than {_mib(limits.max_bytes)} (the most one image may be)", name)
+                raise UploadRefused(413, f"{name}: larger than {_mib(limits.max_bytes)} (the most one image may be)", name)
             if total + len(data) > limits.max_message_bytes:
-                raise Refused(413, f"the images are larger than {_mib(limits.max_message_bytes)} together "
+                raise UploadRefused(413, f"the images are larger than {_mib(limits.max_message_bytes)} together "
                                    "(the most one message may carry)", name)
         total += len(data)
         uploads.append(Upload(name, mime, bytes(data)))
@@ -292,7 +281,7 @@ class WebChat(Channel):
         try:
             text, uploads = await read_batch(request, self.limits)
             checked = await check_batch(uploads, self.limits)
-        except Refused as exc:
+        except UploadRefused as exc:
             log.info("web chat: message refused: %s", exc)
             return web.json_response(exc.body(), status=exc.status)
         if not text.strip() and not checked:
