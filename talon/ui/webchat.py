@@ -83,7 +83,7 @@ def _mib(n: int) -> str:
 
 
 def check_image(upload: Upload, limits: ImageLimits) -> Upload:
-    """Blocking (decodes the whole image): the upload with its size, or ``Refused``."""
+    """Blocking (decodes the whole image): the upload with its size, or ``UploadRefused``."""
     from PIL import Image, UnidentifiedImageError
 
     expected = IMAGE_TYPES.get(upload.mime)
