@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from talon.agent.hooks import guarding, model_call  # noqa: E402
-from talon.agent.openai_provider import OpenAIProvider  # noqa: E402
-from talon.agent.provider import ModelRequest  # noqa: E402
+from talon.agent.providers.openai import OpenAIProvider  # noqa: E402
+from talon.agent.providers.base import ModelRequest  # noqa: E402
 from talon.content import Message  # noqa: E402
 from talon.control import Control  # noqa: E402
 from talon.control.approvals import ApprovalPolicy, Approvals  # noqa: E402

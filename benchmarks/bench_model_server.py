@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from talon.agent.discovery import discover  # noqa: E402
+from talon.agent.providers.discovery import discover  # noqa: E402
 from talon.agent.loop import Agent  # noqa: E402
-from talon.agent.openai_provider import OpenAIProvider  # noqa: E402
+from talon.agent.providers.openai import OpenAIProvider  # noqa: E402
 from talon.storage.sessions import ChatKey
 from talon.storage.embedded.sessions import JsonlSessions  # noqa: E402
 from talon.content import Message  # noqa: E402

@@ -19,7 +19,7 @@ from talon.config import Settings
 from talon.errors import ConfigError, PairingError
 
 if TYPE_CHECKING:
-    from talon.agent.local_server import LocalModelServer
+    from talon.agent.providers.local import LocalModelServer
     from talon.storage.migrate import MigrationReport
 
 log = logging.getLogger("talon")
@@ -169,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from talon.agent.local_server import BUNDLED_NOTE
+    from talon.agent.providers.local import BUNDLED_NOTE
 
     settings = _load_settings()
     _setup_logging(settings.log_level if args.verbose else "WARNING", _secrets(settings))
@@ -187,7 +187,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
     """Discovery, then one cheap live request (a one-token reply): what a chat would meet. A
     ``local:`` model's server is started for that, and stopped again."""
-    from talon.agent.local_server import local_model_server
+    from talon.agent.providers.local import local_model_server
     from talon.errors import LocalModelError
 
     rows: list[tuple[str, str]] = []
@@ -206,7 +206,7 @@ async def _check_model_server(settings: Settings) -> list[tuple[str, str]]:
 
 
 async def _ask_model_server(settings: Settings, local: "LocalModelServer | None") -> list[tuple[str, str]]:
-    from talon.agent.provider import ModelRequest
+    from talon.agent.providers.base import ModelRequest
     from talon.content import Message
     from talon.storage.attachments import MemoryAttachments
     from talon.runtime import build_provider, model_discoverer
@@ -218,7 +218,7 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
         rows.append(("model server", ("UNREACHABLE: " if not facts.reachable else "") + facts.describe()
                      + f" [{facts.elapsed_s:.2f} s]"))
     try:
-        from talon.agent.profiles import settings_profile
+        from talon.agent.providers.profiles import settings_profile
 
         profile = settings_profile(settings, facts=facts if facts is not None and facts.reachable else None)
         rows.append(("model profile", profile.describe(with_sources=True)))
@@ -333,7 +333,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
     """The web fetch's setting, and each MCP server started once (state and tool count)."""
-    from talon.agent.mcp import doctor_rows
+    from talon.agent.tools.mcp import doctor_rows
 
     allowed = ", ".join(settings.web_allowlist) or "none"
     rows = [("web fetch", f"on (private hosts allowed: {allowed})" if settings.web_fetch
@@ -345,7 +345,7 @@ def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
     path = settings.mcp_config_path
     rows.append(("mcp config", str(path.resolve()) if path.exists() else f"none ({path} not found)"))
     if servers:
-        from talon.agent.sandbox import SandboxLimits
+        from talon.agent.tools.sandbox import SandboxLimits
 
         limits = SandboxLimits(settings.shell_max_procs, settings.shell_max_memory, settings.shell_cpu_seconds,
                                settings.shell_max_file_size)

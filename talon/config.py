@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from talon.errors import ConfigError
 
 if TYPE_CHECKING:
-    from talon.agent.mcp_config import McpServerConfig
+    from talon.agent.tools.mcp_config import McpServerConfig
 
 MB = 1_000_000
 
@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     )
     model_context_window: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_CONTEXT_WINDOW"))
     model_max_output: int | None = Field(default=None, validation_alias=_env("TALON_MODEL_MAX_OUTPUT"))
-    # TALON_MODEL=local:PATH.gguf (talon.agent.local_server): the window in tokens (0: the model's
+    # TALON_MODEL=local:PATH.gguf (talon.agent.providers.local): the window in tokens (0: the model's
     # own), compute threads (0: llama.cpp's choice) and how long loading may take.
     local_context: int = Field(default=8192, ge=0, validation_alias=_env("TALON_LOCAL_CONTEXT"))
     local_threads: int = Field(default=0, ge=0, validation_alias=_env("TALON_LOCAL_THREADS"))
@@ -121,12 +121,12 @@ class Settings(BaseSettings):
     shell_tool: bool = Field(default=False, validation_alias=_env("TALON_SHELL_TOOL"))
     # Run the shell without bubblewrap when no sandbox can start (it then sees what Talon's user sees).
     shell_unsandboxed: bool = Field(default=False, validation_alias=_env("TALON_SHELL_UNSANDBOXED"))
-    # Limits of each sandboxed shell command (talon.agent.sandbox.SandboxLimits has the defaults).
+    # Limits of each sandboxed shell command (talon.agent.tools.sandbox.SandboxLimits has the defaults).
     shell_max_procs: int = Field(default=256, ge=8, validation_alias=_env("TALON_SHELL_MAX_PROCS"))
     shell_max_memory: int = Field(default=4_000_000_000, ge=64 * MB, validation_alias=_env("TALON_SHELL_MAX_MEMORY"))
     shell_cpu_seconds: int = Field(default=300, ge=1, validation_alias=_env("TALON_SHELL_CPU_SECONDS"))
     shell_max_file_size: int = Field(default=1_000_000_000, ge=MB, validation_alias=_env("TALON_SHELL_MAX_FILE_SIZE"))
-    # Disk space one workspace may use (talon.agent.workspace): writes of the file tools past it
+    # Disk space one workspace may use (talon.agent.tools.workspace): writes of the file tools past it
     # are refused, and the shell's commands are bounded by it; 0 = no limit.
     workspace_max: int = Field(default=1_000_000_000, ge=0, validation_alias=_env("TALON_WORKSPACE_MAX"))
     # Paths of a workspace the agent's file tools never write (comma-separated globs; a name
@@ -136,7 +136,7 @@ class Settings(BaseSettings):
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
 
-    # --- MCP servers and web fetch (talon.agent.mcp, talon.agent.web_fetch) ---------------------
+    # --- MCP servers and web fetch (talon.agent.tools.mcp, talon.agent.tools.web_fetch) ---------------------
     # The mcpServers JSON file; unset: mcp.json in the working directory (beside .env), if any.
     mcp_config: Path | None = Field(default=None, validation_alias=_env("TALON_MCP_CONFIG"))
     mcp_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_MCP_TIMEOUT"))
@@ -154,7 +154,7 @@ class Settings(BaseSettings):
     web_max_bytes: int = Field(default=5 * MB, gt=0, validation_alias=_env("TALON_WEB_MAX_BYTES"))
     web_timeout_s: float = Field(default=30.0, gt=0, validation_alias=_env("TALON_WEB_TIMEOUT"))
     # Turning a fetched HTML page into text runs in a worker process with these limits
-    # (talon.agent.html_worker): wall clock and CPU seconds per page, and the worker's memory.
+    # (talon.agent.tools.html_worker): wall clock and CPU seconds per page, and the worker's memory.
     web_convert_seconds: float = Field(default=10.0, gt=0, le=300,
                                        validation_alias=_env("TALON_WEB_CONVERT_SECONDS"))
     web_convert_memory: int = Field(default=512 * MB, ge=128 * MB, validation_alias=_env("TALON_WEB_CONVERT_MEMORY"))
@@ -465,7 +465,7 @@ class Settings(BaseSettings):
         if not name:
             raise ConfigError(f"TALON_MODEL={self.model!r} names no model", ["TALON_MODEL"])
         if provider == "local":
-            from talon.agent.local_server import resolve_gguf
+            from talon.agent.providers.local import resolve_gguf
 
             resolve_gguf(name)
         if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
@@ -488,7 +488,7 @@ class Settings(BaseSettings):
     def mcp_servers(self) -> "list[McpServerConfig]":
         """The servers of the MCP config file; ConfigError for a file that is named but missing,
         or invalid."""
-        from talon.agent.mcp_config import load_mcp_config
+        from talon.agent.tools.mcp_config import load_mcp_config
 
         return load_mcp_config(self.mcp_config_path, explicit=self.mcp_config is not None)
 

@@ -35,7 +35,7 @@
     │   ├── ModelNotFound           the server has no model by that name
     │   ├── AuthRejected            the server refused our API key
     │   └── QuotaExceeded           out of credits or quota (not transient)
-    ├── ProviderSignal              a provider attempt's word to its retry loop (talon.agent.retries)
+    ├── ProviderSignal              a provider attempt's word to its retry loop (talon.agent.providers.retries)
     │   ├── SendAgain               it adjusted itself to the server: send the request again now
     │   └── Retryable               a transient failure (``.error``): wait ``.delay`` and try again
     ├── ToolError                   a tool failure the agent reads and can act on (bad path...)
@@ -57,7 +57,7 @@
 
 One name per meaning: ``ImageRejected`` is the model refusing an image, ``ImageUnusable`` an
 image Talon itself cannot use. This module is the bottom layer: it imports nothing from Talon or
-its channels. ``Refusal`` (a model server's error, classified by ``talon.agent.refusals``) lives
+its channels. ``Refusal`` (a model server's error, classified by ``talon.agent.providers.refusals``) lives
 here too, as the data a ``ProviderError`` carries. ``tests/test_error_tree.py`` holds all of this
 true: no exception class is defined anywhere else, and every class here is drawn above.
 """
@@ -87,7 +87,7 @@ TRANSIENT: frozenset[str] = frozenset({"rate_limited", "overloaded", "server_err
 
 @dataclass(frozen=True)
 class Refusal:
-    """A model server's error, classified (``talon.agent.refusals.classify``)."""
+    """A model server's error, classified (``talon.agent.providers.refusals.classify``)."""
 
     kind: RefusalKind
     status: int | None
@@ -370,7 +370,7 @@ class WebFetchRefused(TalonError):
 
 class ConversionCut(TalonError):
     """A fetched page was too large or complex to turn into text within the converter's limits
-    (talon.agent.html_worker); ``reason`` names the limit."""
+    (talon.agent.tools.html_worker); ``reason`` names the limit."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -10,17 +10,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from talon.agent.context import ContextPolicy
-from talon.agent.discovery import Discoverer
-from talon.agent.learned import LearnedFacts
-from talon.agent.local_server import LocalModelServer, local_model_server
+from talon.agent.context.pipeline import ContextPolicy
+from talon.agent.providers.discovery import Discoverer
+from talon.agent.providers.learned import LearnedFacts
+from talon.agent.providers.local import LocalModelServer, local_model_server
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
-from talon.agent.profiles import settings_profile, split_summary_model
-from talon.agent.provider import Provider, data_url
-from talon.agent.sandbox import SandboxLimits
-from talon.agent.tools import ToolRegistry
-from talon.agent.workspace import Workspace, WorkspacePolicy
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.providers.profiles import settings_profile, split_summary_model
+from talon.agent.providers.base import Provider, data_url
+from talon.agent.tools.sandbox import SandboxLimits
+from talon.agent.tools.registry import ToolRegistry
+from talon.agent.tools.workspace import Workspace, WorkspacePolicy
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
 from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
@@ -39,7 +39,7 @@ from talon.storage.sessions import SessionStore, safe_path_part
 
 if TYPE_CHECKING:
     from talon.ports import Channel
-    from talon.agent.mcp import McpManager
+    from talon.agent.tools.mcp import McpManager
     from channels.http import HttpServer
     from talon.ui.app import Panel
     from talon.ui.webchat import WebChat
@@ -71,7 +71,7 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
     timeouts = dict(timeout_s=settings.model_timeout_s, total_timeout_s=settings.model_total_timeout_s,
                     max_retries=settings.model_max_retries, stream=settings.model_stream)
     if provider_name in ("openai", "local"):
-        from talon.agent.openai_provider import OpenAIProvider
+        from talon.agent.providers.openai import OpenAIProvider
 
         api_key, base_url = settings.openai_api_key, settings.openai_base_url or None
         if provider_name == "local":
@@ -88,11 +88,11 @@ def build_provider(settings: Settings, store: AttachmentStore, model: str | None
             **timeouts,  # type: ignore[arg-type]
         )
     if provider_name == "anthropic":
-        from talon.agent.anthropic_provider import AnthropicProvider
+        from talon.agent.providers.anthropic import AnthropicProvider
 
         if not settings.anthropic_api_key:
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY", ["ANTHROPIC_API_KEY"])
-        from talon.agent.anthropic_provider import AnthropicProvider
+        from talon.agent.providers.anthropic import AnthropicProvider
 
         return AnthropicProvider(
             model_name,
@@ -360,8 +360,8 @@ def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStor
     """Add ``web_fetch`` (unless TALON_WEB_FETCH=false) and the MCP servers' tools to ``tools``;
     the MCP manager, when any server is configured (ConfigError for an invalid MCP config)."""
     if settings.web_fetch:
-        from talon.agent.html_worker import ConvertLimits
-        from talon.agent.web_fetch import WebFetchTool
+        from talon.agent.tools.html_worker import ConvertLimits
+        from talon.agent.tools.web_fetch import WebFetchTool
 
         tools.add(WebFetchTool(store=store, limits=settings.limits(), allow_hosts=settings.web_allowlist,
                                max_bytes=settings.web_max_bytes, timeout_s=settings.web_timeout_s,
@@ -369,7 +369,7 @@ def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStor
     servers = settings.mcp_servers()
     if not servers:
         return None
-    from talon.agent.mcp import McpManager
+    from talon.agent.tools.mcp import McpManager
 
     return McpManager(servers, tools, store=store, limits=settings.limits(), call_timeout_s=settings.mcp_timeout_s,
                       start_timeout_s=settings.mcp_start_timeout_s, idle_timeout_s=settings.mcp_idle_timeout_s,

@@ -9,7 +9,7 @@ import pytest
 
 from talon.errors import ConfigError
 
-from talon.agent.context import (
+from talon.agent.context.pipeline import (
     IDX,
     SUMMARY,
     ContextBudget,
@@ -28,9 +28,9 @@ from talon.agent.context import (
     tombstone_images,
     truncate_tool_arguments,
 )
-from talon.agent.profiles import UNKNOWN_MODEL, ModelProfile, lookup_profile, resolve_profile
-from talon.agent.summary import render_transcript
-from talon.agent.tokens import IMAGE_TOKENS, estimate_message, estimate_messages
+from talon.agent.providers.profiles import UNKNOWN_MODEL, ModelProfile, lookup_profile, resolve_profile
+from talon.agent.context.summary import render_transcript
+from talon.agent.context.tokens import IMAGE_TOKENS, estimate_message, estimate_messages
 from talon.content import AttachmentRef, ImageBlock, Message, TextBlock, ToolCall
 
 SHA = "ab" * 32
@@ -98,7 +98,7 @@ def test_images_count_as_a_fixed_estimate() -> None:
 
 
 def test_overflow_limit_parsing() -> None:
-    from talon.agent.refusals import stated_window as overflow_limit
+    from talon.agent.providers.refusals import stated_window as overflow_limit
 
     assert overflow_limit("This model's maximum context length is 8192 tokens. However...") == 8192
     assert overflow_limit("prompt is too long: 210000 tokens > 200000 maximum") == 200_000
@@ -255,7 +255,7 @@ def test_fit_to_budget_always_fits() -> None:
 
 async def test_meta_never_reaches_the_model(tmp_path: Path) -> None:
     from talon.agent.loop import Agent
-    from talon.agent.provider import ModelRequest, ModelResponse, Provider
+    from talon.agent.providers.base import ModelRequest, ModelResponse, Provider
     from talon.storage.sessions import ChatKey
     from talon.storage.embedded.sessions import JsonlSessions
 

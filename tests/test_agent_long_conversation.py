@@ -16,16 +16,16 @@ from typing import Any
 from PIL import Image
 
 from talon.agent.loop import Agent
-from talon.agent.profiles import ModelProfile
-from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
+from talon.agent.providers.profiles import ModelProfile
+from talon.agent.providers.base import ModelRequest, ModelResponse, Provider, Usage
 from talon.storage.sessions import ChatKey
 from talon.storage.embedded.sessions import JsonlSessions
-from talon.agent.session import is_checkpoint
-from talon.agent.summary import SUMMARY_SYSTEM
-from talon.agent.tokens import estimate_request
-from talon.agent.tools import Tool, ToolResult
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.context.session import is_checkpoint
+from talon.agent.context.summary import SUMMARY_SYSTEM
+from talon.agent.context.tokens import estimate_request
+from talon.agent.tools.registry import Tool, ToolResult
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.storage.embedded.attachments import FileAttachments
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
-from talon.agent.memory import MEMORY_CLOSE, MEMORY_OPEN
-from talon.agent.profiles import ModelProfile
-from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
+from talon.agent.context.memory import MEMORY_CLOSE, MEMORY_OPEN
+from talon.agent.providers.profiles import ModelProfile
+from talon.agent.providers.base import ModelRequest, ModelResponse, Provider, Usage
 from talon.storage.sessions import ChatKey
 from talon.storage.embedded.sessions import JsonlSessions
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.content import Message
 
 CHAT = ChatKey("telegram", "9")

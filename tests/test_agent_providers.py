@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from talon.agent.anthropic_provider import AnthropicProvider
+from talon.agent.providers.anthropic import AnthropicProvider
 from talon.agent.loop import Agent
-from talon.agent.openai_provider import OpenAIProvider
-from talon.agent.profiles import ModelProfile
-from talon.agent.provider import Provider, data_url
+from talon.agent.providers.openai import OpenAIProvider
+from talon.agent.providers.profiles import ModelProfile
+from talon.agent.providers.base import Provider, data_url
 from talon.storage.sessions import ChatKey
 from talon.storage.embedded.sessions import JsonlSessions
-from talon.agent.session import is_checkpoint
-from talon.agent.tools import Tool, ToolResult
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.context.session import is_checkpoint
+from talon.agent.tools.registry import Tool, ToolResult
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.storage.embedded.attachments import FileAttachments
 from talon.content import ImageBlock, Message
 from talon.errors import ContextOverflow
@@ -252,7 +252,7 @@ async def test_anthropic_prompt_too_long_is_recovered_and_the_window_learned(set
 
 
 async def test_anthropic_mapping_merges_and_starts_with_user(setup: Setup) -> None:
-    from talon.agent.anthropic_provider import to_anthropic_messages
+    from talon.agent.providers.anthropic import to_anthropic_messages
 
     messages = [
         Message.assistant("(earlier reply)"),

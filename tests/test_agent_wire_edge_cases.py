@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from talon.agent.context import SUMMARY, ContextBudget, RequestContext, ResultFiles, conversation_view, summarize_step
-from talon.agent.profiles import ModelProfile
+from talon.agent.context.pipeline import SUMMARY, ContextBudget, RequestContext, ResultFiles, conversation_view, summarize_step
+from talon.agent.providers.profiles import ModelProfile
 from talon.storage.sessions import ChatKey
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderUnavailable

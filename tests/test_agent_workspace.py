@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from tests.pdfs import pdf_bytes
-from talon.agent.tools import ToolContext, ToolRegistry
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.tools.registry import ToolContext, ToolRegistry
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.storage.embedded.attachments import FileAttachments, FileBlobs
 from talon.config import Limits
 from talon.content import ImageBlock, ToolCall
@@ -235,7 +235,7 @@ async def test_shell_is_off_by_default(tools: ToolRegistry) -> None:
 
 async def test_shell_runs_in_the_workspace_without_secrets_times_out_and_caps(ws: Path, tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from talon.agent.sandbox import find_sandbox
+    from talon.agent.tools.sandbox import find_sandbox
     from talon.errors import SandboxUnavailable
 
     try:

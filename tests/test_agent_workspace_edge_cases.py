@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from talon.agent.context import tombstone
+from talon.agent.context.pipeline import tombstone
 from talon.agent.loop import Agent
-from talon.agent.profiles import ModelProfile
-from talon.agent.provider import ModelRequest, ModelResponse, Provider
+from talon.agent.providers.profiles import ModelProfile
+from talon.agent.providers.base import ModelRequest, ModelResponse, Provider
 from talon.storage.sessions import ChatKey
 from talon.storage.embedded.sessions import JsonlSessions
-from talon.agent.tools import ToolRegistry
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.tools.registry import ToolRegistry
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.storage.embedded.attachments import FileAttachments, FileBlobs
 from talon.config import Limits
 from talon.content import ImageBlock, Message, ToolCall

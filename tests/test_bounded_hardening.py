@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from channels.send_budget import SendBudget, Window
 from channels.telegram.groups import ChatterLog
 from talon import bounded
-from talon.agent.memo import DerivedCache
+from talon.agent.context.memo import DerivedCache
 from talon.bounded import BoundedMap, Bounds
 from talon.content import Message, TextBlock
 from talon.metrics import Metrics

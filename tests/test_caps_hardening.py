@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from talon.agent.provider import ModelRequest
+from talon.agent.providers.base import ModelRequest
 from talon.config import Settings
 from talon.content import Message
 from talon.storage.usage import UsageTotals
@@ -244,7 +244,7 @@ async def test_concurrent_turns_of_one_person_pass_the_cap_by_at_most_one_call(
 async def test_a_stopped_call_is_counted_from_what_was_sent_and_received() -> None:
     """The estimate of a call with no usage: the request's tokens and the text streamed so far."""
     from talon.agent.hooks import spent
-    from talon.agent.provider import CallMeter, ModelResponse, Usage
+    from talon.agent.providers.base import CallMeter, ModelResponse, Usage
 
     request = ModelRequest(system="s" * 400, messages=[Message.user("q" * 4000)])
     meter = CallMeter()
@@ -399,9 +399,9 @@ class _Recorder:
 async def test_a_call_stopped_midway_keeps_what_the_server_said_and_counts_what_came(vendor: str) -> None:
     """A stop in the middle of a streamed answer: the input tokens the server stated at the start
     (Anthropic's message_start) are used; the output is estimated from the text received."""
-    from talon.agent.anthropic_provider import AnthropicProvider
+    from talon.agent.providers.anthropic import AnthropicProvider
     from talon.agent.hooks import guarding, model_call
-    from talon.agent.openai_provider import OpenAIProvider
+    from talon.agent.providers.openai import OpenAIProvider
     from tests.fakes.anthropic_server import FakeAnthropic
 
     received = asyncio.Event()

@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from talon.agent.hooks import Spent, guarding, model_call
-from talon.agent.provider import ModelRequest, ModelResponse, Provider, Usage
-from talon.agent.summary import Summarizer
+from talon.agent.providers.base import ModelRequest, ModelResponse, Provider, Usage
+from talon.agent.context.summary import Summarizer
 from talon.content import Message, ToolCall
 from talon.control import Control
 from talon.control.approvals import ApprovalPolicy, describe_call, reply_choice, tool_kind

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from talon.agent.loop import Agent
-from talon.agent.provider import ModelRequest, ModelResponse, Provider
+from talon.agent.providers.base import ModelRequest, ModelResponse, Provider
 from talon.storage.embedded.sessions import JsonlSessions
 from talon.storage.sessions import ChatKey
 from talon.storage.embedded.attachments import FileAttachments
@@ -93,7 +93,7 @@ async def test_turn_replay_after_crash_does_not_ask_model_again(tmp_path: Path) 
 
 
 async def test_turn_resume_runs_only_unanswered_tool_calls(tmp_path: Path) -> None:
-    from talon.agent.tools import Tool, ToolResult
+    from talon.agent.tools.registry import Tool, ToolResult
 
     calls: list[str] = []
 

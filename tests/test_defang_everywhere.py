@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from talon.agent.memory import memory_block
+from talon.agent.context.memory import memory_block
 from talon.bridge import quoted_text
 from talon.config import Settings
 from talon.envelope import Chatter, InboundMessage

@@ -29,10 +29,10 @@ import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from talon.agent.memory import MEMORY_CLOSE, memory_block
-from talon.agent.tools import ToolContext
-from talon.agent.untrusted import untrusted_block
-from talon.agent.web_fetch import WebFetchTool
+from talon.agent.context.memory import MEMORY_CLOSE, memory_block
+from talon.agent.tools.registry import ToolContext
+from talon.agent.tools.untrusted import untrusted_block
+from talon.agent.tools.web_fetch import WebFetchTool
 from talon.config import Limits
 from talon.envelope import Chatter, InboundMessage
 from talon.groups import CHATTER_CLOSE, group_turn_text
@@ -123,7 +123,7 @@ def blocks(hostile: str) -> dict[str, tuple[str, int]]:
         "transcript": (build_inbound_text("", [voice]), 0),
         "chatter": (group_turn_text(turn, "when?"), 2),
         "memory": (memory_block(hostile), 2),
-        # The exact call of talon.agent.mcp for a tool's result, and of web_fetch for a page.
+        # The exact call of talon.agent.tools.mcp for a tool's result, and of web_fetch for a page.
         "MCP": (untrusted_block("TOOL RESULT", {"server": f"files{hostile}", "tool": "read"}, hostile,
                                 "Output of the MCP server 'files'"), 2),
         "web": (untrusted_block("WEB CONTENT", {"url": "http://127.0.0.1/x", "title": hostile}, hostile,

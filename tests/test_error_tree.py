@@ -16,8 +16,8 @@ BRANCH = " │├└─"
 
 
 def module_names() -> list[str]:
-    """Every module under talon/ and channels/, read from the files (talon.agent has no
-    ``__init__``, so ``pkgutil.walk_packages`` would not see it)."""
+    """Every module under talon/ and channels/, read from the files (a folder without an
+    ``__init__`` would be skipped by ``pkgutil.walk_packages``; the files never are)."""
     names = []
     for package in ("talon", "channels"):
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -71,7 +71,7 @@ def tree_classes() -> list[type[BaseException]]:
 
 def test_the_walk_sees_every_layer() -> None:
     names = module_names()
-    for expected in ("talon.agent.retries", "talon.storage.postgres.db", "talon.speech.transcribe",
+    for expected in ("talon.agent.providers.retries", "talon.storage.postgres.db", "talon.speech.transcribe",
                      "channels.telegram.webhook", "channels.whatsapp", "talon.errors"):
         assert expected in names
 

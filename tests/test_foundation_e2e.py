@@ -152,7 +152,7 @@ async def test_session_survives_restart(tg: FakeTelegram, llm: FakeOpenAI, setti
 async def test_tool_loop_runs_tools_and_respects_step_limit(
     tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path
 ) -> None:
-    from talon.agent.tools import Tool, ToolResult
+    from talon.agent.tools.registry import Tool, ToolResult
     from tests.conftest import make_settings
 
     class Add(Tool):

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from talon.agent.tools import ToolContext
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.tools.registry import ToolContext
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.storage.embedded.attachments import FileBlobs
 from talon.config import Limits, Settings
 from talon.content import ToolCall

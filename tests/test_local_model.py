@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from talon.agent import local_server
-from talon.agent.local_server import BUNDLED_INSTALL, resolve_gguf
+from talon.agent.providers import local as local_server
+from talon.agent.providers.local import BUNDLED_INSTALL, resolve_gguf
 from talon.errors import ConfigError
 from tests.llama_server import available
 from tests.terminal import ChatTerminal, chat_env
@@ -34,7 +34,7 @@ def _server_child(term: ChatTerminal, timeout: float = 60) -> psutil.Process:
     while True:
         for child in psutil.Process(term.proc.pid).children(recursive=True):
             try:
-                if "talon.agent.local_server" in " ".join(child.cmdline()):
+                if "talon.agent.providers.local" in " ".join(child.cmdline()):
                     return child
             except psutil.NoSuchProcess:
                 continue

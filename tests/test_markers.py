@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from talon.agent.memory import MEMORY_CLOSE, memory_block
+from talon.agent.context.memory import MEMORY_CLOSE, memory_block
 from talon.media.documents import DocumentText, render_document
 from talon.media.markers import defang_markers, skeleton
 

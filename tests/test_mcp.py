@@ -24,10 +24,10 @@ import psutil
 import pytest
 from PIL import Image
 
-from talon.agent.mcp import McpManager, mcp_tool_name
-from talon.agent.mcp_config import load_mcp_config, parse_mcp_config
+from talon.agent.tools.mcp import McpManager, mcp_tool_name
+from talon.agent.tools.mcp_config import load_mcp_config, parse_mcp_config
 from talon.storage.sessions import ChatKey
-from talon.agent.tools import ToolContext, ToolRegistry
+from talon.agent.tools.registry import ToolContext, ToolRegistry
 from talon.storage.embedded.attachments import FileAttachments as AttachmentStore
 from talon.config import Limits, Settings
 from talon.content import ImageBlock, ToolCall
@@ -479,7 +479,7 @@ def test_config_file_errors_and_workspace_substitution(tmp_path: Path) -> None:
 
 
 async def test_doctor_lists_each_server_with_state_and_tool_count(tmp_path: Path) -> None:
-    from talon.agent.mcp import doctor_rows
+    from talon.agent.tools.mcp import doctor_rows
 
     configs = parse_mcp_config({"mcpServers": {
         "time": {"command": "mcp-server-time"},

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from talon.agent.mcp import mcp_tool_name
+from talon.agent.tools.mcp import mcp_tool_name
 from tests.conftest import ALICE, make_settings, running_telegram
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram

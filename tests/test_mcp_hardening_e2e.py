@@ -23,10 +23,10 @@ from typing import Any
 import psutil
 import pytest
 
-from talon.agent.mcp import McpManager, doctor_rows
-from talon.agent.mcp_config import parse_mcp_config
-from talon.agent.mcp_launch import Launcher
-from talon.agent.tools import ToolContext, ToolRegistry
+from talon.agent.tools.mcp import McpManager, doctor_rows
+from talon.agent.tools.mcp_config import parse_mcp_config
+from talon.agent.tools.mcp_launch import Launcher
+from talon.agent.tools.registry import ToolContext, ToolRegistry
 from talon.config import Limits
 from talon.content import ToolCall
 
@@ -456,7 +456,7 @@ async def test_a_plant_that_does_run_still_sees_no_token(tmp_path: Path, token_i
     """The second wall: with git's guards taken away on purpose, the planted fsmonitor runs, and
     still finds Talon's token in no process it can see (a per-chat server: the sandbox's PID
     namespace and environment; a shared one: its own PID namespace and built environment)."""
-    import talon.agent.mcp_launch as launch
+    import talon.agent.tools.mcp_launch as launch
 
     monkeypatch.setattr(launch, "git_guard_env", lambda guard_bin=None: {})
     monkeypatch.setattr(launch, "_GIT_WRAPPER", '#!/bin/sh\nreal=%(real)s\nexec "$real" "$@"\n')
@@ -484,7 +484,7 @@ def test_the_git_wrapper_finds_the_repository_however_it_is_named(tmp_path: Path
                                                                   where: str) -> None:
     """git as a server may run it (the guard's environment, the wrapper first on PATH), from the
     repository, or from elsewhere with ``-C`` or ``--git-dir``/``--work-tree``: nothing planted runs."""
-    from talon.agent.mcp_launch import git_guard_env
+    from talon.agent.tools.mcp_launch import git_guard_env
 
     repo = tmp_path / "ws"
     repo.mkdir()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from talon.agent.mcp_launch import _read_only_paths, git_guard_env, resolve_command
-from talon.agent.mcp_stdio import _StderrLog
-from talon.agent.sandbox import Sandbox, SandboxLimits
+from talon.agent.tools.mcp_launch import _read_only_paths, git_guard_env, resolve_command
+from talon.agent.tools.mcp_stdio import _StderrLog
+from talon.agent.tools.sandbox import Sandbox, SandboxLimits
 
 
 def test_a_per_chat_servers_command_line_has_the_shells_walls(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_a_stderr_flood_is_cut_and_rate_limited_with_the_drop_said(caplog: pytes
 def test_the_new_settings_reach_the_manager(tmp_path: Path) -> None:
     import json
 
-    from talon.agent.tools import ToolRegistry
+    from talon.agent.tools.registry import ToolRegistry
     from talon.runtime import outside_tools
     from talon.storage.embedded.attachments import FileAttachments
     from tests.conftest import make_settings

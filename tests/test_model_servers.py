@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from talon.agent.discovery import (
+from talon.agent.providers.discovery import (
     OLLAMA_DEFAULT_NUM_CTX,
     ServerFacts,
     discover,
@@ -23,7 +23,7 @@ from talon.agent.discovery import (
     read_openrouter_models,
     read_vllm_models,
 )
-from talon.agent.refusals import classify, refusal_error, retry_after_seconds
+from talon.agent.providers.refusals import classify, refusal_error, retry_after_seconds
 from talon.errors import (
     AuthRejected,
     ContextOverflow,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from talon.agent.anthropic_provider import AnthropicProvider
+from talon.agent.providers.anthropic import AnthropicProvider
 from talon.agent.loop import NO_TOOLS_NOTE
-from talon.agent.openai_provider import OpenAIProvider
-from talon.agent.profiles import ModelProfile
+from talon.agent.providers.openai import OpenAIProvider
+from talon.agent.providers.profiles import ModelProfile
 from talon.bridge import apology
 from talon.content import ImageBlock, Message
 from talon.storage.sessions import ChatKey
@@ -266,8 +266,8 @@ async def test_anthropic_overloaded_is_retried_and_logged(setup: Setup, caplog: 
 
 
 async def test_what_the_server_revealed_is_remembered_across_restarts(setup: Setup, tmp_path: Path) -> None:
-    from talon.agent.learned import LearnedFacts
-    from talon.agent.profiles import ModelProfile
+    from talon.agent.providers.learned import LearnedFacts
+    from talon.agent.providers.profiles import ModelProfile
 
     learned = LearnedFacts(tmp_path / "model_facts.json", "openai:local @ http://x/v1")
     # (No request count in the refusal: a count far above the estimate would, rightly, leave the
@@ -291,7 +291,7 @@ async def test_what_the_server_revealed_is_remembered_across_restarts(setup: Set
 
 
 async def test_a_smaller_window_found_later_also_shrinks_the_memory_share(setup: Setup) -> None:
-    from talon.agent.profiles import ModelProfile
+    from talon.agent.providers.profiles import ModelProfile
 
     (setup.workspace.root / "AGENTS.md").write_text("remember this. " * 2000)  # 30,000 characters
     async with FakeOpenAI() as fake:
@@ -313,7 +313,7 @@ async def test_a_smaller_window_found_later_also_shrinks_the_memory_share(setup:
 
 def test_remembering_what_is_known_already_does_not_touch_the_disk(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from talon.agent.learned import LearnedFacts
+    from talon.agent.providers.learned import LearnedFacts
 
     learned = LearnedFacts(tmp_path / "model_facts.json", "m @ u")
     learned.save(vision=False)

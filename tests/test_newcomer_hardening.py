@@ -28,7 +28,7 @@ import pytest_asyncio
 
 from channels.media_links import MediaLinks
 from channels.whatsapp import WhatsAppChannel
-from talon.agent.context import STOPPED_NOTE, TALON_NOTICE, conversation_view
+from talon.agent.context.pipeline import STOPPED_NOTE, TALON_NOTICE, conversation_view
 from talon.config import Settings
 from talon.content import Message
 from talon.runtime import build_runtime

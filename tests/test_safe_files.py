@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from talon.agent.context import ResultFiles
+from talon.agent.context.pipeline import ResultFiles
 from talon.errors import UnsafePath
 from talon.safe_files import atomic_write_beneath, new_file_beneath
 from talon.speech.synthesize import bundled_voice

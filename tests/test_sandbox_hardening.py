@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import talon.agent.sandbox as sandbox_module
-from talon.agent.sandbox import SandboxLimits, find_sandbox
-from talon.agent.tools import ToolContext, ToolRegistry
-from talon.agent.workspace import Workspace, WorkspacePolicy, disk_usage
-from talon.agent.workspace_tools import workspace_tools
+import talon.agent.tools.sandbox as sandbox_module
+from talon.agent.tools.sandbox import SandboxLimits, find_sandbox
+from talon.agent.tools.registry import ToolContext, ToolRegistry
+from talon.agent.tools.workspace import Workspace, WorkspacePolicy, disk_usage
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.content import ToolCall
 from talon.errors import SandboxUnavailable
 
@@ -97,7 +97,7 @@ def test_without_a_memory_cgroup_a_warning_says_the_limit_is_per_process(
     real = sandbox_module._cgroup_parent
     monkeypatch.setattr(sandbox_module, "_cgroup_parent", lambda c: None if c == "memory" else real(c))
     sandbox_module._warn_memory_per_process.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="talon.agent.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="talon.agent.tools.sandbox"):
         first = find_sandbox(SandboxLimits(max_memory=300_000_000))
         find_sandbox(SandboxLimits(max_memory=300_000_000))
     assert first.memory_cgroup is None

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-import talon.agent.workspace_tools as workspace_tools_module
-from talon.agent.sandbox import find_sandbox
-from talon.agent.tools import ToolContext, ToolRegistry
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import ShellTool, workspace_tools
+import talon.agent.tools.workspace_tools as workspace_tools_module
+from talon.agent.tools.sandbox import find_sandbox
+from talon.agent.tools.registry import ToolContext, ToolRegistry
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import ShellTool, workspace_tools
 from talon.content import ToolCall
 from talon.errors import ConfigError, SandboxUnavailable
 from talon.runtime import build_runtime
@@ -138,7 +138,7 @@ async def test_a_stopped_turn_takes_its_shell_command_with_it(tmp_path: Path) ->
 
 
 def test_only_a_root_owned_bwrap_in_a_system_directory_is_trusted(tmp_path: Path) -> None:
-    from talon.agent.sandbox import trusted_program
+    from talon.agent.tools.sandbox import trusted_program
 
     assert trusted_program("sh").startswith("/")  # the system's own sh passes
     writable = tmp_path / "open"
@@ -229,7 +229,7 @@ def _count_with(marker: str) -> int:
 async def test_limits_hold_processes_file_size_and_memory(
     tmp_path: Path
 ) -> None:
-    from talon.agent.sandbox import SandboxLimits
+    from talon.agent.tools.sandbox import SandboxLimits
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -256,7 +256,7 @@ def test_as_a_normal_user_the_same_command_line_holds_and_counts_its_own_process
     import dataclasses
     import tempfile
 
-    from talon.agent.sandbox import SandboxLimits
+    from talon.agent.tools.sandbox import SandboxLimits
 
     # Talon as a normal user makes no cgroup: the process limit is RLIMIT_NPROC inside the
     # sandbox, counted in its own user namespace, whatever else that user runs.

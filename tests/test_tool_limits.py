@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from talon.agent.tools import Tool, ToolContext, ToolRegistry, ToolResult
+from talon.agent.tools.registry import Tool, ToolContext, ToolRegistry, ToolResult
 from talon.config import Settings
 from talon.content import ToolCall
 from tests.conftest import ALICE, BOB
@@ -76,8 +76,8 @@ async def test_every_tool_call_has_a_wall_clock_limit_enforced_from_outside() ->
 
 
 def test_grep_speaks_re2_and_says_so_for_what_re2_does_not_do(tmp_path: Path) -> None:
-    from talon.agent.workspace import Workspace
-    from talon.agent.workspace_tools import workspace_tools
+    from talon.agent.tools.workspace import Workspace
+    from talon.agent.tools.workspace_tools import workspace_tools
 
     (tmp_path / "notes.md").write_text("alpha\nBeta\n")
     tools = workspace_tools(Workspace(tmp_path), store=None)

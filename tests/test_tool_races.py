@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from talon.agent.tools import ToolContext, ToolRegistry
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.tools.registry import ToolContext, ToolRegistry
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.config import Limits
 from talon.content import ToolCall
 

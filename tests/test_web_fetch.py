@@ -22,8 +22,8 @@ import pytest_asyncio
 from aiohttp import web
 from PIL import Image
 
-from talon.agent.tools import ToolContext, ToolResult
-from talon.agent.web_fetch import WebFetchTool, address_problem, check_url
+from talon.agent.tools.registry import ToolContext, ToolResult
+from talon.agent.tools.web_fetch import WebFetchTool, address_problem, check_url
 from talon.storage.embedded.attachments import FileAttachments as AttachmentStore
 from talon.config import Limits
 from talon.content import ImageBlock
@@ -188,7 +188,7 @@ async def test_the_model_reads_a_page_through_web_fetch(tg: FakeTelegram, llm: F
 
 
 def test_web_fetch_can_be_turned_off(tmp_path: Path) -> None:
-    from talon.agent.tools import ToolRegistry
+    from talon.agent.tools.registry import ToolRegistry
     from talon.runtime import outside_tools
 
     tools = ToolRegistry()

@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from talon.agent.html_worker import ConvertLimits, plain_text_prefix
-from talon.agent.tools import ToolContext
-from talon.agent.web_fetch import WebFetchTool
+from talon.agent.tools.html_worker import ConvertLimits, plain_text_prefix
+from talon.agent.tools.registry import ToolContext
+from talon.agent.tools.web_fetch import WebFetchTool
 from talon.config import Limits
 from talon.storage.embedded.attachments import FileAttachments
 

@@ -1,4 +1,4 @@
-"""The copies and wire forms remembered between requests (talon/agent/memo.py) change nothing
+"""The copies and wire forms remembered between requests (talon/agent/context/memo.py) change nothing
 that goes over the wire: a conversation with tool calls, images (sent by the person and returned
 by a tool, later tombstoned), a refused vision and a summary sends byte for byte the same bodies
 with the caches as with them turned off."""
@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from talon.agent.memo import DerivedCache
-from talon.agent.openai_provider import to_openai_messages
-from talon.agent.profiles import ModelProfile
-from talon.agent.session import is_checkpoint
+from talon.agent.context.memo import DerivedCache
+from talon.agent.providers.openai import to_openai_messages
+from talon.agent.providers.profiles import ModelProfile
+from talon.agent.context.session import is_checkpoint
 from talon.storage.sessions import ChatKey
-from talon.agent.summary import SUMMARY_SYSTEM
+from talon.agent.context.summary import SUMMARY_SYSTEM
 from talon.content import AttachmentRef, FileBlock, ImageBlock, Message, TextBlock, ToolCall
 from tests.fakes.openai_server import FakeOpenAI, ToolCall as WireToolCall, last_user_text
 from tests.test_agent_providers import Setup, openai_provider, png

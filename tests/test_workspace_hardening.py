@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from talon.agent.tools import ToolContext, ToolRegistry
-from talon.agent.workspace import Workspace, WorkspacePolicy, disk_usage
-from talon.agent.workspace_tools import workspace_tools
+from talon.agent.tools.registry import ToolContext, ToolRegistry
+from talon.agent.tools.workspace import Workspace, WorkspacePolicy, disk_usage
+from talon.agent.tools.workspace_tools import workspace_tools
 from talon.config import Settings
 from talon.content import ToolCall
 from tests.conftest import ALICE, make_settings, running_telegram

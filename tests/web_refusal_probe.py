@@ -49,8 +49,8 @@ socket.socket.connect_ex = _guarded(_connect_ex)  # type: ignore[method-assign]
 
 
 async def main() -> None:
-    from talon.agent.tools import ToolContext
-    from talon.agent.web_fetch import WebFetchTool
+    from talon.agent.tools.registry import ToolContext
+    from talon.agent.tools.web_fetch import WebFetchTool
     from talon.config import Limits
 
     cases = json.loads(open(sys.argv[1]).read())

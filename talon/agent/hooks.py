@@ -18,8 +18,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
-from talon.agent.provider import CallMeter, ModelRequest, ModelResponse, Provider, Usage
-from talon.agent.tokens import CHARS_PER_TOKEN, MESSAGE_OVERHEAD, estimate_message, estimate_request
+from talon.agent.providers.base import CallMeter, ModelRequest, ModelResponse, Provider, Usage
+from talon.agent.context.tokens import CHARS_PER_TOKEN, MESSAGE_OVERHEAD, estimate_message, estimate_request
 from talon.content import ToolCall
 from talon.errors import ModelTimedOut
 

@@ -5,14 +5,14 @@ that is run again after a crash therefore resumes instead of starting over: the 
 not added twice, tool calls already answered are not run again, and a reply that was already
 produced is returned as is (so the user is never answered twice for one message).
 
-Each model call sends what the context pipeline makes of the log (see ``talon.agent.context``),
+Each model call sends what the context pipeline makes of the log (see ``talon.agent.context.pipeline``),
 under the budget the model profile sets. If the provider still refuses the request as too long,
 the newest tool results are clipped and the call is retried once; if it is refused again the
 older turns are summarized under a smaller budget and the call is retried one last time; a third
 refusal fails the turn with ``ContextOverflow``. There is no loop to get stuck in.
 
 Token accounting: the provider's reported usage is authoritative. It is stored with each reply
-(``meta['usage']``) and shown by /status; between calls the estimate (``talon.agent.tokens``) is
+(``meta['usage']``) and shown by /status; between calls the estimate (``talon.agent.context.tokens``) is
 used, scaled by how far the provider's count of the last text-only request was above it (between
 1 and 1.5), so a denser tokenizer than four characters per token does not overrun the window.
 """
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from talon.agent.context import (
+from talon.agent.context.pipeline import (
     ContextBudget,
     ContextPipeline,
     ContextPolicy,
@@ -46,13 +46,13 @@ from talon.agent.context import (
     truncate_tool_arguments,
     withhold_images,
 )
-from talon.agent.discovery import Discoverer, ServerFacts
+from talon.agent.providers.discovery import Discoverer, ServerFacts
 from talon.agent.hooks import TurnHooks, guarding, model_call
-from talon.agent.learned import LearnedFacts
-from talon.agent.memo import DerivedCache
-from talon.agent.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
-from talon.agent.profiles import ModelProfile, lookup_profile
-from talon.agent.provider import (
+from talon.agent.providers.learned import LearnedFacts
+from talon.agent.context.memo import DerivedCache
+from talon.agent.context.memory import Memory, SystemPrompt, build_system_prompt, workspace_guide
+from talon.agent.providers.profiles import ModelProfile, lookup_profile
+from talon.agent.providers.base import (
     ModelRequest,
     ModelResponse,
     Provider,
@@ -61,15 +61,15 @@ from talon.agent.provider import (
     Usage,
     has_images,
 )
-from talon.agent.refusals import stated_window
-from talon.agent.session import FAILED_TURN, is_checkpoint
+from talon.agent.providers.refusals import stated_window
+from talon.agent.context.session import FAILED_TURN, is_checkpoint
 from talon.storage.sessions import ChatKey, SessionStore
-from talon.agent.summary import Summarizer, mechanical_summary
-from talon.agent.tokens import (CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request,
+from talon.agent.context.summary import Summarizer, mechanical_summary
+from talon.agent.context.tokens import (CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request,
                                 estimate_tools)
-from talon.agent.tools import ToolContext, ToolRegistry, ToolResult
-from talon.agent.workspace import Workspace
-from talon.agent.workspace_tools import WorkspaceTool
+from talon.agent.tools.registry import ToolContext, ToolRegistry, ToolResult
+from talon.agent.tools.workspace import Workspace
+from talon.agent.tools.workspace_tools import WorkspaceTool
 from talon.bounded import BoundedMap
 from talon.content import ImageBlock, Message
 from talon.errors import CapReached, ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
@@ -254,7 +254,7 @@ class Agent:
             self.summarizer.window = value.context_window
 
     def _apply_learned(self) -> None:
-        """Adopt what the server revealed in earlier runs (see ``talon.agent.learned``)."""
+        """Adopt what the server revealed in earlier runs (see ``talon.agent.providers.learned``)."""
         if self.learned is None:
             return
         facts = self.learned.load()
@@ -708,7 +708,7 @@ class Agent:
         note = STOPPED_NOTE
         text = f"{partial.rstrip()}\n\n{note}" if partial.strip() else note
         # The note is Talon's, marked so: the model is shown it as a note from Talon, never as
-        # its own words (talon.agent.context.conversation_view).
+        # its own words (talon.agent.context.pipeline.conversation_view).
         message = Message.assistant(text, turn_id=turn_id, final=True,
                                     **{INTERRUPTED_TURN: True, TALON_NOTICE: note})
         await self._append(chat, message)

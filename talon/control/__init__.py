@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from talon.agent.hooks import Spent, TurnHooks
-from talon.agent.provider import ModelRequest, ModelResponse, Usage
-from talon.agent.tokens import estimate_request
+from talon.agent.providers.base import ModelRequest, ModelResponse, Usage
+from talon.agent.context.tokens import estimate_request
 from talon.content import ToolCall
 from talon.control.approvals import ApprovalPolicy, Approvals, Prompter, TurnOrigin
 from talon.control.caps import Caps, Hold, caps_from_settings, period_bounds

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from talon.agent.provider import Usage
+from talon.agent.providers.base import Usage
 from talon.errors import ConfigError
 
 

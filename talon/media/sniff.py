@@ -5,7 +5,7 @@ name only settles what the bytes leave open: an MP4-family or Matroska/WebM cont
 video or only sound, and where no track list says which, an audio name (``song.m4a``) does.
 
 Each caller maps the detailed answer onto its own categories: the inbound router
-(``talon.media.inbound``), ``read_file`` (``talon.agent.file_readers``) and the outbound
+(``talon.media.inbound``), ``read_file`` (``talon.agent.tools.file_readers``) and the outbound
 classifier (``talon.media.kinds``). Telling text from unknown binary is each caller's own rule.
 """
 

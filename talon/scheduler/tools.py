@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from talon.agent.tools import Tool, ToolResult
+from talon.agent.tools.registry import Tool, ToolResult
 from talon.envelope import TURN_MESSAGE, InboundMessage
 from talon.errors import ScheduleError, ToolError
 from talon.scheduler import when as w

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from talon.storage.sessions import safe_path_part
-from talon.agent.tools import Tool, ToolResult
+from talon.agent.tools.registry import Tool, ToolResult
 from talon.bounded import BoundedMap
 from talon.content import InboundKind, Message
 from talon.envelope import InboundMessage, OutboundReply, VoiceWish

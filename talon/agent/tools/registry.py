@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from talon.agent.provider import ToolSpec
+from talon.agent.providers.base import ToolSpec
 from talon.content import ContentBlock, TextBlock, ToolCall
 from talon.errors import ToolError
 
@@ -42,7 +42,7 @@ class ToolContext:
     # Most characters of text one result should carry; longer output is cut with a note saying
     # how to see the rest (context management would otherwise evict it to a file anyway).
     max_output_chars: int = 40_000
-    # The workspace of the chat being served (a ``talon.agent.workspace.Workspace``); None: the
+    # The workspace of the chat being served (a ``talon.agent.tools.workspace.Workspace``); None: the
     # tool's own. Typed loosely because the workspace module builds on this one.
     workspace: Any = None
     # Seconds a tool's own loops should aim to finish within (the registry enforces its limit

@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 if TYPE_CHECKING:
-    from talon.agent.profiles import ModelProfile
+    from talon.agent.providers.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ SUMMARY_CHECKPOINT = "summary"
 
 
 # Meta key of the record that closes a turn the model server refused for good: the turn stays in
-# the log, but later requests leave it out (``talon.agent.context.conversation_view``).
+# the log, but later requests leave it out (``talon.agent.context.pipeline.conversation_view``).
 FAILED_TURN = "failed_turn"
 
 

@@ -1,17 +1,17 @@
 """The agent's file tools: ls, read_file, write_file, edit_file, glob, grep, and an optional shell.
 
-Every path goes through ``Workspace.resolve`` (see ``talon.agent.workspace`` for the rules); the
+Every path goes through ``Workspace.resolve`` (see ``talon.agent.tools.workspace`` for the rules); the
 tools never trust the prompt to keep the agent inside. The work itself is done on the resolved
-path opened one directory at a time without following links (``talon.agent.beneath``), so a
+path opened one directory at a time without following links (``talon.agent.tools.beneath``), so a
 file flipped into a symlink after the check is refused, not followed. Output is bounded by the
 call's ``ToolContext.max_output_chars``; anything cut says how to see the rest. Blocking file
 work runs in a worker thread so one slow disk or large PDF does not stall other chats; grep
 matches with RE2 (linear time, and it releases the GIL). ``write_file`` and ``edit_file`` never
 write into a protected path (``.git`` by default) nor past the workspace's size limit (both in
-``talon.agent.workspace``).
+``talon.agent.tools.workspace``).
 
 The shell is off unless ``TALON_SHELL_TOOL`` is set. Each command runs in a fresh bubblewrap
-sandbox (``talon.agent.sandbox``) that sees only the chat's workspace (writable) and the system's
+sandbox (``talon.agent.tools.sandbox``) that sees only the chat's workspace (writable) and the system's
 programs, with a timeout that kills the whole sandbox and capped output. The workspace's size
 limit (``TALON_WORKSPACE_MAX``) holds for the shell this way: what is left of it is the command's
 file-size limit, the usage is measured while it runs (a command that takes the workspace past
@@ -41,11 +41,11 @@ from typing import Any, BinaryIO, TypeVar
 
 import re2
 
-from talon.agent import file_readers
-from talon.agent.beneath import dir_beneath
-from talon.agent.sandbox import SANDBOX_PATH, CommandCgroup, Sandbox, SandboxLimits, find_sandbox, remove_cgroup
-from talon.agent.tools import Tool, ToolContext, ToolRegistry, ToolResult
-from talon.agent.workspace import Resolved, Workspace, human_bytes
+from talon.agent.tools import file_readers
+from talon.agent.tools.beneath import dir_beneath
+from talon.agent.tools.sandbox import SANDBOX_PATH, CommandCgroup, Sandbox, SandboxLimits, find_sandbox, remove_cgroup
+from talon.agent.tools.registry import Tool, ToolContext, ToolRegistry, ToolResult
+from talon.agent.tools.workspace import Resolved, Workspace, human_bytes
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, ImageBlock, TextBlock
@@ -646,7 +646,7 @@ class ShellTool(WorkspaceTool):
         super().__init__(workspace)
         self.default_timeout_s = default_timeout_s
         self.max_output_chars = max_output_chars
-        # Every command runs in this bubblewrap sandbox (``talon.agent.sandbox``); None only
+        # Every command runs in this bubblewrap sandbox (``talon.agent.tools.sandbox``); None only
         # under TALON_SHELL_UNSANDBOXED=true.
         self.sandbox = sandbox
 

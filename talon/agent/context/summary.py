@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from talon.agent.hooks import model_call
-from talon.agent.provider import ModelRequest, Provider
-from talon.agent.tokens import estimate_text
+from talon.agent.providers.base import ModelRequest, Provider
+from talon.agent.context.tokens import estimate_text
 from talon.content import AttachmentRef, AudioBlock, FileBlock, ImageBlock, Message, TextBlock
 from talon.errors import ContextOverflow, ProviderError
 from talon.permissions import open_private, private_dir

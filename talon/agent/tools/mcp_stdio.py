@@ -11,7 +11,7 @@ newline costs minutes of CPU on the event loop) and keeps no bound on a message.
   ``_STDERR_BURST`` bytes per ``_STDERR_WINDOW_S`` seconds; what is dropped past that is
   counted and said in one line per window (and the last few lines are kept for error messages).
 - stopping follows the MCP spec: stdin closed, 2 s grace, SIGTERM to the process group, 2 s,
-  SIGKILL; then ``Launch.cleanup`` ends whatever the tree left (see ``talon.agent.mcp_launch``).
+  SIGKILL; then ``Launch.cleanup`` ends whatever the tree left (see ``talon.agent.tools.mcp_launch``).
 
 It yields the pair of anyio memory streams the SDK's ``Client`` takes as a transport.
 """
@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 
-from talon.agent.mcp_launch import Launch
+from talon.agent.tools.mcp_launch import Launch
 
 __all__ = ["stdio_transport"]
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from talon.agent.beneath import open_file_beneath
+from talon.agent.tools.beneath import open_file_beneath
 from talon.safe_files import atomic_write_beneath
 from talon.errors import ToolError, UnsafePath
 
@@ -120,7 +120,7 @@ class Resolved:
 
     ``base`` is the resolved directory it lies in (the workspace or a read-only root) and
     ``parts`` its components below ``base``: the tools open exactly those, link-free, from a
-    descriptor of ``base`` (``talon.agent.beneath``), never ``real`` by name.
+    descriptor of ``base`` (``talon.agent.tools.beneath``), never ``real`` by name.
     """
 
     real: Path

@@ -5,7 +5,7 @@ Every context budget derives from the profile (``TALON_MODEL_CONTEXT_WINDOW``,
 the longest table key that prefixes the normalized name; OpenRouter-style ``vendor/model`` and
 Ollama-style ``model:tag`` names are reduced to the bare model name first.
 
-What the server itself reports (``talon.agent.discovery``: llama.cpp's ``/props``, Ollama's
+What the server itself reports (``talon.agent.providers.discovery``: llama.cpp's ``/props``, Ollama's
 ``/api/show``, vLLM's ``max_model_len``...) beats the table, and explicit settings beat both; each
 value remembers where it came from, for /status and ``talon doctor``.
 
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 from talon.errors import ConfigError
 
 if TYPE_CHECKING:
-    from talon.agent.discovery import ServerFacts
+    from talon.agent.providers.discovery import ServerFacts
     from talon.config import Settings
 
 K = 1024

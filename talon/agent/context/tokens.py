@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from talon.agent.provider import ModelRequest, ToolSpec
+from talon.agent.providers.base import ModelRequest, ToolSpec
 from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock
 
 CHARS_PER_TOKEN = 4

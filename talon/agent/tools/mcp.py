@@ -1,15 +1,15 @@
 """MCP servers as agent tools, through the official ``mcp`` SDK.
 
-Each configured server (``talon.agent.mcp_config``) becomes tools named
+Each configured server (``talon.agent.tools.mcp_config``) becomes tools named
 ``mcp__<server>__<tool>`` (cut to the providers' 64 characters and kept unique), with the
 server's own description and input schema. ``McpTool.server`` names the server a tool belongs
 to, for rules that treat servers differently.
 
 Connections. Each live link to a server (a child process for stdio, a session for streamable
 HTTP) is a ``_Connection`` owned by one task of its own, because the SDK's transports must be
-entered and left in one task. A stdio server is started by ``talon.agent.mcp_launch`` (its
+entered and left in one task. A stdio server is started by ``talon.agent.tools.mcp_launch`` (its
 command line, environment and walls) and spoken to through Talon's own transport
-(``talon.agent.mcp_stdio``: one message at most ``TALON_MCP_MAX_RESULT`` bytes, read linearly;
+(``talon.agent.tools.mcp_stdio``: one message at most ``TALON_MCP_MAX_RESULT`` bytes, read linearly;
 stderr to Talon's log under ``talon.mcp.<server>``, cut and rate-limited). A connection that fails
 to start, exits, sends a message past the cap, or lets a call run past ``TALON_MCP_TIMEOUT``
 (taken as hung) is restarted with backoff (1 s doubling to 60 s); meanwhile a call gets a tool
@@ -26,7 +26,7 @@ first of its connections that starts, and offered in every chat from then on; a 
 connection failed gets the reason as the tool error.
 
 Results. Text goes to the model between untrusted markers naming the server (``talon.agent
-.untrusted``), cut at ``OUTSIDE_RESULT_MAX_CHARS``; the context pipeline saves long results to
+.tools.untrusted``), cut at ``OUTSIDE_RESULT_MAX_CHARS``; the context pipeline saves long results to
 a file with a preview like any tool output. Images become image blocks (checked and downscaled
 like inbound photos); audio and binary resources become a short notice.
 """
@@ -50,11 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from talon.agent.mcp_config import McpServerConfig
-from talon.agent.mcp_launch import Launcher, resolve_command
-from talon.agent.sandbox import SandboxLimits
-from talon.agent.tools import Tool, ToolContext, ToolRegistry, ToolResult, ToolSource
-from talon.agent.untrusted import cut, image_from_bytes, untrusted_block
+from talon.agent.tools.mcp_config import McpServerConfig
+from talon.agent.tools.mcp_launch import Launcher, resolve_command
+from talon.agent.tools.sandbox import SandboxLimits
+from talon.agent.tools.registry import Tool, ToolContext, ToolRegistry, ToolResult, ToolSource
+from talon.agent.tools.untrusted import cut, image_from_bytes, untrusted_block
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, TextBlock
@@ -239,10 +239,10 @@ class _Connection:
             await stack.enter_async_context(http)
             assert self.config.url is not None
             return streamable_http_client(self.config.url, http_client=http)
-        from talon.agent.mcp_stdio import stdio_transport
+        from talon.agent.tools.mcp_stdio import stdio_transport
 
         # A per-chat server in the sandbox (or refused), a shared one on the host; either way
-        # with an environment built from nothing but the config's env (talon.agent.mcp_launch).
+        # with an environment built from nothing but the config's env (talon.agent.tools.mcp_launch).
         if self.workspace is not None:
             launch = await self.launcher.per_chat(self.config, self.workspace)
         else:

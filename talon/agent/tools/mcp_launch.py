@@ -42,11 +42,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from talon.agent.mcp_config import WORKSPACE_VAR, McpServerConfig
-from talon.agent.sandbox import SANDBOX_PATH, SANDBOX_WORKDIR, CommandCgroup, Sandbox, SandboxLimits, \
+from talon.agent.tools.mcp_config import WORKSPACE_VAR, McpServerConfig
+from talon.agent.tools.sandbox import SANDBOX_PATH, SANDBOX_WORKDIR, CommandCgroup, Sandbox, SandboxLimits, \
     find_sandbox, remove_cgroup, trusted_program
 from talon.errors import McpUnavailable, SandboxUnavailable
 
@@ -226,7 +227,9 @@ class Launch:
 
     async def cleanup(self) -> None:
         """After the process is gone: end any process of the tree left, remove its cgroup."""
-        if self.tree_token is not None and not self.wrapped:
+        if self.tree_token is not None:
+            # A wrapped tree dies with its PID namespace, but the kernel ends the namespace's
+            # processes after the wrapper is gone: they are ended here too, and waited for.
             await asyncio.to_thread(kill_marked, self.tree_token)
         if self.cgroup is not None:
             await asyncio.to_thread(remove_cgroup, self.cgroup)
@@ -236,6 +239,7 @@ def kill_marked(token: str) -> int:
     """SIGKILL every process whose environment carries ``TALON_MCP_TREE=token``; how many."""
     needle = f"{TREE_VAR}={token}".encode() + b"\0"
     killed = 0
+    signalled: list[int] = []
     for _ in range(3):  # a process forking while it is scanned is caught by the next pass
         found = 0
         for entry in os.scandir("/proc"):
@@ -246,13 +250,34 @@ def kill_marked(token: str) -> int:
                     if needle not in f.read() + b"\0":
                         continue
                 os.kill(int(entry.name), signal.SIGKILL)
+                signalled.append(int(entry.name))
                 found += 1
             except (OSError, ValueError):
                 continue
         killed += found
         if not found:
             break
+    _wait_dead(signalled, _DEAD_WAIT_S)
     return killed
+
+
+_DEAD_WAIT_S = 2.0
+
+
+def _wait_dead(pids: list[int], timeout: float) -> None:
+    """Until each of ``pids`` is gone or a zombie (SIGKILL takes effect a moment after it is
+    sent), at most ``timeout`` seconds; runs in a worker thread."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break  # gone
+            if state in (b"Z", b"X"):
+                break
+            time.sleep(0.01)
 
 
 def _is_talon_python(program: str) -> bool:

@@ -39,7 +39,7 @@ system's own directories (never on ``PATH``), and each must be owned by root in 
 root can write: a ``bwrap`` planted anywhere else is never run.
 
 Per-chat MCP servers run in the same walls (``Sandbox.server_argv``), long-lived, with their
-program and Python install bound read-only (``talon.agent.mcp_launch``).
+program and Python install bound read-only (``talon.agent.tools.mcp_launch``).
 
 On timeout the sandbox is killed as a whole: bwrap runs with ``--die-with-parent`` as the leader
 of its own process group, and killing it ends the PID namespace's init, upon which the kernel

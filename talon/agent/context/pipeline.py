@@ -42,12 +42,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from talon.agent.memo import DerivedCache
-from talon.agent.profiles import ModelProfile
-from talon.agent.provider import image_placeholder
-from talon.agent.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, failed_turns, is_checkpoint
-from talon.agent.summary import append_archive
-from talon.agent.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
+from talon.agent.context.memo import DerivedCache
+from talon.agent.providers.profiles import ModelProfile
+from talon.agent.providers.base import image_placeholder
+from talon.agent.context.session import CHECKPOINT_KEY, SUMMARY_CHECKPOINT, failed_turns, is_checkpoint
+from talon.agent.context.summary import append_archive
+from talon.agent.context.tokens import CHARS_PER_TOKEN, estimate_message, estimate_messages
 from talon.content import AttachmentRef, ContentBlock, ImageBlock, Message, TextBlock, ToolCall
 from talon.permissions import private_dir
 from talon.safe_files import atomic_write_beneath

@@ -139,7 +139,7 @@ class LocalModelServer:
             return
         started = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "talon.agent.local_server", str(self.spec.path), "--port", str(self.port),
+        args = [sys.executable, "-m", "talon.agent.providers.local", str(self.spec.path), "--port", str(self.port),
                 "--context", str(self.spec.context), "--threads", str(self.spec.threads)]
         with open(self.log_path, "w", encoding="utf-8") as errors:
             self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
@@ -223,7 +223,7 @@ def local_model_server(settings: "Settings") -> LocalModelServer | None:
 
 # --- the child process ----------------------------------------------------------------------
 def _serve(argv: list[str] | None = None, stdin: IO[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m talon.agent.local_server")
+    parser = argparse.ArgumentParser(prog="python -m talon.agent.providers.local")
     parser.add_argument("model")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--context", type=int, default=0)

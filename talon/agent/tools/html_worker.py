@@ -3,7 +3,7 @@
 trafilatura (with lxml) can take tens of seconds and close to a gigabyte on one large page (a
 4.8 MB HTML table: 21.5 s, 916 MB), and a thread cannot be stopped. So web_fetch never converts
 in Talon's own process: ``HtmlConverter`` keeps up to ``workers`` warm worker processes, each
-``python -m talon.agent.html_worker`` (spawned with exec, never a fork of the event loop's
+``python -m talon.agent.tools.html_worker`` (spawned with exec, never a fork of the event loop's
 process), and hands one page at a time to an idle one over its stdin/stdout pipes, read and
 written by the event loop (no thread).
 
@@ -151,13 +151,13 @@ class HtmlConverter:
 
     async def _spawn(self) -> _Worker:
         # None of Talon's environment (tokens, keys); only where to find this very Talon.
-        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         path = [here, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(path)}
         cpu = max(1, int(self.limits.seconds + 0.999))
         proc = await asyncio.create_subprocess_exec(
             # -P: the working directory is not on sys.path.
-            sys.executable, "-P", "-m", "talon.agent.html_worker", str(self.limits.memory), str(cpu),
+            sys.executable, "-P", "-m", "talon.agent.tools.html_worker", str(self.limits.memory), str(cpu),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
             env=env, cwd="/", start_new_session=True,
         )

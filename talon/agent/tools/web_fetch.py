@@ -20,7 +20,7 @@ The body is read streamed up to ``TALON_WEB_MAX_BYTES`` and the whole fetch, red
 is bounded by ``TALON_WEB_TIMEOUT``. Each fetch has a session of its own with no cookie jar, no
 proxy from the environment and no credentials: nothing of Talon's is sent. HTML becomes readable
 markdown through trafilatura (scripts, styles and navigation gone) in a worker process with CPU,
-memory and time limits (``talon.agent.html_worker``: ``TALON_WEB_CONVERT_SECONDS``,
+memory and time limits (``talon.agent.tools.html_worker``: ``TALON_WEB_CONVERT_SECONDS``,
 ``TALON_WEB_CONVERT_MEMORY``); a page cut by them is returned as the plain text of its start,
 with an error saying which limit cut it. Other text is returned as is, images as images,
 anything else as a notice. The result is marked untrusted web content.
@@ -42,10 +42,10 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from talon.agent.html_worker import (PLAIN_PREFIX_BYTES, ConversionCut, ConvertLimits, HtmlConverter,
+from talon.agent.tools.html_worker import (PLAIN_PREFIX_BYTES, ConversionCut, ConvertLimits, HtmlConverter,
                                      html_to_text, plain_text_prefix)
-from talon.agent.tools import Tool, ToolContext, ToolResult
-from talon.agent.untrusted import cut, image_from_bytes, untrusted_block
+from talon.agent.tools.registry import Tool, ToolContext, ToolResult
+from talon.agent.tools.untrusted import cut, image_from_bytes, untrusted_block
 from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, TextBlock

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from talon.agent.provider import ModelRequest, ModelResponse, has_images
-from talon.agent.refusals import refusal_error
+from talon.agent.providers.base import ModelRequest, ModelResponse, has_images
+from talon.agent.providers.refusals import refusal_error
 from talon.errors import ModelTimedOut, ProviderError, ProviderUnavailable, Refusal, Retryable, SendAgain
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ right after the run of tool results.
 
 Vision and tools come from the model profile (settings, discovery, the table). Whatever the
 status code, an error body that says the model takes no images or cannot call tools switches
-them off for the rest of the process and the request is sent again (``talon.agent.refusals``).
+them off for the rest of the process and the request is sent again (``talon.agent.providers.refusals``).
 Replies are streamed (``stream=True``, with usage through ``stream_options`` where the server
 takes it), so ``TALON_MODEL_TIMEOUT`` bounds the silence between chunks, not the whole answer;
 a server that refuses streaming is asked without it from then on. As the answer streams, the
@@ -28,8 +28,8 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletion
 
-from talon.agent.memo import DerivedCache
-from talon.agent.provider import (
+from talon.agent.context.memo import DerivedCache
+from talon.agent.providers.base import (
     MISSING_BYTES,
     Hydrate,
     ModelRequest,
@@ -43,8 +43,8 @@ from talon.agent.provider import (
     prefetch_images,
     try_hydrate,
 )
-from talon.agent.refusals import classify
-from talon.agent.retries import (
+from talon.agent.providers.refusals import classify
+from talon.agent.providers.retries import (
     TIMEOUTS,
     TRANSPORT_ERRORS,
     adapt_or_fail,

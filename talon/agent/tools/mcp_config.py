@@ -13,7 +13,7 @@ A server has either ``command`` (stdio: ``args``, ``env``, ``cwd``) or ``url`` (
 ``headers``). ``allowTools`` / ``denyTools`` narrow its tools (names or ``*`` patterns);
 ``disabled: true`` leaves it out. ``${WORKSPACE}`` in ``args``, ``env`` or ``cwd`` makes a stdio
 server per conversation: each chat that uses it gets its own process, in the shell's sandbox with
-its workspace at ``/workspace`` (``for_workspace(Path("/workspace"))``; see ``talon.agent.mcp_launch``).
+its workspace at ``/workspace`` (``for_workspace(Path("/workspace"))``; see ``talon.agent.tools.mcp_launch``).
 Every mistake is a ``ConfigError`` naming the server and the key, so Talon refuses to start
 rather than run with half a configuration.
 """

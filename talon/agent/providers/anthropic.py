@@ -16,7 +16,7 @@ from one step to the next (not for one-off requests such as summaries, which hav
 cache points). That is at most 4 breakpoints, the API's limit.
 
 Replies stream (``messages.stream``); errors are classified from their bodies like the OpenAI
-adapter's (``talon.agent.refusals``).
+adapter's (``talon.agent.providers.refusals``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import anthropic
 
-from talon.agent.provider import (
+from talon.agent.providers.base import (
     MISSING_BYTES,
     CallMeter,
     Hydrate,
@@ -43,8 +43,8 @@ from talon.agent.provider import (
     prefetch_images,
     try_hydrate,
 )
-from talon.agent.refusals import classify
-from talon.agent.retries import (
+from talon.agent.providers.refusals import classify
+from talon.agent.providers.retries import (
     TIMEOUTS,
     TRANSPORT_ERRORS,
     adapt_or_fail,
@@ -202,7 +202,7 @@ class AnthropicProvider(Provider):
         self.total_timeout_s = total_timeout_s
         self.idle_timeout_s = timeout_s
         self._hydrate = hydrate
-        # Per read (between streamed events), not per answer; retries are ours (talon.agent.retries).
+        # Per read (between streamed events), not per answer; retries are ours (talon.agent.providers.retries).
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key or "not-set",
             base_url=base_url or None,

@@ -20,7 +20,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from talon.agent.workspace import Workspace
+from talon.agent.tools.workspace import Workspace
 from talon.media.markers import defang_untrusted
 from talon.errors import ToolError
 
