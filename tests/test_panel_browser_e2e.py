@@ -112,22 +112,35 @@ async def test_sign_in_and_see_a_chat_with_its_photo_and_voice_note_and_the_repo
             tab.shot("chat_image_dialog")
             page.keyboard.press("Escape")
             page.wait_for_selector("dialog#viewer:not([open])", state="attached")
+            return {"box": box, "natural": natural, "transcript": transcript}
+
+        seen = await chromium.run(look)
+        # Live: a message that arrives while the page is open appears without a reload.
+        llm.queue(FakeOpenAI.reply("Watered.", usage={"prompt_tokens": 1400, "completion_tokens": 5}))
+        tg.push_update(tg.text_message(ALICE, "a message sent while the page is open", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: "Watered." in str(c.params.get("text")))
+
+        def live_and_pages() -> dict[str, Any]:
+            page = tab.page
+            page.wait_for_selector("article.msg.user >> text=a message sent while the page is open")
+            page.wait_for_selector("article.msg.assistant >> text=Watered.")
+            tab.shot("chat_live")
             usage = ""
             for path in ALL_PAGES:
                 tab.visit(path)
                 if path == "/ui/usage":
                     usage = page.inner_text("main")
             tab.clean()
-            return {"box": box, "natural": natural, "transcript": transcript, "usage": usage}
+            return {"usage": usage}
 
-        seen = await chromium.run(look)
+        seen.update(await chromium.run(live_and_pages))
         await chromium.run(tab.close)
     assert seen["transcript"] == "remind me to water the plants"
     box, (width, height) = seen["box"], seen["natural"]
     assert box["width"] <= 240 and box["height"] <= 240
     assert abs(box["width"] / box["height"] - width / height) < 0.02  # the aspect is kept
     assert f"telegram:{ALICE}" in seen["usage"]
-    assert f"{1200 + 34 + 1300 + 21:,}" in seen["usage"]  # the tokens the model reported
+    assert f"{1200 + 34 + 1300 + 21 + 1400 + 5:,}" in seen["usage"]  # the tokens the model reported
     assert sorted(p.name for p in (shots / "chat_and_usage").glob("*.png")) != []
 
 

@@ -273,6 +273,11 @@ async def test_web_chat_checks_the_whole_batch_before_anything_is_stored_or_sent
             assert (await stranger.get(url)).status_code == 401
         # Not referenced by another chat: not served through it.
         assert (await client.get(f"/ui/attachments/telegram/{ALICE}/{sha}")).status_code == 404
+        # Its object gone from the store: a retryable answer (the page shows a placeholder), no crash.
+        [blob] = [p for p in objects.rglob(f"*{sha}*") if p.is_file()]
+        blob.unlink()
+        gone = await client.get(url)
+        assert gone.status_code == 503 and gone.headers["Retry-After"] == "5"
 
 
 async def test_behind_a_trusted_https_proxy_the_cookie_is_secure_and_actions_reach_the_stores(

@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+from talon.agent.context.pipeline import SUMMARY as SUMMARY_KEY  # the summary that stands for older turns
 from talon.content import AudioBlock, FileBlock, ImageBlock, Message, TextBlock
 from talon.storage.sessions import ChatKey
 
-SUMMARY_KEY = "_summary"  # talon.agent.context.SUMMARY: the summary that stands for older turns
 TOOL_TEXT_MAX = 4000  # characters of a tool call or result shown (folded) on a page
 TEXT_MAX = 20000
 
@@ -88,7 +88,7 @@ def shown_messages(messages: list[Message], first: int = 0) -> list[Shown]:
     out = []
     for n, message in enumerate(messages[first:], first):
         item = Shown(index=n, role=message.role, tool_name=message.tool_name or "",
-                     summary=bool(message.meta.get(SUMMARY_KEY) or message.meta.get("summary")),
+                     summary=bool(message.meta.get(SUMMARY_KEY)),
                      error=bool(message.meta.get("error")))
         texts = []
         for block in message.content:
