@@ -199,8 +199,7 @@ class Bridge:
             log.info("duplicate message %s ignored", message.key)
             return False
         self.metrics.received.labels(message.channel).inc()
-        for observer in self.observers:
-            self._aside(_observed(observer, message))
+        self._observe(message)
         if self._maybe_approval_reply(item):
             return True
         chat = conversation_key(message)
@@ -222,6 +221,11 @@ class Bridge:
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
+
+    def _observe(self, message: InboundMessage) -> None:
+        """Tell the observers of a new message (stored in the inbox, not a duplicate)."""
+        for observer in self.observers:
+            self._aside(_observed(observer, message))
 
     def _aside(self, work: Coroutine[Any, Any, None]) -> None:
         """Handle one message beside its conversation's worker (a refused /stop's answer)."""

@@ -218,6 +218,8 @@ class Runtime:
                 await channel.drain()
             except Exception:
                 log.exception("draining channel %s failed", channel.name)
+        if self.panel is not None:
+            self.panel.close()  # its live streams end now, not at the server's shutdown timeout
         if self.http is not None:
             await self.http.stop()  # no new webhooks; those in flight finish first
         for channel in self.channels:

@@ -337,3 +337,53 @@ async def test_behind_a_trusted_https_proxy_the_cookie_is_secure_and_actions_rea
                        "task run", "task cancel"):
             assert action in audit, action
         assert "203.0.113.9" in audit  # the address the proxy reported signed in
+
+
+async def test_a_file_the_agent_sends_in_the_web_chat_arrives_live_and_is_served_to_the_session(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    import json
+
+    settings = panel_settings(tmp_path, tg.base_url, llm.base_url)
+    workspace = settings.workspace_dir("web", "operator")
+    workspace.mkdir(parents=True, exist_ok=True)
+    chart = png(30, 20, (10, 200, 10))
+    (workspace / "chart.png").write_bytes(chart)
+    llm.queue("Here is the chart: ![chart](chart.png)")
+    async with running_panel(settings) as runtime, client_for(runtime) as client:
+        csrf = page_csrf((await sign_in(client)).text)
+        events: list[dict[str, object]] = []
+        async with client.stream("GET", "/ui/api/chat/events?after=0") as stream:
+            sent = await client.post("/ui/api/chat/send", data={"text": "draw me a chart"},
+                                     files=[], headers={**origin(client), "X-CSRF-Token": csrf})
+            assert sent.status_code == 200, sent.text
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if events[-1]["type"] == "delivered":
+                        break
+        kinds = [e["type"] for e in events]
+        assert "sent" in kinds and "reply" in kinds and "file" in kinds, kinds
+        [file] = [e for e in events if e["type"] == "file"]
+        assert file["mime"] == "image/png" and file["name"] == "chart.png"
+        served = await client.get(f"/ui/attachments/web/operator/{file['sha']}")
+        assert served.status_code == 200 and served.content == chart
+        async with client_for(runtime) as stranger:
+            assert (await stranger.get(f"/ui/attachments/web/operator/{file['sha']}")).status_code == 401
+
+
+async def test_talon_ui_password_prints_a_hash_the_panel_accepts(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from talon.cli import main
+    from talon.ui.security import verify_password
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("too short\n"))
+    assert main(["ui", "password"]) == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO("a long enough panel password\n"))
+    assert main(["ui", "password"]) == 0
+    made = capsys.readouterr().out.strip().splitlines()[-1]
+    assert made.startswith("$argon2id$") and "a long enough panel password" not in made
+    assert verify_password(made, "a long enough panel password") and not verify_password(made, "another one")
+    settings = panel_settings(tmp_path, tg.base_url, llm.base_url, TALON_UI_PASSWORD_HASH=made)
+    async with running_panel(settings) as runtime, client_for(runtime) as client:
+        assert str((await sign_in(client, "a long enough panel password")).url).endswith("/ui/")

@@ -86,6 +86,12 @@ class Panel:
                                 money=views.money)
         self.webchat: Any = None  # talon.ui.webchat.WebChat, when the panel serves one
         self.failure_delay_s = FAILURE_DELAY_S
+        self.closing = asyncio.Event()  # set when Talon stops: live streams end
+
+    def close(self) -> None:
+        self.closing.set()
+        if self.webchat is not None:
+            self.webchat.closing.set()
 
     # --- plumbing ------------------------------------------------------------------------------
     def route(self, method: str, path: str, handler: Handler, *, auth: bool = True, api: bool = False) -> None:

@@ -134,14 +134,17 @@ class Pages:
         await response.prepare(request)
         ends = time.monotonic() + LIVE_MAX_S
         try:
-            while time.monotonic() < ends:
+            while time.monotonic() < ends and not self.panel.closing.is_set():
                 count = len(await self._messages(key))
                 if count != seen:
                     seen = count
                     await response.write(f"event: count\ndata: {count}\n\n".encode())
                 else:
                     await response.write(b": idle\n\n")
-                await asyncio.sleep(LIVE_POLL_S)
+                try:
+                    await asyncio.wait_for(self.panel.closing.wait(), LIVE_POLL_S)
+                except TimeoutError:
+                    pass
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         return response

@@ -175,6 +175,7 @@ class WebChat(Channel):
         self._changed = asyncio.Event()
         self._sent: dict[str, str] = {}  # sha256 -> mime of files the agent sent here (served with the chat)
         self.running = False
+        self.closing = asyncio.Event()  # Talon stops: the live streams end
 
     @property
     def media_root(self) -> Path:
@@ -276,10 +277,13 @@ class WebChat(Channel):
     async def send(self, request: web.Request) -> web.Response:
         if self.bridge is None or not self.running:
             return web.json_response({"error": "the web chat is not running", "file": ""}, status=503)
-        if not request.content_type.startswith("multipart/"):
-            return web.json_response({"error": "send the message as multipart/form-data", "file": ""}, status=400)
         try:
-            text, uploads = await read_batch(request, self.limits)
+            if request.content_type == "application/x-www-form-urlencoded":  # text alone
+                text, uploads = str((await request.post()).get("text", ""))[:TEXT_MAX], []
+            elif request.content_type.startswith("multipart/"):
+                text, uploads = await read_batch(request, self.limits)
+            else:
+                return web.json_response({"error": "send the message as a form", "file": ""}, status=400)
             checked = await check_batch(uploads, self.limits)
         except UploadRefused as exc:
             log.info("web chat: message refused: %s", exc)
@@ -312,7 +316,7 @@ class WebChat(Channel):
         await response.prepare(request)
         ends = time.monotonic() + STREAM_MAX_S
         try:
-            while time.monotonic() < ends:
+            while time.monotonic() < ends and not self.closing.is_set():
                 fresh = [e for e in list(self.events) if e["seq"] > after]
                 for event in fresh:
                     payload = json.dumps(event)
@@ -324,10 +328,11 @@ class WebChat(Channel):
                     after = event["seq"]
                 if not fresh:
                     await response.write(b": idle\n\n")
-                    try:
-                        await asyncio.wait_for(self._changed.wait(), 5.0)
-                    except TimeoutError:
-                        pass
+                    changed = asyncio.ensure_future(self._changed.wait())
+                    closing = asyncio.ensure_future(self.closing.wait())
+                    await asyncio.wait({changed, closing}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+                    changed.cancel()
+                    closing.cancel()
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         return response
