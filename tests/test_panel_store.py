@@ -15,6 +15,10 @@ import pytest_asyncio
 from talon.storage.approvals import Approval
 from talon.storage.panel import AuditEntry, PanelSession
 from talon.storage.usage import UsageRecord
+from tests.conftest import ALICE
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram import FakeTelegram
+from tests.support.panel import client_for, page_csrf, panel_settings, running_panel, sign_in
 
 
 @pytest_asyncio.fixture(params=["embedded", "postgres"])
@@ -103,3 +107,26 @@ async def test_audit_chat_index_and_the_views_of_usage_and_approvals(stores: tup
     assert [a.id for a in await panel.pending_approvals()] == ["a1"]
     [decided] = await panel.decided_approvals()
     assert decided.id == "a2" and decided.status == "denied" and decided.decided_by == "panel (operator)"
+
+
+async def test_with_postgresql_the_panel_lists_chats_and_usage_from_the_shared_stores(
+        pg_url: str, tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    """Talon on PostgreSQL (the scaled-out bridge): the chat index and the usage rollup fill as a
+    message is answered, and a second worker's panel (its own process state, same database) sees
+    them and the first worker's session."""
+    llm.queue(FakeOpenAI.reply("Hello from PostgreSQL.", usage={"prompt_tokens": 700, "completion_tokens": 7}))
+    settings = panel_settings(tmp_path, tg.base_url, llm.base_url, TALON_DATABASE_URL=pg_url)
+    async with running_panel(settings) as first:
+        tg.push_update(tg.text_message(ALICE, "hi", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: "Hello from PostgreSQL." in str(c.params.get("text")))
+        async with client_for(first) as client:
+            page_csrf((await sign_in(client)).text)
+            for _ in range(100):  # the index is written beside the turn, in the background
+                if f"/ui/chats/telegram/{ALICE}" in (await client.get("/ui/chats")).text:
+                    break
+                await asyncio.sleep(0.05)
+            async with running_panel(settings, telegram=False) as second, client_for(second) as other:
+                other.cookies.set("talon_ui", client.cookies["talon_ui"], domain="127.0.0.1", path="/ui/")
+                chats = await other.get("/ui/chats")
+                assert chats.status_code == 200 and f"/ui/chats/telegram/{ALICE}" in chats.text
+                assert "707" in (await other.get("/ui/usage")).text
