@@ -269,8 +269,11 @@ async def test_web_chat_takes_a_pasted_image_with_a_caption_and_refuses_what_it_
                 dt.items.add(new File(['<svg xmlns="http://www.w3.org/2000/svg"></svg>'], "x.svg", {type: "image/svg+xml"}));
                 const box = document.getElementById("composer");
                 box.dispatchEvent(new DragEvent("dragover", {dataTransfer: dt, bubbles: true, cancelable: true}));
+                window.highlighted = box.classList.contains("dragging");
                 box.dispatchEvent(new DragEvent("drop", {dataTransfer: dt, bubbles: true, cancelable: true}));
             }""")
+            highlighted = page.evaluate("() => window.highlighted && !document.getElementById('composer')"
+                                        ".classList.contains('dragging')")
             page.wait_for_selector("#composer-error:not([hidden])")
             svg_error = page.inner_text("#composer-error")
             svg_thumbs = page.locator("#thumbs figure").count()
@@ -292,7 +295,10 @@ async def test_web_chat_takes_a_pasted_image_with_a_caption_and_refuses_what_it_
             tab.errors.clear()
             result = {"box": box, "src": src, "svg_error": svg_error, "svg_thumbs": svg_thumbs,
                       "big_error": page.inner_text("#composer-error"), "draft": page.input_value("#text"),
-                      "thumbs": page.locator("#thumbs figure").count()}
+                      "thumbs": page.locator("#thumbs figure").count(), "highlighted": highlighted}
+            # Each image in the draft can be removed.
+            page.click("#thumbs figure button")
+            result["after_remove"] = page.locator("#thumbs figure").count()
             tab.clean()
             return result
 
@@ -301,7 +307,8 @@ async def test_web_chat_takes_a_pasted_image_with_a_caption_and_refuses_what_it_
         assert abs(seen["box"]["width"] / seen["box"]["height"] - 2.0) < 0.02
         assert "x.svg" in seen["svg_error"] and seen["svg_thumbs"] == 0
         assert "huge.png" in seen["big_error"] and "MiB" in seen["big_error"]
-        assert seen["draft"] == "keep this draft" and seen["thumbs"] == 1
+        assert seen["draft"] == "keep this draft" and seen["thumbs"] == 1 and seen["after_remove"] == 0
+        assert seen["highlighted"]  # the drop target was highlighted while dragging, not after
         assert len(llm.requests) == 1  # neither refusal reached the model
 
         # The image's URL answers nothing without a session.
