@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from channels.http import HttpServer
     from talon.ui.app import Panel
     from talon.ui.webchat import WebChat
+    from talon.ui.index import ChatIndexer
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class Runtime:
     scheduler: Scheduler | None = None
     webchat: "WebChat | None" = None  # the web panel's chat channel (talon.ui.webchat), when the panel is on
     panel: "Panel | None" = None
+    indexer: "ChatIndexer | None" = None  # the panel's chat index, written once a second
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -170,6 +172,8 @@ class Runtime:
             self.bridge.channel_started(channel.name)
         if self.scheduler is not None:  # due runs go to channels that are running
             await self.scheduler.start()
+        if self.indexer is not None:
+            self.indexer.start()
         self.started = True
 
     async def warm_speech(self) -> None:
@@ -213,6 +217,11 @@ class Runtime:
             await self.mcp.close()  # every server process ends with Talon
         if self.bridge.control is not None:
             await self.bridge.control.settled()  # usage of the calls made is in the store
+        if self.indexer is not None:
+            try:
+                await self.indexer.stop()
+            except Exception:
+                log.exception("writing the chat index failed")
         for channel in self.channels:
             try:
                 await channel.drain()
@@ -342,10 +351,12 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     scheduler.attach(bridge)
     channels = list(channels or [])
     webchat = None
+    indexer = None
     if stores.panel is not None:
-        from talon.ui.index import chat_indexer
+        from talon.ui.index import ChatIndexer
 
-        bridge.observers.append(chat_indexer(stores.panel))
+        indexer = ChatIndexer(stores.panel)
+        bridge.observers.append(indexer.observe)
         from talon.ui import ui_enabled
 
         if http is not None and ui_enabled(settings, http_runs=True):
@@ -355,7 +366,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
             channels.append(webchat)
     return Runtime(settings, store, sessions, inbox, agent, bridge, channels, transcriber, http,
                    stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
-                   mcp=mcp, scheduler=scheduler, webchat=webchat)
+                   mcp=mcp, scheduler=scheduler, webchat=webchat, indexer=indexer)
 
 
 def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 
 from talon.storage.approvals import Approval
 
-PEOPLE_MAX = 8  # names kept per chat (the latest ones)
+PEOPLE_CHARS = 300  # the people of a chat: names added while the list is shorter than this
 TITLE_MAX = 200
 
 
@@ -51,6 +51,18 @@ class ChatRow:
     @property
     def key(self) -> str:
         return f"{self.channel}:{self.chat_id}"
+
+
+@dataclass
+class ChatNote:
+    """What arrived in one conversation since the chat index was last written (``talon.ui.index``)."""
+
+    channel: str
+    chat_id: str
+    title: str
+    people: list[str]
+    last_at: float
+    messages: int
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,10 @@ class PanelStore(Protocol):
 
     async def audit_log(self, limit: int = 200) -> list[AuditEntry]: ...
 
+    async def note_messages(self, notes: list[ChatNote]) -> None:
+        """Add what arrived to the chat index, in one transaction (one connection)."""
+        ...
+
     async def note_message(self, channel: str, chat_id: str, title: str, person: str, at: float) -> None: ...
 
     async def chats(self, query: str = "", limit: int = 200) -> list[ChatRow]:
@@ -138,6 +154,7 @@ class SqlPanelQueries(abc.ABC):
 
     T: dict[str, str]  # logical table name -> real one
     APPROVAL_COLUMNS: str
+    FIND: str  # the SQL function giving the position of a substring (0: not found)
     LIKE: str = "LIKE"
 
     @abc.abstractmethod
@@ -145,6 +162,10 @@ class SqlPanelQueries(abc.ABC):
 
     @abc.abstractmethod
     async def _run(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    @abc.abstractmethod
+    async def _run_many(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """The statements in order, in one transaction."""
 
     @abc.abstractmethod
     def _approval(self, row: tuple[Any, ...]) -> Approval: ...
@@ -202,19 +223,30 @@ class SqlPanelQueries(abc.ABC):
         return [AuditEntry(*r) for r in rows]
 
     async def note_message(self, channel: str, chat_id: str, title: str, person: str, at: float) -> None:
-        rows = await self._all(self._sql("SELECT people FROM {chats} WHERE channel = %s AND chat_id = %s"),
-                               (channel, chat_id))
-        people = [p for p in (rows[0][0].split(", ") if rows and rows[0][0] else []) if p and p != person]
-        people = (people + ([person] if person else []))[-PEOPLE_MAX:]
-        await self._run(self._sql(
-            "INSERT INTO {chats} (channel, chat_id, title, people, last_at, messages) VALUES (%s, %s, %s, %s, %s, 1) "
+        await self.note_messages([ChatNote(channel, chat_id, title, [person] if person else [], at, 1)])
+
+    async def note_messages(self, notes: list[ChatNote]) -> None:
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        days: dict[str, int] = {}
+        upsert = self._sql(
+            "INSERT INTO {chats} (channel, chat_id, title, people, last_at, messages) VALUES (%s, %s, %s, '', %s, %s) "
             "ON CONFLICT (channel, chat_id) DO UPDATE SET title = CASE WHEN EXCLUDED.title = '' THEN {chats}.title "
-            "ELSE EXCLUDED.title END, people = EXCLUDED.people, last_at = EXCLUDED.last_at, "
-            "messages = {chats}.messages + 1"),
-            (channel, chat_id, title[:TITLE_MAX], ", ".join(people), at))
-        day = time.strftime("%Y-%m-%d", time.gmtime(at))
-        await self._run(self._sql("INSERT INTO {days} (day, messages) VALUES (%s, 1) ON CONFLICT (day) DO UPDATE "
-                                  "SET messages = {days}.messages + 1"), (day,))
+            "ELSE EXCLUDED.title END, last_at = EXCLUDED.last_at, messages = {chats}.messages + EXCLUDED.messages")
+        # A person is added to the chat's list once, while the list is short (the first few who spoke).
+        person = self._sql(
+            f"UPDATE {{chats}} SET people = CASE WHEN people = '' THEN %s ELSE people || ', ' || %s END "
+            f"WHERE channel = %s AND chat_id = %s AND {self.FIND}(', ' || people || ', ', %s) = 0 "
+            f"AND length(people) < {PEOPLE_CHARS}")
+        for note in notes:
+            statements.append((upsert, (note.channel, note.chat_id, note.title[:TITLE_MAX], note.last_at, note.messages)))
+            for name in note.people:
+                statements.append((person, (name, name, note.channel, note.chat_id, f", {name}, ")))
+            day = time.strftime("%Y-%m-%d", time.gmtime(note.last_at))
+            days[day] = days.get(day, 0) + note.messages
+        day_upsert = self._sql("INSERT INTO {days} (day, messages) VALUES (%s, %s) ON CONFLICT (day) DO UPDATE "
+                               "SET messages = {days}.messages + EXCLUDED.messages")
+        statements += [(day_upsert, (day, n)) for day, n in sorted(days.items())]
+        await self._run_many(statements)
 
     def _chat_select(self) -> str:
         return self._sql(

@@ -278,8 +278,9 @@ class WebChat(Channel):
         if self.bridge is None or not self.running:
             return web.json_response({"error": "the web chat is not running", "file": ""}, status=503)
         try:
+            uploads: list[Upload] = []
             if request.content_type == "application/x-www-form-urlencoded":  # text alone
-                text, uploads = str((await request.post()).get("text", ""))[:TEXT_MAX], []
+                text = str((await request.post()).get("text", ""))[:TEXT_MAX]
             elif request.content_type.startswith("multipart/"):
                 text, uploads = await read_batch(request, self.limits)
             else:

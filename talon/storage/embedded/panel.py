@@ -68,6 +68,7 @@ class SqlitePanelStore(SqlPanelQueries):
          "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "usage": "panel_usage_daily",
          "approvals": "approvals"}
     APPROVAL_COLUMNS = APPROVAL_COLUMNS
+    FIND = "instr"
 
     def __init__(self, db: SqliteRunner) -> None:
         self.db = db
@@ -80,6 +81,19 @@ class SqlitePanelStore(SqlPanelQueries):
     async def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
         query = sql.replace("%s", "?")
         return await self.db.run(lambda conn: conn.execute(query, tuple(params)).rowcount)
+
+    async def _run_many(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        def go(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    conn.execute(sql.replace("%s", "?"), params)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+        await self.db.run(go)
 
     def _approval(self, row: tuple[Any, ...]) -> Approval:
         return approval_of(row)

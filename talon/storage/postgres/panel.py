@@ -16,6 +16,7 @@ class PgPanelStore(SqlPanelQueries):
          "audit": "talon_panel_audit", "chats": "talon_panel_chats", "days": "talon_panel_days",
          "usage": "talon_panel_usage_daily", "approvals": "talon_approvals"}
     APPROVAL_COLUMNS = APPROVAL_COLUMNS
+    FIND = "strpos"
 
     def __init__(self, db: AsyncDatabase) -> None:
         self.db = db
@@ -25,6 +26,15 @@ class PgPanelStore(SqlPanelQueries):
 
     async def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
         return await self.db.execute(sql, tuple(params))
+
+    async def _run_many(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        async def go() -> None:
+            async with self.db.transaction() as conn:
+                for sql, params in statements:
+                    await conn.execute(sql, params)
+
+        await self.db.bounded(go())
+        self.db.count(len(statements))
 
     def _approval(self, row: tuple[Any, ...]) -> Approval:
         return approval_of(row)
