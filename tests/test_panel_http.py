@@ -123,6 +123,11 @@ async def test_posts_need_the_csrf_token_and_this_origin_and_hosts_must_be_talon
         done = await client.post("/ui/usage/grant", data={**grant, "csrf": csrf}, headers=origin(client))
         assert done.status_code == 303
         assert await usage.granted("telegram", str(ALICE), "tokens", 0) == 5000
+        # What an action did is shown once, on the page it leads to; a link cannot put words there.
+        assert done.headers["Location"] == "/ui/usage"
+        assert "Granted 5,000 tokens" in (await client.get("/ui/usage")).text
+        assert "Granted 5,000 tokens" not in (await client.get("/ui/usage")).text
+        assert "Your session expired" not in (await client.get("/ui/usage?note=Your+session+expired")).text
         audit = (await client.get("/ui/audit")).text
         assert "usage grant" in audit and f"telegram:{ALICE}" in audit and "signed in" in audit
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from aiohttp import web
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 COOKIE = "talon_ui"
 PRE_COOKIE = "talon_ui_pre"  # the sign-in form's CSRF token (no session yet)
+NOTE_COOKIE = "talon_ui_note"  # what an action did, shown once on the page it redirects to
 FAILURE_WINDOW_S = 900.0
 MAX_FAILURES = 5  # failed sign-ins per address in FAILURE_WINDOW_S; then 429 until they age out
 FAILURE_DELAY_S = 1.0  # every failed sign-in is answered this late
@@ -206,12 +207,24 @@ class Panel:
                                           self.address(request)))
         log.info("ui: %s %s %s", who, action, detail[:200])
 
+    def noted(self, location: str, note: str) -> web.Response:
+        """Redirect after an action; the page shows ``note`` once. It travels in a cookie, not in
+        the URL, so a link made elsewhere cannot put words on a panel page."""
+        response = redirect(location)
+        response.set_cookie(NOTE_COOKIE, quote(note[:300], safe=""), path="/ui/", httponly=True, samesite="Strict",
+                            max_age=60)
+        return response
+
     def render(self, request: web.Request, template: str, status: int = 200, **values: Any) -> web.Response:
         session = request.get(SESSION)
+        note = unquote(request.cookies.get(NOTE_COOKIE, ""))[:300] if session is not None else ""
         page = self.env.get_template(template).render(
             csrf=session.csrf if session is not None else values.pop("csrf", ""),
-            signed_in=session is not None, path=request.path, **values)
-        return web.Response(text=page, content_type="text/html", status=status)
+            signed_in=session is not None, path=request.path, note=note, **values)
+        response = web.Response(text=page, content_type="text/html", status=status)
+        if note:
+            response.del_cookie(NOTE_COOKIE, path="/ui/")
+        return response
 
     # --- the routes ----------------------------------------------------------------------------
     def install(self) -> None:

@@ -8,7 +8,6 @@ the audit log (``/ui/audit``) with who, what and from where.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -181,8 +180,7 @@ class Pages:
     # --- approvals -----------------------------------------------------------------------------
     async def approvals(self, request: web.Request) -> web.Response:
         pending, decided = await asyncio.gather(self.store.pending_approvals(), self.store.decided_approvals())
-        return self.panel.render(request, "approvals.html", title="Approvals", pending=pending, decided=decided,
-                                 note=request.query.get("note", "")[:200])
+        return self.panel.render(request, "approvals.html", title="Approvals", pending=pending, decided=decided)
 
     async def decide(self, request: web.Request) -> web.Response:
         control = self.runtime.bridge.control
@@ -202,7 +200,7 @@ class Pages:
         subject = f"{answer.approval.tool} in {answer.approval.channel}:{answer.approval.chat_id}" \
             if answer.approval else approval_id
         await self.panel.audit(request, f"approval {choice}", f"{approval_id}: {subject}: {answer.note}")
-        return redirect(f"/ui/approvals?note={_q(answer.note)}")
+        return self.panel.noted("/ui/approvals", answer.note)
 
     # --- tasks ---------------------------------------------------------------------------------
     async def _tasks(self) -> list[Any]:
@@ -215,8 +213,7 @@ class Pages:
         from talon.storage.tasks import ACTIVE, PAUSED
 
         tasks = await self._tasks()
-        return self.panel.render(request, "tasks.html", title="Tasks", tasks=tasks, live=(ACTIVE, PAUSED),
-                                 note=request.query.get("note", "")[:200])
+        return self.panel.render(request, "tasks.html", title="Tasks", tasks=tasks, live=(ACTIVE, PAUSED))
 
     async def task_action(self, request: web.Request) -> web.Response:
         from talon.scheduler import when as w
@@ -248,7 +245,7 @@ class Pages:
         note = f"Task {task_id}: {action} done." if changed else f"Task {task_id} is {task.status}: nothing changed."
         await self.panel.audit(request, f"task {action}", f"{task_id} in {task.channel}:{task.chat_id}: "
                                                           f"{'done' if changed else 'nothing changed'}")
-        return redirect(f"/ui/tasks?note={_q(note)}")
+        return self.panel.noted("/ui/tasks", note)
 
     # --- usage ---------------------------------------------------------------------------------
     async def usage(self, request: web.Request) -> web.Response:
@@ -274,8 +271,7 @@ class Pages:
                                  "unit": limit.unit, "share": min(100, round(100 * used / allowed)) if allowed else 100})
         top = max([d.tokens for d in days] + [1])
         return self.panel.render(request, "usage.html", title="Usage", people=people, chats=chats, models=models,
-                                 days=days, top=top, caps=caps, has_caps=bool(control and control.caps.any),
-                                 note=request.query.get("note", "")[:200])
+                                 days=days, top=top, caps=caps, has_caps=bool(control and control.caps.any))
 
     async def grant(self, request: web.Request) -> web.Response:
         from talon.control.caps import parse_grant
@@ -286,12 +282,12 @@ class Pages:
             channel, person = parse_person(str(form.get("person", "")))
             amount, unit = parse_grant(str(form.get("amount", "")))
         except ConfigError as exc:
-            return redirect(f"/ui/usage?note={_q(str(exc))}")
+            return self.panel.noted("/ui/usage", str(exc))
         await self.runtime.stores.usage.grant(channel, person, amount, unit, time.time()) \
             if self.runtime.stores is not None else None
         shown = f"${amount:,.2f}" if unit == "usd" else f"{int(amount):,} tokens"
         await self.panel.audit(request, "usage grant", f"{shown} to {channel}:{person}")
-        return redirect(f"/ui/usage?note={_q(f'Granted {shown} to {channel}:{person} for today and this month.')}")
+        return self.panel.noted("/ui/usage", f'Granted {shown} to {channel}:{person} for today and this month.')
 
     # --- access --------------------------------------------------------------------------------
     async def access(self, request: web.Request) -> web.Response:
@@ -302,7 +298,7 @@ class Pages:
                  ("telegram", "groups", sorted(str(c) for c in settings.telegram_allowed_chat_ids)),
                  ("whatsapp", "numbers", sorted(settings.whatsapp_allowlist))]
         return self.panel.render(request, "access.html", title="Access", pending=pending, approved=approved,
-                                 lists=lists, pairing=settings.pairing, note=request.query.get("note", "")[:200])
+                                 lists=lists, pairing=settings.pairing)
 
     async def access_action(self, request: web.Request) -> web.Response:
         gate = self.runtime.bridge.gate
@@ -323,7 +319,7 @@ class Pages:
         except PairingError as exc:
             note = str(exc)
         await self.panel.audit(request, f"access {action}", note)
-        return redirect(f"/ui/access?note={_q(note)}")
+        return self.panel.noted("/ui/access", note)
 
     # --- logs, settings, audit, status ---------------------------------------------------------
     async def logs(self, request: web.Request) -> web.Response:
@@ -396,18 +392,8 @@ def _int(value: str | None, default: int) -> int:
         return default
 
 
-def _q(text: str) -> str:
-    from urllib.parse import quote
-
-    return quote(text[:200], safe="")
-
-
 def _headers(response: web.StreamResponse) -> None:
     from talon.ui.app import HEADERS
 
     for name, value in HEADERS.items():
         response.headers.setdefault(name, value)
-
-
-def as_json(value: object) -> str:
-    return json.dumps(value)
