@@ -392,3 +392,45 @@ async def test_talon_ui_password_prints_a_hash_the_panel_accepts(
     settings = panel_settings(tmp_path, tg.base_url, llm.base_url, TALON_UI_PASSWORD_HASH=made)
     async with running_panel(settings) as runtime, client_for(runtime) as client:
         assert str((await sign_in(client, "a long enough panel password")).url).endswith("/ui/")
+
+
+async def test_web_chat_is_a_channel_a_model_without_images_is_said_and_stop_stops(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    import json
+
+    settings = panel_settings(tmp_path, tg.base_url, llm.base_url, TALON_MODEL_VISION="false")
+    llm.queue("I cannot see pictures, but I read your words.")
+    async with running_panel(settings) as runtime, client_for(runtime) as client:
+        csrf = page_csrf((await sign_in(client)).text)
+        headers = {**origin(client), "X-CSRF-Token": csrf}
+
+        async def events_until(kind: str, after: int) -> list[dict[str, object]]:
+            seen: list[dict[str, object]] = []
+            async with client.stream("GET", f"/ui/api/chat/events?after={after}") as stream:
+                async for line in stream.aiter_lines():
+                    if line.startswith("data: "):
+                        seen.append(json.loads(line[6:]))
+                        if seen[-1]["type"] == kind:
+                            return seen
+            return seen
+
+        waiting = asyncio.ensure_future(events_until("delivered", 0))
+        sent = await client.post("/ui/api/chat/send", data={"text": "look at this"},
+                                 files=[("image", ("red.png", png(), "image/png"))], headers=headers)
+        assert sent.status_code == 200
+        events = await asyncio.wait_for(waiting, 20)
+        notices = [e for e in events if e["type"] == "notice"]
+        assert notices and notices[0]["problem"] and "red.png" in str(notices[0]["text"])
+        [request] = llm.requests
+        assert "image_url" not in json.dumps(request.json) and "look at this" in json.dumps(request.json)
+        # /stop ends a turn in the web chat as in any chat.
+        llm.hang = True
+        last = int(events[-1]["seq"])  # type: ignore[call-overload]
+        await client.post("/ui/api/chat/send", data={"text": "write a long essay"}, headers=headers)
+        await llm.wait_for_requests(2)
+        waiting = asyncio.ensure_future(events_until("delivered", last))
+        await client.post("/ui/api/chat/send", data={"text": "/stop"}, headers=headers)
+        events = await asyncio.wait_for(waiting, 20)
+        llm.hang = False
+        replies = " ".join(str(e.get("text")) for e in events if e["type"] == "reply")
+        assert "stop" in replies.lower(), events

@@ -38,6 +38,7 @@ from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
 from talon.errors import MediaPathError, UploadRefused
 
 from talon.media import MarkdownMediaRef, outbound_channel_media
+from talon.media.received import ReceivedNote
 from talon.storage.attachments import AttachmentStore
 from talon.storage.sessions import ChatKey, SessionStore
 from talon.ports import BridgeHandle, Channel, PartCallback
@@ -210,6 +211,11 @@ class WebChat(Channel):
             self._emit({"type": "end"})
 
         return LiveReply(on_text=on_text, on_step=on_step, close=close)
+
+    def show_received(self, message: InboundMessage, notes: list[ReceivedNote]) -> None:
+        """What the model got of the images (one it could not see is said here, as the console does)."""
+        for note in notes:
+            self._emit({"type": "notice", "text": note.text, "problem": note.problem})
 
     def reply_parts(self, reply: OutboundReply) -> list[str | MarkdownMediaRef]:
         parts: list[str | MarkdownMediaRef] = [reply.text] if reply.text.strip() else []

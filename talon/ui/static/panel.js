@@ -185,6 +185,11 @@
     } else if (event.type === "reply" && streaming.hidden) {
       streaming.hidden = false;
       live.textContent = event.text;
+    } else if (event.type === "notice") {
+      const line = document.createElement("p");
+      line.className = event.problem ? "error notice" : "dim notice";
+      line.textContent = event.text;
+      box.append(line);
     } else if (event.type === "file") {
       const url = "/ui/attachments/web/operator/" + event.sha;
       const holder = document.createElement("div");
