@@ -5,8 +5,9 @@ Everything the panel keeps is here, not in a worker's memory, so any worker serv
 sessions (by the sha256 of their cookie, never the cookie itself), one-time sign-in links (by the
 sha256 of their token), failed sign-ins per address (rate limiting), the audit log of what was done
 in the panel, and one row per conversation (title, people, last activity, messages received)
-that the bridge keeps up to date as messages arrive: listing 1,000 chats reads 1,000 rows, not
-100,000 messages.
+that ``talon.ui.index.ChatIndexer`` writes from what the bridge receives, in batches: listing
+1,000 chats reads 1,000 rows, not 100,000 messages. Usage is read from a daily rollup that a
+trigger on the usage table keeps.
 
 Implementations: ``talon.storage.embedded.panel.SqlitePanelStore`` (tables in the embedded
 ``control.sqlite3``, beside usage and approvals, so one query can join them) and

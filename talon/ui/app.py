@@ -9,7 +9,7 @@ behind (``Panel.route`` wraps each handler):
    HTTPS), touched on every request and gone after ``TALON_UI_SESSION_IDLE`` without one; without
    it a page redirects to ``/ui/signin`` and anything else (``/ui/api/``, attachments) gets 401.
 4. Every answer carries the security headers (a CSP with no inline script and no other origin,
-   ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer``, ``nosniff``), and every text
+   ``X-Frame-Options: DENY``, ``Referrer-Policy: same-origin``, ``nosniff``), and every text
    answer is scrubbed of the secrets' values before it leaves.
 
 State comes from the stores (``Stores.panel`` and the others), so with many workers on
@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import mimetypes
-import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -325,14 +323,3 @@ class Panel:
     def chat_key(self, request: web.Request) -> ChatKey:
         return ChatKey(request.match_info["channel"], request.match_info["chat_id"])
 
-
-def chat_path(key: ChatKey) -> str:
-    return f"/ui/chats/{quote(key.channel, safe='')}/{quote(key.chat_id, safe='')}"
-
-
-def json_body(value: object, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(value), content_type="application/json", status=status)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
