@@ -19,7 +19,7 @@ from talon.storage.panel import PanelSession
 from tests.conftest import ALICE, TOKEN
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
-from tests.support.panel import (PASSWORD, base_url, client_for, form_csrf, page_csrf, panel_settings, password_hash,
+from tests.support.panel import (PASSWORD, base_url, client_for, form_csrf, page_csrf, panel_settings,
                                  running_panel, sign_in)
 
 PAGES = ["/ui/", "/ui/chats", "/ui/chat", "/ui/approvals", "/ui/tasks", "/ui/usage", "/ui/access", "/ui/logs",
@@ -200,7 +200,7 @@ async def test_a_sign_in_link_works_once_and_sessions_end_on_sign_out_and_when_i
 
 def test_the_panel_on_a_network_address_without_a_password_is_refused_naming_the_fix(tmp_path: Path) -> None:
     from talon.errors import ConfigError
-    from talon.preflight import start_problems
+    from talon.preflight import _CHECKS
     from talon.ui.security import check_ui_settings, ui_enabled
 
     base = dict(TALON_UI="true", TALON_HTTP_HOST="0.0.0.0", TALON_DATA_DIR=str(tmp_path / "d"),
@@ -209,9 +209,14 @@ def test_the_panel_on_a_network_address_without_a_password_is_refused_naming_the
     with pytest.raises(ConfigError) as refused:
         check_ui_settings(settings)
     assert "talon ui password" in str(refused.value)
-    assert any(p.area == "web panel" for p in start_problems(settings))
+    [(_, check)] = [(area, check) for area, check in _CHECKS if area == "web panel"]  # what run and doctor ask
+    with pytest.raises(ConfigError):
+        check(settings)
     # With a password, or on loopback, it may start; unset, it stays off beyond loopback without one.
-    check_ui_settings(Settings(_env_file=None, **{**base, "TALON_UI_PASSWORD_HASH": password_hash()}))  # type: ignore[arg-type]
+    made = "$argon2id$v=19$m=65536,t=3,p=4$FuWFBjUwjaNzvgAtdH/67A$d1IJ/fdfjd2IvjvytVPWimpVM4F4+gdACRimCUsNp2I"
+    check_ui_settings(Settings(_env_file=None, **{**base, "TALON_UI_PASSWORD_HASH": made}))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):  # not an argon2 hash: a password pasted by mistake
+        check_ui_settings(Settings(_env_file=None, **{**base, "TALON_UI_PASSWORD_HASH": "hunter2"}))  # type: ignore[arg-type]
     check_ui_settings(Settings(_env_file=None, **{**base, "TALON_HTTP_HOST": "127.0.0.1"}))  # type: ignore[arg-type]
     open_net = Settings(_env_file=None, **{**base, "TALON_UI": ""} | {"TALON_HTTP_HOST": "0.0.0.0"})  # type: ignore[arg-type]
     assert ui_enabled(open_net.model_copy(update={"ui": None}), http_runs=True) is False
