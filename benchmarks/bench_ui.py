@@ -105,7 +105,7 @@ async def main(chats: int, messages: int, rounds: int) -> int:
             assert runtime.http is not None
             async with httpx.AsyncClient(base_url=runtime.http.local_url, timeout=30) as client:
                 assert (await sign_in(client, PASSWORD)).status_code == 200
-                pages = ["/ui/", "/ui/chats", "/ui/chats?q=chat%2099", f"/ui/chats/telegram/{first}", "/ui/chat",
+                pages = ["/ui/", "/ui/chats", "/ui/chats?q=chat%2099", f"/ui/chats/telegram:{first}", "/ui/chat",
                          "/ui/approvals", "/ui/tasks", "/ui/usage", "/ui/access", "/ui/logs", "/ui/settings",
                          "/ui/audit"]
                 worst = 0.0

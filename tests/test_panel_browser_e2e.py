@@ -97,7 +97,7 @@ async def test_sign_in_and_see_a_chat_with_its_photo_and_voice_note_and_the_repo
             tab.check("/ui/ after sign-in")
             page.click("nav a[href='/ui/chats']")
             page.wait_for_load_state("load")
-            page.click(f"a[href='/ui/chats/telegram/{ALICE}']")
+            page.click(f"a[href='/ui/chats/telegram:{ALICE}']")
             page.wait_for_load_state("load")
             tab.check("the chat page")
             page.wait_for_function("() => [...document.querySelectorAll('img.thumb')].every(i => i.complete "

@@ -52,8 +52,8 @@ async def test_without_a_session_pages_redirect_to_sign_in_and_the_api_answers_4
         for path in PAGES:
             page = await client.get(path)
             assert page.status_code == 303 and page.headers["Location"] == "/ui/signin", path
-        for path in ("/ui/api/status", "/ui/api/logs", f"/ui/attachments/telegram/{ALICE}/{'a' * 64}",
-                     "/ui/api/chat/events", f"/ui/api/chats/telegram/{ALICE}/messages"):
+        for path in ("/ui/api/status", "/ui/api/logs", f"/ui/attachments/telegram:{ALICE}/{'a' * 64}",
+                     "/ui/api/chat/events", f"/ui/api/chats/telegram:{ALICE}/messages"):
             answer = await client.get(path)
             assert answer.status_code == 401, path
             assert answer.json() == {"error": "sign in first"}
@@ -272,7 +272,7 @@ async def test_web_chat_checks_the_whole_batch_before_anything_is_stored_or_sent
         with Image.open(io.BytesIO(data)) as got:
             assert got.size == (16, 12) and got.convert("RGB").getpixel((3, 3)) == (200, 30, 40)
         # The image is served to this session (its conversation refers to it) and to nobody else.
-        url = f"/ui/attachments/web/operator/{sha}"
+        url = f"/ui/attachments/web:operator/{sha}"
         for _ in range(100):
             if (await client.get(url)).status_code == 200:
                 break
@@ -282,7 +282,7 @@ async def test_web_chat_checks_the_whole_batch_before_anything_is_stored_or_sent
         async with client_for(runtime) as stranger:
             assert (await stranger.get(url)).status_code == 401
         # Not referenced by another chat: not served through it.
-        assert (await client.get(f"/ui/attachments/telegram/{ALICE}/{sha}")).status_code == 404
+        assert (await client.get(f"/ui/attachments/telegram:{ALICE}/{sha}")).status_code == 404
         # Its object gone from the store: a retryable answer (the page shows a placeholder), no crash.
         [blob] = [p for p in objects.rglob(f"*{sha}*") if p.is_file()]
         blob.unlink()
@@ -375,10 +375,10 @@ async def test_a_file_the_agent_sends_in_the_web_chat_arrives_live_and_is_served
         assert "sent" in kinds and "reply" in kinds and "file" in kinds, kinds
         [file] = [e for e in events if e["type"] == "file"]
         assert file["mime"] == "image/png" and file["name"] == "chart.png"
-        served = await client.get(f"/ui/attachments/web/operator/{file['sha']}")
+        served = await client.get(f"/ui/attachments/web:operator/{file['sha']}")
         assert served.status_code == 200 and served.content == chart
         async with client_for(runtime) as stranger:
-            assert (await stranger.get(f"/ui/attachments/web/operator/{file['sha']}")).status_code == 401
+            assert (await stranger.get(f"/ui/attachments/web:operator/{file['sha']}")).status_code == 401
 
 
 async def test_talon_ui_password_prints_a_hash_the_panel_accepts(

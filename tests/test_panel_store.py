@@ -122,11 +122,11 @@ async def test_with_postgresql_the_panel_lists_chats_and_usage_from_the_shared_s
         async with client_for(first) as client:
             page_csrf((await sign_in(client)).text)
             for _ in range(100):  # the index is written beside the turn, in the background
-                if f"/ui/chats/telegram/{ALICE}" in (await client.get("/ui/chats")).text:
+                if f"/ui/chats/telegram:{ALICE}" in (await client.get("/ui/chats")).text:
                     break
                 await asyncio.sleep(0.05)
             async with running_panel(settings, telegram=False) as second, client_for(second) as other:
                 other.cookies.set("talon_ui", client.cookies["talon_ui"], domain="127.0.0.1", path="/ui/")
                 chats = await other.get("/ui/chats")
-                assert chats.status_code == 200 and f"/ui/chats/telegram/{ALICE}" in chats.text
+                assert chats.status_code == 200 and f"/ui/chats/telegram:{ALICE}" in chats.text
                 assert "707" in (await other.get("/ui/usage")).text

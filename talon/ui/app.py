@@ -321,5 +321,10 @@ class Panel:
 
     # --- helpers for the pages -----------------------------------------------------------------
     def chat_key(self, request: web.Request) -> ChatKey:
-        return ChatKey(request.match_info["channel"], request.match_info["chat_id"])
+        """A conversation's id in a path: ``<channel>:<chat>`` (``telegram:111``, ``telegram:-100:7``
+        for a topic); channel names hold no colon."""
+        channel, _, chat_id = request.match_info["key"].partition(":")
+        if not channel or not chat_id:
+            raise web.HTTPNotFound(text="no such chat: a chat is named <channel>:<id>")
+        return ChatKey(channel, chat_id)
 

@@ -48,7 +48,7 @@ def money(value: float | None) -> str:
 
 def chat_url(key: ChatKey | tuple[str, str]) -> str:
     channel, chat_id = (key.channel, key.chat_id) if isinstance(key, ChatKey) else key
-    return f"/ui/chats/{quote(channel, safe='')}/{quote(chat_id, safe='')}"
+    return f"/ui/chats/{quote(channel, safe='')}:{quote(chat_id, safe=':')}"
 
 
 @dataclass

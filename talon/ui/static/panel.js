@@ -191,7 +191,7 @@
       line.textContent = event.text;
       box.append(line);
     } else if (event.type === "file") {
-      const url = "/ui/attachments/web/operator/" + event.sha;
+      const url = "/ui/attachments/web:operator/" + event.sha;
       const holder = document.createElement("div");
       holder.className = "msg assistant";
       if (event.mime.startsWith("image/")) {
