@@ -749,6 +749,9 @@ class Bridge:
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
                                         reply_to_message_id=None if message.scheduled else message.message_id)
+        if message.scheduled is not None and reply.scheduled_task is None:
+            # A channel that must ask leave to speak (WhatsApp's window) names the task in its reminder.
+            reply = dataclasses.replace(reply, scheduled_task=message.scheduled.task_text or message.text)
         live_id = self._live_ids.pop(message.key, None) or item.live_message
         if live_id is not None and reply.live_message_id is None:
             # The streamed message becomes the answer (also after a restart): edited, not doubled.
@@ -864,7 +867,10 @@ class Bridge:
             return f"Started a new conversation ({thread}). The previous one is kept on disk."
         if word == "/status":
             await self.agent.discover()  # what the server says now (bounded; never fails /status)
-            return await self.agent.status_text(chat, self.model_label)
+            text = await self.agent.status_text(chat, self.model_label)
+            channel = self.channels.get(message.channel)
+            extra = await channel.status_lines(message.chat_id) if channel is not None else []
+            return "\n".join([text, *extra]) if extra else text
         if word == "/stop":
             # The running turn was cancelled when /stop arrived (see submit); this answers it.
             outcome = self._stops.pop(message.key, "idle")

@@ -243,7 +243,8 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
-    from talon.doctor_checks import model_url_row, settings_row, telegram_bot_row, twilio_account_row
+    from talon.doctor_checks import (model_url_row, settings_row, telegram_bot_row, twilio_account_row,
+                                     whatsapp_templates_row)
     from talon.speech.transcribe import Transcriber
 
     rows: list[tuple[str, str]] = [settings_row()]
@@ -291,6 +292,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         account = twilio_account_row(settings)
         if account is not None:
             rows.append(account)
+        rows.append(whatsapp_templates_row(settings))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     from talon.control.doctor import control_rows

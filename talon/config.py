@@ -66,6 +66,7 @@ class Limits:
     whatsapp_body_max: int = 1600
     whatsapp_media_max_bytes: int = 16 * MB
     whatsapp_image_max_bytes: int = 5 * MB
+    whatsapp_document_max_bytes: int = 100 * MB  # WhatsApp: documents up to 100 MB, other media 16 MB
     # A reply longer than this many messages goes as its head plus the whole text as reply.md.
     telegram_reply_max_messages: int = 8
     whatsapp_reply_max_messages: int = 5
@@ -260,6 +261,13 @@ class Settings(BaseSettings):
     whatsapp_insecure_no_signature: bool = Field(
         default=False, validation_alias=_env("TALON_WHATSAPP_INSECURE_NO_SIGNATURE")
     )
+    # Approved Twilio Content templates for when WhatsApp's 24-hour window is closed: a Content SID
+    # (HX...), optionally a space and a JSON object of fixed variables (channels/whatsapp/templates.py).
+    whatsapp_template_reopen: str = Field(default="", validation_alias=_env("TALON_WHATSAPP_TEMPLATE_REOPEN"))
+    whatsapp_template_reminder: str = Field(default="", validation_alias=_env("TALON_WHATSAPP_TEMPLATE_REMINDER"))
+    whatsapp_template_approval: str = Field(default="", validation_alias=_env("TALON_WHATSAPP_TEMPLATE_APPROVAL"))
+    # Messages waiting for the window are dropped (with a log line) after this many days.
+    whatsapp_pending_days: float = Field(default=7.0, gt=0, validation_alias=_env("TALON_WHATSAPP_PENDING_DAYS"))
     public_base_url: str = Field(default="", validation_alias=_env("TALON_PUBLIC_BASE_URL"))
     http_host: str = Field(default="127.0.0.1", validation_alias=_env("TALON_HTTP_HOST"))
     http_port: int = Field(default=8080, validation_alias=_env("TALON_HTTP_PORT"))

@@ -103,3 +103,22 @@ def twilio_account_row(settings: Settings) -> tuple[str, str] | None:
     if status != "active":
         return "twilio account", f"FAILED: the account {sid} is {status}, not active: see the Twilio console"
     return "twilio account", f"ok: {account.friendly_name or sid} ({status})"
+
+
+def whatsapp_templates_row(settings: Settings) -> tuple[str, str]:
+    """Which Content templates are set for WhatsApp's 24-hour window (channels/whatsapp/templates.py)."""
+    from channels.whatsapp.templates import SETTINGS, parse_template
+
+    named: list[str] = []
+    for purpose in SETTINGS:
+        try:
+            template = parse_template(purpose, getattr(settings, f"whatsapp_template_{purpose}"))
+        except ConfigError as exc:
+            return "whatsapp templates", f"FAILED: {exc}"
+        if template is not None:
+            named.append(f"{purpose} {template.sid}")
+    if not any(n.startswith("reopen ") for n in named):
+        return ("whatsapp templates", "MISSING: no TALON_WHATSAPP_TEMPLATE_REOPEN: messages due outside WhatsApp's "
+                "24-hour window wait for the person to write, who is not told (docs/channels.md)"
+                + (f"; set: {', '.join(named)}" if named else ""))
+    return "whatsapp templates", "ok: " + ", ".join(named)

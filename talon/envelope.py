@@ -45,6 +45,7 @@ class ScheduledRun(BaseModel):
 
     task_id: str
     due: float  # when the run was due (epoch seconds)
+    task_text: str = ""  # what the task says, as its owner wrote it ("" in runs queued before it was kept)
 
 
 class InboundMessage(BaseModel):
@@ -125,6 +126,9 @@ class OutboundReply:
     # The message that showed this answer while it was written (streamed, then edited): the
     # reply's first text part edits it instead of sending a new message.
     live_message_id: str | None = None
+    # The text of the scheduled task this reply answers (None for a person's message): a channel
+    # that may not speak first freely (WhatsApp outside its 24-hour window) puts it in a reminder.
+    scheduled_task: str | None = None
 
 
 @dataclass

@@ -66,6 +66,8 @@ class Metrics:
                                   registry=r)
         self.delivery_retries = Counter("talon_delivery_retries", "Delivery attempts retried after a transient "
                                         "failure.", ["channel"], registry=r)
+        self.delivery_statuses = Counter("talon_delivery_statuses", "Delivery receipts the platform reported "
+                                         "(WhatsApp status callbacks), by status.", ["channel", "status"], registry=r)
         self.approvals = Counter("talon_approvals", "Approval decisions.", ["kind", "outcome"], registry=r)
         self.cap_refusals = Counter("talon_cap_refusals", "Model calls not made because a cap was reached.",
                                     ["scope"], registry=r)

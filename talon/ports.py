@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from talon.config import Limits
 from talon.content import InboundFile
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
+from talon.metrics import Metrics
 from talon.storage.attachments import AttachmentStore
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class ApprovalAnswers(Protocol):
 
     async def settle(self, prompter: Prompter, approval: Approval) -> None: ...
 
+    async def get(self, approval_id: str) -> Approval | None: ...
+
 
 class ApprovalsHost(Protocol):
     """The part of ``talon.control.Control`` a channel reaches: its approvals."""
@@ -71,6 +74,9 @@ class BridgeHandle(Protocol):
 
     @property
     def control(self) -> ApprovalsHost | None: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
     async def submit(self, message: InboundMessage) -> bool:
         """Persist and queue a message; False when it is a duplicate (already seen)."""
@@ -155,6 +161,10 @@ class Channel(abc.ABC):
     async def settle_approval(self, approval: Approval, text: str) -> None:
         """Show how an approval ended (approved, denied, no answer, stopped) and who decided."""
         await self.deliver(approval.platform_chat, OutboundReply(text=text, thread_id=approval.thread_id))
+
+    async def status_lines(self, chat_id: str) -> list[str]:
+        """Lines the channel adds to ``/status`` for this chat (the platform's own state); none by default."""
+        return []
 
     async def drain(self) -> None:  # noqa: B027 - optional
         """Before Talon's HTTP server stops: let the platform finish fetching what was sent."""

@@ -515,7 +515,9 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
 
         # Raises ConfigError (naming the settings) when webhooks could not be verified.
         channels.append(WhatsAppChannel(settings, http=http,
-                                        links=stores.links if stores is not None else None))
+                                        links=stores.links if stores is not None else None,
+                                        state=stores.whatsapp if stores is not None else None,
+                                        worker_id=stores.worker_id if stores is not None else ""))
     return channels
 
 

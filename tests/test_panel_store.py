@@ -1,4 +1,4 @@
-"""The web panel's store: one behaviour, embedded SQLite and a real PostgreSQL (schema script 9), so
+"""The web panel's store: one behaviour, embedded SQLite and a real PostgreSQL (schema script 10), so
 any worker of a scaled-out Talon serves any panel request from the same state."""
 
 from __future__ import annotations

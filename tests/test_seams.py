@@ -103,7 +103,7 @@ def _satisfies(cls: type, protocol: type) -> list[str]:
 
 def test_a_bridge_is_what_the_channels_handle_says() -> None:
     # mypy checks the same in talon/bridge.py (_a_bridge_is_a_handle); this says it at test time.
-    assert _members(BridgeHandle) == {"gate", "control", "submit", "idle"}
+    assert _members(BridgeHandle) == {"gate", "control", "metrics", "submit", "idle"}
     assert _satisfies(Bridge, BridgeHandle) == []
     assert _satisfies(AccessGate, SenderGate) == []
     assert _satisfies(Approvals, ApprovalAnswers) == []
@@ -113,8 +113,8 @@ def test_a_bridge_is_what_the_channels_handle_says() -> None:
             return True
 
     problems = _satisfies(NotABridge, BridgeHandle)
-    assert problems[:3] == ["control: missing", "gate: missing", "idle: missing"]
-    assert len(problems) == 4 and problems[3].startswith("submit: parameters")
+    assert problems[:4] == ["control: missing", "gate: missing", "idle: missing", "metrics: missing"]
+    assert len(problems) == 5 and problems[4].startswith("submit: parameters")
 
 
 def _mentions_any(hint: object) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from channels.whatsapp_media import reencode_image
+from channels.whatsapp.media import reencode_image
 from talon.config import Limits
 from talon.media import MarkdownMediaRef, outbound_channel_media
 from tests.test_media_edge_cases import _odd_exif

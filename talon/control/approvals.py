@@ -460,6 +460,10 @@ class Approvals:
             event.set()
         return Answer("decided", decided, note="Approved." if status == "approved" else "Denied.")
 
+    async def get(self, approval_id: str) -> Approval | None:
+        """The approval as stored now (a channel checks a button's binding against it)."""
+        return await self.store.get(approval_id)
+
     async def answer_reply(self, channel: str, chat_id: str, person: str, name: str,
                            choice: Choice, username: str | None = None) -> Answer | None:
         """A yes/no reply in a conversation: it answers the oldest approval waiting there; None

@@ -395,7 +395,7 @@ class Scheduler:
                 "message from the person: do what the task says; your answer is sent to the chat.]")
         return origin.model_copy(update={
             "message_id": f"task-{task.id}-{round(due * 1000)}", "text": f"{note}\n{task.text}",
-            "received_at": self.clock(), "scheduled": ScheduledRun(task_id=task.id, due=due)})
+            "received_at": self.clock(), "scheduled": ScheduledRun(task_id=task.id, due=due, task_text=task.text)})
 
     async def _submit(self, task: Task, due: float) -> int:
         if self.bridge is None:

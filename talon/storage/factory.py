@@ -26,6 +26,7 @@ from talon.storage.approvals import ApprovalStore
 from talon.storage.sqlite import SqliteRunner
 from talon.storage.tasks import TaskStore
 from talon.storage.usage import UsageStore
+from talon.storage.whatsapp import WhatsAppStore
 
 if TYPE_CHECKING:  # psycopg (11 MB) is imported only with TALON_DATABASE_URL
     from talon.storage.panel import PanelStore
@@ -50,6 +51,8 @@ class Stores:
     # Control (talon.control): model usage and approvals; the embedded ones share ``control_db``.
     usage: UsageStore
     approvals: ApprovalStore
+    # WhatsApp's window, waiting messages and receipts (channels.whatsapp); None: not opened yet.
+    whatsapp: WhatsAppStore | None = None
     control_db: SqliteRunner | None = None
     panel: "PanelStore | None" = None  # the web panel's (talon.ui): sign-in, audit log, chat index
     adb: AsyncDatabase | None = None  # None: embedded
@@ -86,7 +89,9 @@ class Stores:
             await self.tasks.aclose()
         except Exception:
             log.exception("closing the task store failed")
-        for store in (self.inbox, self.gate, self.sessions, self.attachments):
+        for store in (self.inbox, self.gate, self.sessions, self.attachments, self.whatsapp):
+            if store is None:
+                continue
             try:
                 await store.close()
             except Exception:
@@ -135,6 +140,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.sessions import JsonlSessions
         from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
         from talon.storage.embedded.tasks import SqliteTaskStore
+        from talon.storage.embedded.whatsapp import SqliteWhatsAppStore
         from talon.storage.embedded.panel import SqlitePanelStore
 
         control = open_control_db(settings.data_dir / "control.sqlite3")
@@ -149,6 +155,8 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             usage=SqliteUsageStore(control),
             approvals=SqliteApprovalStore(control),
             control_db=control,
+            whatsapp=SqliteWhatsAppStore(settings.data_dir / "whatsapp.sqlite3")
+            if settings.whatsapp_configured() else None,
             panel=SqlitePanelStore(control),
         )
     from talon.storage.postgres.access import PgPairing
@@ -160,6 +168,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.media_links import PgMediaLinks
     from talon.storage.postgres.sessions import PgSessions
     from talon.storage.postgres.tasks import PgTaskStore
+    from talon.storage.postgres.whatsapp import PgWhatsAppStore
     from talon.storage.postgres.panel import PgPanelStore
 
     db = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
@@ -174,6 +183,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         tasks=PgTaskStore(db),
         usage=PgUsageStore(db),
         approvals=PgApprovalStore(db),
+        whatsapp=PgWhatsAppStore(db),
         panel=PgPanelStore(db),
         adb=db,
         leases=PgLeases(db, worker, settings.lease_s),

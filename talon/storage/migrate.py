@@ -4,7 +4,8 @@ What is copied from ``TALON_DATA_DIR``: the inbox (every row, done or pending, s
 pending work carry over), the sessions (every thread of every chat, checkpoints included, and
 which thread is current), access (approvals, live pairing codes, the code-reply log), scheduled
 tasks (with their runs and each chat's time zone), control (model usage, grants, tool-call
-approvals) and the attachments (streamed in chunks). Everything is keyed, so running it again copies only what is
+approvals), WhatsApp's state (each chat's window, the messages waiting for it in order, the sent
+messages' receipts and live approval-button tokens) and the attachments (streamed in chunks). Everything is keyed, so running it again copies only what is
 missing: the inbox by message key, session lines by (chat, thread, line number), attachments by
 sha256. Afterwards every item is checked on the database side: the inbox keys, a sha256 over each
 thread's lines, the access rows, and each attachment's bytes hashed again as read back.
@@ -29,6 +30,7 @@ from talon.storage.postgres.attachments import PgAttachments
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.postgres.schema import migrate_schema
 from talon.storage.tasks import TASK_COLUMNS
+from talon.storage.whatsapp import SENT_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport
         await _tasks(data_dir / "tasks.sqlite3", db),
         await _attachments(data_dir / "attachments", db, data_dir),
         await _control(data_dir / "control.sqlite3", db),
+        await _whatsapp(data_dir / "whatsapp.sqlite3", db),
     ])
 
 
@@ -288,6 +291,39 @@ async def _tasks(path: Path, db: AsyncDatabase) -> StoreReport:
         ("talon_task_runs", "task_id = %s AND due_ms = %s", [(r[0], r[1]) for r in runs]),
         ("talon_chat_zones", "channel = %s AND chat_id = %s", [(r[0], r[1]) for r in zones])]
     await _verify(db, report, checks)
+    return report
+
+
+async def _whatsapp(path: Path, db: AsyncDatabase) -> StoreReport:
+    report = StoreReport("whatsapp (window, waiting messages, receipts)")
+    read = await asyncio.to_thread(
+        _read_sqlite, path, "SELECT chat_id, last_inbound, last_read, last_refused FROM wa_windows",
+        "SELECT chat_id, created, payload FROM wa_pending ORDER BY id",
+        f"SELECT {SENT_COLUMNS} FROM wa_sent", "SELECT token, choice, approval_id, digest, chat_id, expires FROM wa_tokens")
+    if read is None:
+        return report
+    windows, pending, sent, tokens = read
+    report.found = len(windows) + len(pending) + len(sent) + len(tokens)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_wa_windows (chat_id, last_inbound, last_read, last_refused) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING", windows)
+    # No key of their own: a part already copied (same chat, time and payload) is not copied again;
+    # in their order, so the new ids keep it.
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_wa_pending (chat_id, created, payload) SELECT %s, %s, %s WHERE NOT EXISTS "
+            "(SELECT 1 FROM talon_wa_pending WHERE chat_id = %s AND created = %s AND payload = %s)",
+        [(c, t, p, c, t, p) for c, t, p in pending])
+    report.copied += await _insert_all(
+        db, f"INSERT INTO talon_wa_sent ({SENT_COLUMNS}) VALUES ({', '.join(['%s'] * 10)}) ON CONFLICT DO NOTHING",
+        [(*r[:9], bool(r[9])) for r in sent])
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_wa_tokens (token, choice, approval_id, digest, chat_id, expires) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", tokens)
+    await _verify(db, report, [
+        ("talon_wa_windows", "chat_id = %s", [(r[0],) for r in windows]),
+        ("talon_wa_pending", "chat_id = %s AND created = %s AND payload = %s", [tuple(r) for r in pending]),
+        ("talon_wa_sent", "sid = %s", [(r[0],) for r in sent]),
+        ("talon_wa_tokens", "token = %s", [(r[0],) for r in tokens])])
     return report
 
 

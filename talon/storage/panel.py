@@ -11,7 +11,7 @@ trigger on the usage table keeps.
 
 Implementations: ``talon.storage.embedded.panel.SqlitePanelStore`` (tables in the embedded
 ``control.sqlite3``, beside usage and approvals, so one query can join them) and
-``talon.storage.postgres.panel.PgPanelStore`` (schema script 9). Both share the SQL below
+``talon.storage.postgres.panel.PgPanelStore`` (schema script 10). Both share the SQL below
 (``SqlPanelQueries``); only the placeholders and table names differ.
 """
 

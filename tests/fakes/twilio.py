@@ -17,26 +17,42 @@ Point the client at it with ``TWILIO_API_BASE_URL=fake.base_url``. What it imita
   account with media authentication on. It can answer with a redirect to a CDN-style path on the
   fake (no auth needed there, like a pre-signed URL) or to any URL, to test redirect checks.
 
+- WhatsApp's 24-hour window: ``close_window(number)`` makes the fake refuse free-form messages to
+  that number with 63016, as Twilio does outside the window; a message from the person
+  (``inbound_params``) opens it again. Content templates (``ContentSid``, ``HX`` and 32 hex digits,
+  with ``ContentVariables``, a JSON object of at most 100 string values) go through whatever the
+  window; ``ContentVariables`` without ``ContentSid`` is 21654, malformed ones 21656.
+- Status callbacks: with ``callbacks_to(public_base, local_base)`` every accepted message that names
+  a ``StatusCallback`` under ``public_base`` gets signed callbacks (X-Twilio-Signature over the public
+  URL, with MessageSid, MessageStatus, ErrorCode, To, From, AccountSid; like Twilio, none for the
+  initial ``queued``) posted to the same path on
+  ``local_base``: ``sent`` then ``delivered`` unless ``statuses_next`` scripts others (``failed``
+  with an error code). ``callbacks`` records what was posted and answered.
+
 Everything received is recorded (``messages``, ``media_fetches``); failures are scripted with
 ``fail_next``. ``inbound_params`` and ``sign`` build signed incoming-message webhooks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import email.utils
 import itertools
+import json
+import re
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+import aiohttp
 from aiohttp import web
 from twilio.request_validator import RequestValidator
 
 from tests.fakes import LoopbackServer
 
-__all__ = ["FakeTwilio", "MediaFetch", "SentMessage"]
+__all__ = ["Callback", "FakeTwilio", "MediaFetch", "SentMessage"]
 
 API_VERSION = "2010-04-01"
 BODY_LIMIT = 1600
@@ -78,6 +94,25 @@ class SentMessage:
     def ok(self) -> bool:
         return self.status == 201
 
+    @property
+    def content_sid(self) -> str | None:
+        return (self.fields.get("ContentSid") or [None])[0]
+
+    @property
+    def content_variables(self) -> dict[str, str]:
+        raw = (self.fields.get("ContentVariables") or [""])[0]
+        return json.loads(raw) if raw else {}
+
+
+@dataclass(frozen=True)
+class Callback:
+    """One status callback the fake posted, and Talon's answer."""
+
+    sid: str
+    status: str
+    error_code: int | None
+    answered: int
+
 
 @dataclass(frozen=True)
 class MediaFetch:
@@ -117,6 +152,11 @@ class FakeTwilio(LoopbackServer):
         self._media: dict[str, _Media] = {}
         self._cdn: dict[str, _Media] = {}
         self._seq = itertools.count(1)
+        self._closed: set[str] = set()  # numbers (digits) whose 24-hour window the fake holds closed
+        self._callback_map: tuple[str, str] | None = None
+        self._statuses: deque[tuple[tuple[str, ...], int | None, Callable[[dict[str, list[str]]], bool] | None]] = deque()
+        self.callbacks: list[Callback] = []
+        self._posting: set[asyncio.Task[None]] = set()
 
     @property
     def base_url(self) -> str:
@@ -146,6 +186,39 @@ class FakeTwilio(LoopbackServer):
         with self._cond:
             self._failures.append(failure)
 
+    def close_window(self, number: str) -> None:
+        """Refuse free-form messages to ``number`` with 63016 until the person writes."""
+        with self._cond:
+            self._closed.add(_digits(number))
+
+    def open_window(self, number: str) -> None:
+        with self._cond:
+            self._closed.discard(_digits(number))
+
+    def callbacks_to(self, public_base: str, local_base: str) -> None:
+        """Post status callbacks for StatusCallback URLs under ``public_base`` to ``local_base``."""
+        self._callback_map = (public_base.rstrip("/"), local_base.rstrip("/"))
+
+    def statuses_next(self, *statuses: str, error_code: int | None = None,
+                      when: Callable[[dict[str, list[str]]], bool] | None = None) -> None:
+        """The callbacks of the next accepted message (matching ``when``): e.g. ``("sent", "failed")``."""
+        with self._cond:
+            self._statuses.append((statuses, error_code, when))
+
+    def _callbacks(self, n: int) -> Callable[[], list[Callback] | None]:
+        def check() -> list[Callback] | None:
+            with self._cond:
+                return list(self.callbacks) if len(self.callbacks) >= n else None
+
+        return check
+
+    async def wait_for_callbacks(self, n: int, timeout: float = 20.0) -> list[Callback]:
+        """Wait until ``n`` status callbacks were posted and answered."""
+        return await self._wait_until(self._callbacks(n), timeout, lambda: f"waited for {n} callbacks; got {self.callbacks}")
+
+    def wait_for_callbacks_sync(self, n: int, timeout: float = 20.0) -> list[Callback]:
+        return self._wait_until_sync(self._callbacks(n), timeout, lambda: f"waited for {n} callbacks; got {self.callbacks}")
+
     def add_media(self, data: bytes, content_type: str, *, redirect: bool | str = False,
                   message_sid: str | None = None) -> str:
         """Register inbound media; returns its MediaUrl.
@@ -172,9 +245,11 @@ class FakeTwilio(LoopbackServer):
                        media: Sequence[tuple[str, str]] = (), message_sid: str | None = None,
                        profile_name: str = "Test User", account_sid: str | None = None,
                        **extra: str) -> dict[str, str]:
-        """The form Twilio POSTs for an incoming WhatsApp message (``media``: (url, type) pairs)."""
+        """The form Twilio POSTs for an incoming WhatsApp message (``media``: (url, type) pairs).
+        The person wrote: their 24-hour window is open from now."""
         sid = message_sid or _sid("SM" if not media else "MM")
         number = from_.removeprefix("whatsapp:")
+        self.open_window(number)
         params = {
             "SmsMessageSid": sid,
             "NumMedia": str(len(media)),
@@ -287,6 +362,8 @@ class FakeTwilio(LoopbackServer):
         self._notify()
         if status != 201:
             return self._error(status, code, text)
+        assert sid is not None
+        self._post_callbacks(sid, fields)
         now = time.time()
         return web.json_response({
             "account_sid": account,
@@ -331,7 +408,21 @@ class FakeTwilio(LoopbackServer):
             return 400, 21604, "A 'To' phone number is required."
         if not from_:
             return 400, 21603, "A 'From' phone number is required."
-        if not body and not media:
+        content_sid = (fields.get("ContentSid") or [""])[0]
+        variables = (fields.get("ContentVariables") or [""])[0]
+        if variables and not content_sid:
+            return 400, 21654, "A ContentSid must be specified if ContentVariables are provided in the request."
+        if content_sid and not re.fullmatch(r"HX[0-9a-fA-F]{32}", content_sid):
+            return 400, 21655, "The ContentSid is Invalid."
+        if variables:
+            try:
+                parsed = json.loads(variables)
+            except ValueError:
+                parsed = None
+            if (not isinstance(parsed, dict) or len(parsed) > 100
+                    or not all(isinstance(v, str) and len(v) <= 1024 for v in parsed.values())):
+                return 400, 21656, "The Content Variables parameter is invalid."
+        if not body and not media and not content_sid:
             return 400, 21602, "Message body is required."
         if len(body) > BODY_LIMIT:
             return 400, 21617, "The concatenated message body exceeds the 1600 character limit."
@@ -343,7 +434,52 @@ class FakeTwilio(LoopbackServer):
             return 400, 21620, "Invalid media URL(s)"
         if to.startswith("whatsapp:") and len(media) > 1:
             return 400, 21620, "A WhatsApp message can carry only one media item"
+        if to.startswith("whatsapp:") and not content_sid:
+            with self._cond:
+                closed = _digits(to) in self._closed
+            if closed:
+                return 400, 63016, ("Failed to send freeform message because you are outside the allowed window. "
+                                    "If you want to send messages outside this window, use a Template.")
         return None
+
+    def _post_callbacks(self, sid: str, fields: dict[str, list[str]]) -> None:
+        url = (fields.get("StatusCallback") or [""])[0]
+        mapping = self._callback_map
+        if not url or mapping is None or not url.startswith(mapping[0] + "/"):
+            return
+        statuses: tuple[str, ...] = ("sent", "delivered")
+        code: int | None = None
+        with self._cond:
+            for scripted in list(self._statuses):
+                if scripted[2] is None or scripted[2](fields):
+                    self._statuses.remove(scripted)
+                    statuses, code = scripted[0], scripted[1]
+                    break
+        local = mapping[1] + url[len(mapping[0]):]
+        to = (fields.get("To") or [""])[0]
+        task = asyncio.get_running_loop().create_task(self._post_all(url, local, sid, to, statuses, code))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _post_all(self, public: str, local: str, sid: str, to: str, statuses: tuple[str, ...],
+                        code: int | None) -> None:
+        async with aiohttp.ClientSession() as session:
+            for status in statuses:
+                form = {"MessageSid": sid, "SmsSid": sid, "MessageStatus": status, "SmsStatus": status,
+                        "AccountSid": self.account_sid, "From": self.whatsapp_from, "To": to,
+                        "ApiVersion": API_VERSION, "ChannelPrefix": "whatsapp"}
+                if status in ("failed", "undelivered") and code is not None:
+                    form["ErrorCode"] = str(code)  # Twilio sends the code alone, no words
+                headers = {"X-Twilio-Signature": self.sign(public, form)}
+                try:
+                    async with session.post(local, data=form, headers=headers) as resp:
+                        answered = resp.status
+                except aiohttp.ClientError:
+                    answered = 0
+                with self._cond:
+                    self.callbacks.append(Callback(sid, status, code if status in ("failed", "undelivered") else None,
+                                                   answered))
+                self._notify()
 
     async def _handle_media(self, request: web.Request) -> web.StreamResponse:
         authorized = self._authorized(request, request.match_info["account"])
@@ -375,6 +511,10 @@ class FakeTwilio(LoopbackServer):
         with self._cond:
             self.media_fetches.append(MediaFetch(path, authorized, status, time.monotonic()))
         self._notify()
+
+
+def _digits(x: str) -> str:
+    return "".join(c for c in x if c.isdigit())
 
 
 def _same_number(a: str, b: str) -> bool:

@@ -1,0 +1,1 @@
+"""Helpers shared by test files (never imported from a test_*.py file)."""

@@ -1,4 +1,4 @@
-"""The panel's store in PostgreSQL (schema script 9): see ``talon.storage.panel``."""
+"""The panel's store in PostgreSQL (schema script 10): see ``talon.storage.panel``."""
 
 from __future__ import annotations
 

@@ -152,7 +152,29 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE talon_usage ADD COLUMN estimated BOOLEAN NOT NULL DEFAULT false;
     ALTER TABLE talon_usage ADD COLUMN extra_share BOOLEAN NOT NULL DEFAULT false;
     """,
-    # 9: the web panel (talon.storage.panel): sign-in sessions and links, failed sign-ins, its
+    # 9: WhatsApp's 24-hour window, the messages waiting for it, delivery receipts and one-time
+    # approval-button tokens (talon.storage.whatsapp).
+    """
+    CREATE TABLE talon_wa_windows (
+        chat_id TEXT PRIMARY KEY, last_inbound DOUBLE PRECISION, last_read DOUBLE PRECISION,
+        holder TEXT, until DOUBLE PRECISION, last_refused DOUBLE PRECISION
+    );
+    CREATE TABLE talon_wa_pending (
+        id BIGSERIAL PRIMARY KEY, chat_id TEXT NOT NULL, created DOUBLE PRECISION NOT NULL, payload TEXT NOT NULL
+    );
+    CREATE INDEX talon_wa_pending_chat ON talon_wa_pending (chat_id, id);
+    CREATE TABLE talon_wa_sent (
+        sid TEXT PRIMARY KEY, chat_id TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+        sent_at DOUBLE PRECISION NOT NULL, status TEXT NOT NULL, error_code INTEGER,
+        error_message TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL, retried BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE INDEX talon_wa_sent_failed ON talon_wa_sent (chat_id, updated) WHERE status IN ('failed', 'undelivered');
+    CREATE TABLE talon_wa_tokens (
+        token TEXT PRIMARY KEY, choice TEXT NOT NULL, approval_id TEXT NOT NULL, digest TEXT NOT NULL,
+        chat_id TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX talon_wa_tokens_approval ON talon_wa_tokens (approval_id);
+    # 10: the web panel (talon.storage.panel): sign-in sessions and links, failed sign-ins, its
     # audit log, and the chat index its lists read.
     """
     CREATE TABLE talon_panel_sessions (

@@ -1,7 +1,7 @@
 """Fit one outbound file to what WhatsApp (through Twilio) can carry.
 
-WhatsApp plays a narrow set of types, one media item per message, at most 16 MB each and 5 MB for
-images. ``fit_for_whatsapp`` takes a file that already passed the media-root checks (an
+WhatsApp plays a narrow set of types, one media item per message, at most 16 MB each (5 MB for
+images, 100 MB for documents). ``fit_for_whatsapp`` takes a file that already passed the media-root checks (an
 ``OutboundMedia``, read through its open file, never reopened by path) and decides how it goes:
 
 - image: JPEG/PNG within 5 MB as is; anything else that is an image (WebP, BMP, a larger photo) is
@@ -65,10 +65,11 @@ def fit_for_whatsapp(media: OutboundMedia, limits: Limits, *, voice: bool = Fals
     if media.size == 0:
         raise MediaError("the file is empty")
     fitted = _fit(media, limits, voice)
-    if fitted.size > limits.whatsapp_media_max_bytes:
+    limit = limits.whatsapp_document_max_bytes if fitted.kind == "document" else limits.whatsapp_media_max_bytes
+    if fitted.size > limit:
         raise MediaTooLarge(
-            f"it is {fitted.size / MB:.1f} MB, over WhatsApp's "
-            f"{limits.whatsapp_media_max_bytes / MB:.0f} MB limit per message"
+            f"it is {fitted.size / MB:.1f} MB, over WhatsApp's {limit / MB:.0f} MB limit for "
+            f"{'a document' if fitted.kind == 'document' else 'media'}"
         )
     return fitted
 
