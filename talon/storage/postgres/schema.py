@@ -174,6 +174,7 @@ MIGRATIONS: tuple[str, ...] = (
         chat_id TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL
     );
     CREATE INDEX talon_wa_tokens_approval ON talon_wa_tokens (approval_id);
+    """,
     # 10: the web panel (talon.storage.panel): sign-in sessions and links, failed sign-ins, its
     # audit log, and the chat index its lists read.
     """
