@@ -299,6 +299,29 @@ async def test_web_chat_takes_a_pasted_image_with_a_caption_and_refuses_what_it_
             # Each image in the draft can be removed.
             page.click("#thumbs figure button")
             result["after_remove"] = page.locator("#thumbs figure").count()
+            tab.clean()  # nothing wrong so far
+            # The CSP is what keeps every page to Talon: an image from elsewhere and an inline
+            # script put into the page are both refused by the browser, and nothing leaves.
+            with page.expect_event("requestfailed", lambda r: "example.org" in r.url):
+                result["blocked"] = page.evaluate("""() => new Promise(done => {
+                    const seen = [];
+                    document.addEventListener("securitypolicyviolation", e => {
+                        seen.push(e.violatedDirective);
+                        if (seen.length === 2) done(seen.sort());
+                    });
+                    const img = document.createElement("img");
+                    img.src = "https://example.org/tracker.png";
+                    document.body.append(img);
+                    const script = document.createElement("script");
+                    script.textContent = "window.ran = true";
+                    document.body.append(script);
+                })""")
+            result["ran"] = page.evaluate("() => window.ran === true")
+            result["foreign"] = list(tab.foreign)
+            result["refused"] = list(tab.blocked)
+            # The two violations just provoked are logged as console errors: those, and nothing else.
+            assert tab.errors and all("Content Security Policy" in e for e in tab.errors), tab.errors
+            tab.errors.clear()
             tab.clean()
             return result
 
@@ -309,6 +332,8 @@ async def test_web_chat_takes_a_pasted_image_with_a_caption_and_refuses_what_it_
         assert "huge.png" in seen["big_error"] and "MiB" in seen["big_error"]
         assert seen["draft"] == "keep this draft" and seen["thumbs"] == 1 and seen["after_remove"] == 0
         assert seen["highlighted"]  # the drop target was highlighted while dragging, not after
+        assert seen["blocked"] == ["img-src", "script-src-elem"] and not seen["ran"]
+        assert seen["foreign"] == seen["refused"] == ["https://example.org/tracker.png"]  # refused, never sent
         assert len(llm.requests) == 1  # neither refusal reached the model
 
         # The image's URL answers nothing without a session.
