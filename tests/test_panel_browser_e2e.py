@@ -112,7 +112,24 @@ async def test_sign_in_and_see_a_chat_with_its_photo_and_voice_note_and_the_repo
             tab.shot("chat_image_dialog")
             page.keyboard.press("Escape")
             page.wait_for_selector("dialog#viewer:not([open])", state="attached")
-            return {"box": box, "natural": natural, "transcript": transcript}
+            # The stored object gone: the page shows a placeholder that tries again when clicked.
+            sha = str(page.get_attribute("img.thumb", "src")).rsplit("/", 1)[1]
+            held = {p: p.read_bytes() for p in (tmp_path / "data" / "attachments").rglob(f"*{sha}*") if p.is_file()}
+            assert held
+            for path in held:
+                path.unlink()
+            page.reload()
+            page.wait_for_selector(".placeholder")
+            placeholder = page.inner_text(".placeholder")
+            tab.shot("chat_missing_image")
+            assert tab.errors and all("503" in e for e in tab.errors), tab.errors  # the answer for it
+            tab.errors.clear()
+            for path, data in held.items():
+                path.write_bytes(data)
+            page.click(".placeholder")
+            page.wait_for_function("() => { const i = document.querySelector('img.thumb'); "
+                                   "return i && i.complete && i.naturalWidth > 0; }")
+            return {"box": box, "natural": natural, "transcript": transcript, "placeholder": placeholder}
 
         seen = await chromium.run(look)
         # Live: a message that arrives while the page is open appears without a reload.
@@ -136,6 +153,7 @@ async def test_sign_in_and_see_a_chat_with_its_photo_and_voice_note_and_the_repo
         seen.update(await chromium.run(live_and_pages))
         await chromium.run(tab.close)
     assert seen["transcript"] == "remind me to water the plants"
+    assert "image unavailable" in seen["placeholder"] and "retry" in seen["placeholder"]
     box, (width, height) = seen["box"], seen["natural"]
     assert box["width"] <= 240 and box["height"] <= 240
     assert abs(box["width"] / box["height"] - width / height) < 0.02  # the aspect is kept

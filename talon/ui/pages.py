@@ -163,17 +163,24 @@ class Pages:
             refs.update(await self.panel.webchat.referenced(key))
         if sha not in refs:
             raise web.HTTPNotFound(text="no such attachment in this chat")
+        unreadable = web.Response(status=503, text="the attachment could not be read; try again\n",
+                                  headers={"Retry-After": "5"})
+        tag = f'"{sha}"'  # content-addressed: the bytes behind a name never change
+        if request.headers.get("If-None-Match") == tag:
+            # The browser has the bytes; it asks again each time, so a lost object is noticed.
+            return web.Response(status=304, headers={"ETag": tag}) if await self.runtime.store.exists(sha) \
+                else unreadable
         try:
             data = await self.runtime.store.read_bytes(sha)
         except Exception as exc:
             log.warning("ui: attachment %s of %s could not be read: %s", sha[:12], key, exc)
-            return web.Response(status=503, text="the attachment could not be read; try again\n",
-                                headers={"Retry-After": "5"})
+            return unreadable
         mime = refs[sha]
         inline = mime in ("image/png", "image/jpeg", "image/webp", "image/gif")
         response = web.Response(body=data, content_type=mime if inline else "application/octet-stream")
         response.headers["Content-Disposition"] = "inline" if inline else f'attachment; filename="{sha[:16]}"'
-        response.headers["Cache-Control"] = "private, max-age=3600"
+        response.headers["Cache-Control"] = "private, no-cache"
+        response.headers["ETag"] = tag
         response.headers["Content-Security-Policy"] = "default-src 'none'; sandbox"
         return response
 

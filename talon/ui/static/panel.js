@@ -16,9 +16,7 @@
     if (img) openViewer(img.dataset.full || img.src);
   });
   // A missing or damaged object: a placeholder that tries again when clicked.
-  document.addEventListener("error", (e) => {
-    const img = e.target;
-    if (!(img instanceof HTMLImageElement) || !img.classList.contains("thumb")) return;
+  function unavailable(img) {
     const ph = document.createElement("span");
     ph.className = "placeholder";
     ph.textContent = "image unavailable — click to retry";
@@ -28,7 +26,15 @@
       ph.replaceWith(again);
     });
     img.replaceWith(ph);
+  }
+  document.addEventListener("error", (e) => {
+    const img = e.target;
+    if (img instanceof HTMLImageElement && img.classList.contains("thumb")) unavailable(img);
   }, true);
+  // Images that failed before this script ran.
+  document.querySelectorAll("img.thumb").forEach((img) => {
+    if (img.complete && img.naturalWidth === 0) unavailable(img);
+  });
 
   // --- a conversation that grows while it is open -------------------------------------------------
   const box = document.getElementById("messages");
