@@ -298,6 +298,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from talon.control.doctor import control_rows
 
     rows += control_rows(settings)
+    from talon.ui.security import panel_row
+
+    rows.append(panel_row(settings))
     # Every check `talon run` makes before it starts (talon.preflight): a refusal there is a
     # problem here, named by its area, whether or not a row above showed it already.
     from talon.preflight import NO_CHANNEL, start_problems

@@ -95,3 +95,12 @@ def test_settings_rows_say_set_for_secrets_and_never_show_them(tmp_path: Path, m
     text = repr(rows)
     assert "secret-token-value" not in text and "pg-password-1" not in text
     assert "pg-password-1" in sec.secret_values(settings)
+
+
+def test_doctor_says_whether_the_panel_is_served_and_how_to_sign_in(tmp_path: Path) -> None:
+    base = dict(TALON_DATA_DIR=str(tmp_path / "d"), TALON_MEDIA_ROOT=str(tmp_path / "m"))
+    assert sec.panel_row(Settings(_env_file=None, **base))[1] == "off (the HTTP server does not run)"  # type: ignore[arg-type]
+    on = sec.panel_row(Settings(_env_file=None, TALON_UI="true", **base))[1]  # type: ignore[arg-type]
+    assert on.startswith("/ui/ on 127.0.0.1:8080") and "talon ui link" in on
+    open_net = Settings(_env_file=None, TALON_HTTP_PORT=9000, TALON_HTTP_HOST="0.0.0.0", **base)  # type: ignore[arg-type]
+    assert sec.panel_row(open_net)[1].startswith("off (no password")

@@ -113,6 +113,19 @@ def check_ui_settings(settings: Settings) -> None:
                           ["TALON_UI_PASSWORD_HASH"])
 
 
+def panel_row(settings: Settings) -> tuple[str, str]:
+    """``talon doctor``'s line about the web panel (whether it is served, how one signs in)."""
+    from talon.runtime import shared_http_server
+
+    runs = settings.ui is True or shared_http_server(settings) is not None
+    if not ui_enabled(settings, http_runs=runs):
+        why = "TALON_UI=false" if settings.ui is False else (
+            "no password and the HTTP server is not on loopback only" if runs else "the HTTP server does not run")
+        return "web panel", f"off ({why})"
+    how = "password (TALON_UI_PASSWORD_HASH)" if settings.ui_password_hash else "`talon ui link` (no password set)"
+    return "web panel", f"/ui/ on {settings.http_host}:{settings.http_port}; sign-in by {how}"
+
+
 def allowed_hosts(settings: Settings) -> frozenset[str]:
     """Host names (without port, lower case) the panel answers to."""
     hosts = {"127.0.0.1", "localhost", "::1"}
