@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from talon.agent.hooks import TurnHooks
 from talon.agent.loop import Agent
 from talon.bounded import BoundedMap
 from talon.storage.sessions import ChatKey
@@ -61,7 +62,7 @@ SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
-                       "/approvals", "/search"})
+                       "/approvals", "/search", "/skills", "/context"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -159,6 +160,9 @@ class Bridge:
         self._stops: BoundedMap[str, str] = BoundedMap("bridge_stops")  # /stop key -> "stopped", "idle" or "refused"
         self._workers: dict[ChatKey, asyncio.Task[None]] = {}
         self._asides: set[asyncio.Task[None]] = set()
+        # Told of every new message once the inbox has it (the web panel's chat index), in the
+        # background: a slow or failing observer never holds a message up.
+        self.observers: list[Callable[[InboundMessage], Awaitable[None]]] = []
         # Channels whose messages may be handled now. A chat's worker starts only once its channel
         # has started: a message recovered at start-up must not be downloaded or answered
         # through a channel whose clients do not exist yet.
@@ -196,6 +200,7 @@ class Bridge:
             log.info("duplicate message %s ignored", message.key)
             return False
         self.metrics.received.labels(message.channel).inc()
+        self._observe(message)
         if self._maybe_approval_reply(item):
             return True
         chat = conversation_key(message)
@@ -217,6 +222,11 @@ class Bridge:
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
+
+    def _observe(self, message: InboundMessage) -> None:
+        """Tell the observers of a new message (stored in the inbox, not a duplicate)."""
+        for observer in self.observers:
+            self._aside(_observed(observer, message))
 
     def _aside(self, work: Coroutine[Any, Any, None]) -> None:
         """Handle one message beside its conversation's worker (a refused /stop's answer)."""
@@ -692,6 +702,15 @@ class Bridge:
         hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else None
         guard = hooks.guard if hooks is not None and isinstance(hooks.guard, TurnGuard) else None
 
+        async def notice(line: str) -> None:
+            """One line in the chat about the turn's work (a delegation), outside the reply."""
+            try:
+                await channel.deliver(message.chat_id, OutboundReply(text=line, thread_id=message.thread_id))
+            except Exception as exc:  # a line of progress is not worth failing the turn for
+                log.warning("chat %s: a progress line could not be shown: %s", chat, exc)
+
+        hooks = dataclasses.replace(hooks or TurnHooks(), notice=notice)
+
         async def steer() -> list[Message]:
             joined = []
             # A message joins only if its sender may use the model now: a person at their cap
@@ -851,8 +870,10 @@ class Bridge:
         if word == "/start" or word == "/help":
             return ("Hi! I'm Talon. Send me text, photos, documents or voice notes.\n"
                     "/new starts a fresh conversation; /status shows the model and context use; "
+                    "/context shows what fills the model's context; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
-                    "/tasks lists scheduled tasks; /approvals lists the tools allowed without asking; "
+                    "/tasks lists scheduled tasks; /skills lists the skills I can load; "
+                    "/approvals lists the tools allowed without asking; "
                     "/search words finds earlier messages of this chat.")
         if word == "/new":
             thread = await self.agent.sessions.new_thread(chat)
@@ -872,6 +893,10 @@ class Bridge:
                 return ("Only the person who asked, an administrator of this group or an approver "
                         "can stop what I am doing.")
             return "Nothing to stop: I was not working on anything."
+        if word == "/skills":
+            return await self.agent.skills_text(chat)
+        if word == "/context":
+            return await self.agent.context_text(chat)
         if word == "/tasks":
             if self.scheduler is None:
                 return "Scheduled tasks are not available here."
@@ -962,3 +987,13 @@ def apology(exc: ProviderError) -> str:
 if TYPE_CHECKING:
     def _a_bridge_is_a_handle(bridge: Bridge) -> BridgeHandle:
         return bridge  # mypy: Bridge satisfies what channels may call on it (talon.ports)
+
+
+async def _observed(observer: Callable[[InboundMessage], Awaitable[None]], message: InboundMessage) -> None:
+    try:
+        await observer(message)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("message %s: an observer failed (%s: %s); the message goes on", message.key,
+                    type(exc).__name__, exc)

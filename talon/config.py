@@ -107,6 +107,11 @@ class Settings(BaseSettings):
     local_threads: int = Field(default=0, ge=0, validation_alias=_env("TALON_LOCAL_THREADS"))
     local_start_timeout_s: float = Field(default=300.0, gt=0, validation_alias=_env("TALON_LOCAL_START_TIMEOUT"))
     summary_model: str = Field(default="", validation_alias=_env("TALON_SUMMARY_MODEL"))
+    # Models tried in order when the one in use is down, times out, rate-limits or fails with a
+    # server error after its retries (comma-separated, each in TALON_MODEL's form); a failed
+    # model rests this many seconds before it is tried first again.
+    model_fallbacks: str = Field(default="", validation_alias=_env("TALON_MODEL_FALLBACKS"))
+    model_fallback_cooldown_s: float = Field(default=300.0, ge=0, validation_alias=_env("TALON_MODEL_FALLBACK_COOLDOWN"))
     turn_timeout_s: float = Field(default=900.0, gt=0, validation_alias=_env("TALON_TURN_TIMEOUT"))
     # The signs that a turn is under way (the acknowledgement reaction, the typing indicator, the
     # first live draft) wait this long: an answer ready sooner arrives without them.
@@ -136,6 +141,27 @@ class Settings(BaseSettings):
     protected_paths: str = Field(default=".git", validation_alias=_env("TALON_PROTECTED_PATHS"))
     # Wall-clock limit of one tool call (the shell has its own timeout, up to 600 s, on top).
     tool_timeout_s: float = Field(default=60.0, gt=0, validation_alias=_env("TALON_TOOL_TIMEOUT"))
+
+    # --- sub-agents (talon.agent.tools.delegate, docs/agent.md) -----------------------------------
+    # The delegate tool: a child agent with a fresh context. Its model (empty: the one in use),
+    # how deep delegation may go, children at once per chat, and one child's time limit.
+    subagents_enabled: bool = Field(default=True, validation_alias=_env("TALON_SUBAGENT"))
+    subagent_model: str = Field(default="", validation_alias=_env("TALON_SUBAGENT_MODEL"))
+    subagent_depth: int = Field(default=1, ge=1, le=3, validation_alias=_env("TALON_SUBAGENT_DEPTH"))
+    subagents: int = Field(default=3, ge=1, le=10, validation_alias=_env("TALON_SUBAGENTS"))
+    subagent_timeout_s: float = Field(default=600.0, gt=0, validation_alias=_env("TALON_SUBAGENT_TIMEOUT"))
+
+    # --- a lean prompt (talon.agent.tools.find_tools) ------------------------------------------------
+    # Share of the model's window the tool definitions may take; past it only the most used are
+    # sent, and find_tools finds the others.
+    tools_budget: float = Field(default=0.15, gt=0, le=1, validation_alias=_env("TALON_TOOLS_BUDGET"))
+
+    # --- skills (talon.agent.tools.skills, docs/skills.md) ---------------------------------------
+    # Skill folders shared by every chat, read-only for the agent (outside the media root); each
+    # chat's own live in its workspace under skills/.
+    skills_dir: Path | None = Field(default=None, validation_alias=_env("TALON_SKILLS_DIR"))
+    # Tokens the system prompt's list of skills (one line each) may take; the rest are named as left out.
+    skills_budget: int = Field(default=2_000, ge=100, validation_alias=_env("TALON_SKILLS_BUDGET"))
 
     # --- MCP servers and web fetch (talon.agent.tools.mcp, talon.agent.tools.web_fetch) ---------------------
     # The mcpServers JSON file; unset: mcp.json in the working directory (beside .env), if any.
@@ -174,6 +200,12 @@ class Settings(BaseSettings):
     media_root: Path = Field(default=Path("./media_root"), validate_default=True,
                              validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
+
+    @field_validator("ui", mode="before")
+    @classmethod
+    def _auto_ui(cls, value: object) -> object:
+        """TALON_UI= (empty) or auto: decided by the rule in ``talon.ui.security.ui_enabled``."""
+        return None if isinstance(value, str) and value.strip().lower() in ("", "auto") else value
 
     @field_validator("media_root")
     @classmethod
@@ -219,6 +251,63 @@ class Settings(BaseSettings):
     telegram_webhook_path: str = Field(
         default="/telegram/webhook", validation_alias=_env("TALON_TELEGRAM_WEBHOOK_PATH")
     )
+
+    # --- matrix (channels/matrix) --------------------------------------------------------------
+    # The homeserver's client-API address (also where tests and self-hosted servers point it).
+    matrix_homeserver: str = Field(default="", validation_alias=_env("MATRIX_HOMESERVER"))
+    matrix_user_id: str = Field(default="", validation_alias=_env("MATRIX_USER_ID"))
+    # One of the two: a token (preferred), or the password Talon logs in with at each start.
+    matrix_access_token: str = Field(default="", validation_alias=_env("MATRIX_ACCESS_TOKEN"))
+    matrix_password: str = Field(default="", validation_alias=_env("MATRIX_PASSWORD"))
+    # People allowed in direct messages (@user:server), and rooms served (!room:server).
+    matrix_allowed_users: str = Field(default="", validation_alias=_env("TALON_MATRIX_ALLOWED_USERS"))
+    matrix_allowed_rooms: str = Field(default="", validation_alias=_env("TALON_MATRIX_ALLOWED_ROOMS"))
+    matrix_room_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_MATRIX_ROOM_CONTEXT"))
+    # Live replies: the answer's message edited in place (m.replace) as it is written; at most one
+    # edit per interval.
+    matrix_streaming: bool = Field(default=True, validation_alias=_env("TALON_MATRIX_STREAMING"))
+    matrix_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                            validation_alias=_env("TALON_MATRIX_STREAM_INTERVAL"))
+    matrix_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_MATRIX_ACK_REACTION"))
+    # Seconds a homeserver request may take before it is given up (a sync waits 30 s more).
+    matrix_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_MATRIX_TIMEOUT"))
+
+    # --- slack (channels/slack) ----------------------------------------------------------------
+    slack_bot_token: str = Field(default="", validation_alias=_env("SLACK_BOT_TOKEN"))  # xoxb-...
+    # Events API over HTTP: requests are checked against this secret (and a 5-minute window).
+    slack_signing_secret: str = Field(default="", validation_alias=_env("SLACK_SIGNING_SECRET"))
+    # Socket Mode (no public URL needed): an app-level token (xapp-...) with connections:write.
+    slack_app_token: str = Field(default="", validation_alias=_env("SLACK_APP_TOKEN"))
+    # Slack's Web API address (tests and proxies point it elsewhere). Files are fetched only from
+    # this host or its "files." neighbour (files.slack.com for slack.com).
+    slack_api_base_url: str = Field(default="https://slack.com/api/", validation_alias=_env("SLACK_API_BASE_URL"))
+    slack_events_path: str = Field(default="/slack/events", validation_alias=_env("TALON_SLACK_EVENTS_PATH"))
+    # Member ids (U...) allowed in direct messages; channel ids (C.../G...) served.
+    slack_allowed_users: str = Field(default="", validation_alias=_env("TALON_SLACK_ALLOWED_USERS"))
+    slack_allowed_channels: str = Field(default="", validation_alias=_env("TALON_SLACK_ALLOWED_CHANNELS"))
+    slack_channel_context: int = Field(default=20, ge=0, le=200, validation_alias=_env("TALON_SLACK_CHANNEL_CONTEXT"))
+    slack_streaming: bool = Field(default=True, validation_alias=_env("TALON_SLACK_STREAMING"))
+    slack_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                           validation_alias=_env("TALON_SLACK_STREAM_INTERVAL"))
+    # A reaction name (without colons) set while a message is being answered; empty for none.
+    slack_ack_reaction: str = Field(default="eyes", validation_alias=_env("TALON_SLACK_ACK_REACTION"))
+    slack_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_SLACK_TIMEOUT"))
+
+    # --- discord (channels/discord) --------------------------------------------------------------
+    discord_bot_token: str = Field(default="", validation_alias=_env("DISCORD_BOT_TOKEN"))
+    # Discord's REST API address (tests and proxies point it elsewhere); the gateway's address comes
+    # from its GET /gateway/bot answer, as on the real platform.
+    discord_api_base_url: str = Field(default="https://discord.com/api/v10",
+                                      validation_alias=_env("DISCORD_API_BASE_URL"))
+    # User ids allowed in direct messages; channel ids served (a thread is served when its parent is).
+    discord_allowed_users: str = Field(default="", validation_alias=_env("TALON_DISCORD_ALLOWED_USERS"))
+    discord_allowed_channels: str = Field(default="", validation_alias=_env("TALON_DISCORD_ALLOWED_CHANNELS"))
+    discord_channel_context: int = Field(default=20, ge=0, le=200,
+                                         validation_alias=_env("TALON_DISCORD_CHANNEL_CONTEXT"))
+    discord_streaming: bool = Field(default=True, validation_alias=_env("TALON_DISCORD_STREAMING"))
+    discord_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
+                                             validation_alias=_env("TALON_DISCORD_STREAM_INTERVAL"))
+    discord_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_DISCORD_ACK_REACTION"))
 
     # --- speech ------------------------------------------------------------------------------
     transcriber: Literal["auto", "whisper", "faster-whisper", "openai", "off"] = Field(
@@ -345,6 +434,26 @@ class Settings(BaseSettings):
     # GET /metrics (Prometheus) on Talon's HTTP server.
     metrics: bool = Field(default=True, validation_alias=_env("TALON_METRICS"))
 
+    # --- the web panel (talon.ui, docs/control-room.md) ------------------------------------------
+    # Unset: on when Talon's HTTP server runs and either a password is set or the server listens on
+    # loopback only. true: on (the HTTP server is started for it); false: off.
+    ui: bool | None = Field(default=None, validation_alias=_env("TALON_UI"))
+    # An argon2 hash made by `talon ui password`; without it, sign in with `talon ui link`.
+    ui_password_hash: str = Field(default="", validation_alias=_env("TALON_UI_PASSWORD_HASH"))
+    # A panel session ends after this long without a request.
+    ui_session_idle_s: float = Field(default=1800.0, gt=0, validation_alias=_env("TALON_UI_SESSION_IDLE"))
+    # Host names (besides loopback, TALON_HTTP_HOST and TALON_PUBLIC_BASE_URL's) the panel answers to.
+    ui_hosts: str = Field(default="", validation_alias=_env("TALON_UI_HOSTS"))
+    # Behind a reverse proxy: believe its X-Forwarded-For (the address sign-ins are limited by) and
+    # X-Forwarded-Proto (https makes the session cookie Secure).
+    ui_trust_proxy: bool = Field(default=False, validation_alias=_env("TALON_UI_TRUST_PROXY"))
+    # Images sent in the panel's web chat: per image, per message, and the decoded size.
+    ui_image_max_bytes: int = Field(default=5 * 1024 * 1024, gt=0, validation_alias=_env("TALON_UI_IMAGE_MAX_BYTES"))
+    ui_max_images: int = Field(default=10, ge=1, validation_alias=_env("TALON_UI_MAX_IMAGES"))
+    ui_message_max_bytes: int = Field(default=20 * 1024 * 1024, gt=0,
+                                      validation_alias=_env("TALON_UI_MESSAGE_MAX_BYTES"))
+    ui_image_max_pixels: int = Field(default=40_000_000, gt=0, validation_alias=_env("TALON_UI_IMAGE_MAX_PIXELS"))
+
     # --- logging -----------------------------------------------------------------------------
     log_level: str = Field(default="INFO", validation_alias=_env("TALON_LOG_LEVEL"))
 
@@ -383,6 +492,58 @@ class Settings(BaseSettings):
     @property
     def whatsapp_allowlist(self) -> set[str]:
         return {normalize_whatsapp_number(x) for x in _csv(self.whatsapp_allowed_numbers)}
+
+    @property
+    def matrix_allowlist(self) -> set[str]:
+        return {x.lower() for x in _csv(self.matrix_allowed_users)}
+
+    @property
+    def matrix_allowed_room_ids(self) -> frozenset[str]:
+        """Room ids from ``TALON_MATRIX_ALLOWED_ROOMS``; ConfigError for an entry that is not one."""
+        rooms = frozenset(_csv(self.matrix_allowed_rooms))
+        for room in rooms:
+            # Room versions before 12 add ":server"; from 12 on a room id is "!" and a hash.
+            if not (room.startswith("!") and len(room) > 2 and " " not in room):
+                raise ConfigError(f"TALON_MATRIX_ALLOWED_ROOMS: {room!r} is not a room id (room ids start with !, "
+                                  "e.g. !AbCdEf:example.org; the log names the id of a room the bot was invited to)",
+                                  ["TALON_MATRIX_ALLOWED_ROOMS"])
+        return rooms
+
+    @property
+    def slack_allowlist(self) -> set[str]:
+        return {x.upper() for x in _csv(self.slack_allowed_users)}
+
+    @property
+    def slack_allowed_channel_ids(self) -> frozenset[str]:
+        return frozenset(x.upper() for x in _csv(self.slack_allowed_channels))
+
+    def slack_configured(self) -> bool:
+        return bool(self.slack_bot_token.strip())
+
+    @property
+    def slack_socket_mode(self) -> bool:
+        return bool(self.slack_app_token.strip())
+
+    @property
+    def discord_allowlist(self) -> set[str]:
+        return set(_csv(self.discord_allowed_users))
+
+    @property
+    def discord_allowed_channel_ids(self) -> frozenset[str]:
+        """Channel ids from ``TALON_DISCORD_ALLOWED_CHANNELS``; ConfigError for one that is not an id."""
+        ids = frozenset(_csv(self.discord_allowed_channels))
+        for entry in ids:
+            if not entry.isdigit():
+                raise ConfigError(f"TALON_DISCORD_ALLOWED_CHANNELS: {entry!r} is not a channel id (a number: turn on "
+                                  "Developer Mode, then right-click the channel, Copy Channel ID)",
+                                  ["TALON_DISCORD_ALLOWED_CHANNELS"])
+        return ids
+
+    def discord_configured(self) -> bool:
+        return bool(self.discord_bot_token.strip())
+
+    def matrix_configured(self) -> bool:
+        return bool(self.matrix_homeserver.strip() and self.matrix_user_id.strip())
 
     def approver_ids(self) -> frozenset[str]:
         """TALON_APPROVERS: ids as given, usernames as ``@name`` in lower case."""
@@ -441,6 +602,24 @@ class Settings(BaseSettings):
 
     def whatsapp_configured(self) -> bool:
         return bool(self.twilio_account_sid and self.twilio_whatsapp_from)
+
+    @property
+    def fallback_models(self) -> list[str]:
+        """``TALON_MODEL_FALLBACKS`` as a list (a model without ``provider:`` uses TALON_MODEL's)."""
+        return _csv(self.model_fallbacks)
+
+    def check_fallbacks(self) -> None:
+        """Raise ConfigError for a fallback model Talon could not call."""
+        for spec in self.fallback_models:
+            provider, name = split_model(spec) if ":" in spec else (self.provider_name, spec)
+            where = ["TALON_MODEL_FALLBACKS"]
+            if provider not in ("openai", "anthropic") or not name:
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} is not a model Talon can fall back to (use "
+                                  "openai:NAME or anthropic:NAME; a local: model cannot be one)", where)
+            if provider == "openai" and not (self.openai_api_key or self.openai_base_url):
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} needs OPENAI_API_KEY or OPENAI_BASE_URL", where)
+            if provider == "anthropic" and not self.anthropic_api_key:
+                raise ConfigError(f"TALON_MODEL_FALLBACKS: {spec!r} needs ANTHROPIC_API_KEY", where)
 
     def check_model(self) -> None:
         """Raise ConfigError naming what is missing for the configured model."""

@@ -105,6 +105,75 @@ def twilio_account_row(settings: Settings) -> tuple[str, str] | None:
     return "twilio account", f"ok: {account.friendly_name or sid} ({status})"
 
 
+async def matrix_account_row(settings: Settings) -> tuple[str, str]:
+    """``whoami`` with the configured token on ``MATRIX_HOMESERVER`` (with only a password: the
+    homeserver's ``/versions``, since logging in would make a device)."""
+    import httpx
+
+    base = settings.matrix_homeserver.strip().rstrip("/")
+    try:
+        timeout = min(CHECK_TIMEOUT_S, settings.matrix_timeout_s)
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as http:
+            if not settings.matrix_access_token:
+                resp = await http.get(f"{base}/_matrix/client/versions")
+                if resp.status_code != 200:
+                    return "matrix account", f"FAILED: {base} answered HTTP {resp.status_code} to /versions"
+                return "matrix account", f"reachable: {base} (MATRIX_PASSWORD is checked at the first start)"
+            resp = await http.get(f"{base}/_matrix/client/v3/account/whoami",
+                                  headers={"Authorization": f"Bearer {settings.matrix_access_token}"})
+    except httpx.HTTPError as exc:
+        return "matrix account", (f"UNREACHABLE: cannot reach the homeserver at {base} ({type(exc).__name__}): "
+                                  "check MATRIX_HOMESERVER")
+    if resp.status_code in (401, 403):
+        return "matrix account", f"FAILED: {base} refused MATRIX_ACCESS_TOKEN (HTTP {resp.status_code})"
+    if resp.status_code != 200:
+        return "matrix account", f"FAILED: whoami at {base} answered HTTP {resp.status_code}"
+    user = resp.json().get("user_id", "?")
+    if user != settings.matrix_user_id.strip():
+        return "matrix account", f"FAILED: the token belongs to {user}, not MATRIX_USER_ID {settings.matrix_user_id}"
+    return "matrix account", f"ok: {user} on {base}, whoami answered"
+
+
+async def slack_bot_row(settings: Settings) -> tuple[str, str]:
+    """``auth.test`` with SLACK_BOT_TOKEN on SLACK_API_BASE_URL (slack-sdk, as the channel calls it)."""
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from channels.slack.api import api_base
+
+    base = api_base(settings.slack_api_base_url)
+    client = AsyncWebClient(token=settings.slack_bot_token.strip(), base_url=base,
+                            timeout=int(min(CHECK_TIMEOUT_S, settings.slack_timeout_s)))
+    try:
+        answer = await client.auth_test()
+    except SlackApiError as exc:
+        data = exc.response.data if isinstance(exc.response.data, dict) else {}
+        return "slack bot", f"FAILED: {base} refused SLACK_BOT_TOKEN ({data.get('error') or exc.response.status_code})"
+    except Exception as exc:  # unreachable, timed out
+        return "slack bot", f"UNREACHABLE: cannot reach Slack at {base} ({type(exc).__name__}): check SLACK_API_BASE_URL"
+    return "slack bot", f"ok: {answer.get('user')} ({answer.get('user_id')}) in {answer.get('team')}, auth.test answered"
+
+
+async def discord_bot_row(settings: Settings) -> tuple[str, str]:
+    """``GET /users/@me`` with DISCORD_BOT_TOKEN on DISCORD_API_BASE_URL (the token's own check)."""
+    import httpx
+
+    from channels.discord.api import api_base
+
+    base = api_base(settings.discord_api_base_url)
+    try:
+        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, follow_redirects=False) as http:
+            resp = await http.get(f"{base}/users/@me", headers={"Authorization": f"Bot {settings.discord_bot_token.strip()}"})
+    except httpx.HTTPError as exc:
+        return "discord bot", f"UNREACHABLE: cannot reach Discord at {base} ({type(exc).__name__}): check DISCORD_API_BASE_URL"
+    if resp.status_code == 401:
+        return "discord bot", f"FAILED: {base} refused DISCORD_BOT_TOKEN (HTTP 401)"
+    if resp.status_code != 200:
+        return "discord bot", f"FAILED: {base}/users/@me answered HTTP {resp.status_code}"
+    me = resp.json()
+    return "discord bot", f"ok: {me.get('username')} ({me.get('id')}), /users/@me answered"
+
+
 def whatsapp_templates_row(settings: Settings) -> tuple[str, str]:
     """Which Content templates are set for WhatsApp's 24-hour window (channels/whatsapp/templates.py)."""
     from channels.whatsapp.templates import SETTINGS, parse_template
@@ -118,7 +187,7 @@ def whatsapp_templates_row(settings: Settings) -> tuple[str, str]:
         if template is not None:
             named.append(f"{purpose} {template.sid}")
     if not any(n.startswith("reopen ") for n in named):
-        return ("whatsapp templates", "MISSING: no TALON_WHATSAPP_TEMPLATE_REOPEN: messages due outside WhatsApp's "
+        return ("whatsapp templates", "WARNING: no TALON_WHATSAPP_TEMPLATE_REOPEN: messages due outside WhatsApp's "
                 "24-hour window wait for the person to write, who is not told (docs/channels.md)"
                 + (f"; set: {', '.join(named)}" if named else ""))
     return "whatsapp templates", "ok: " + ", ".join(named)

@@ -13,7 +13,8 @@
     │   │   └── ImageBomb           over the decoding pixel limit (possible decompression bomb)
     │   ├── DocumentError           a document whose text cannot be read (damaged, encrypted PDF)
     │   ├── VideoError              a video from which nothing could be taken
-    │   └── MediaTooLarge           an outbound file over WhatsApp's size limits even after fitting
+    │   ├── MediaTooLarge           an outbound file over WhatsApp's size limits even after fitting
+    │   └── UploadRefused           the web chat will not take a message's images (``.status``, ``.file``)
     ├── MediaPathError (ValueError) an outbound path escapes the media root or is not a file
     ├── UnsafePath (OSError)        a path beneath a root (a workspace) that will not be used: a
     │   │                           symbolic link, changed while being opened, missing, or not a
@@ -38,9 +39,11 @@
     │   ├── SendAgain               it adjusted itself to the server: send the request again now
     │   └── Retryable               a transient failure (``.error``): wait ``.delay`` and try again
     ├── ToolError                   a tool failure the agent reads and can act on (bad path...)
+    │   └── SkillProblem            a skill that cannot be used (front matter, name, size; talon.agent.tools.skills)
     ├── ApprovalNotShown            a call waiting for approval could not be shown whole: it is refused
     ├── DeliveryError               a reply or file could not be delivered to the chat (``.permanent``)
     │   ├── UploadTimedOut          a Telegram upload timed out twice (it may have arrived)
+    │   ├── PlatformRateLimited     a chat platform said "too many requests, wait ``.seconds``" (retried)
     │   └── TwilioRefused           Twilio answered with an error retrying will not fix
     ├── MalformedWebhook (ValueError) a webhook body that is not what the platform sends
     ├── StreamStopped               a live view asks to stop showing this turn (the reply still goes)
@@ -182,6 +185,19 @@ class MediaTooLarge(MediaError):
     """An outbound file over WhatsApp's size limits even after fitting; ``str()`` says which."""
 
 
+class UploadRefused(MediaError):
+    """Images sent in the panel's web chat that are refused as a batch (talon.ui.webchat): the HTTP
+    ``status`` to answer (413, 415, 422), the ``file`` at fault, and a line the composer shows."""
+
+    def __init__(self, status: int, message: str, file: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.file = file
+
+    def body(self) -> dict[str, str]:
+        return {"error": str(self), "file": self.file}
+
+
 class MediaPathError(TalonError, ValueError):
     """An outbound media path that may not be sent, with the specific reason."""
 
@@ -286,6 +302,10 @@ class ToolError(TalonError):
     """A tool failure the agent should read and can act on (bad path, missing file...)."""
 
 
+class SkillProblem(ToolError):
+    """A skill that cannot be used: its front matter, name or size (``talon.agent.tools.skills``)."""
+
+
 class ApprovalNotShown(TalonError):
     """A channel could not show a call waiting for approval whole (too long for a message, and the
     file with all of it could not be sent): it cannot be approved (talon.control.approvals)."""
@@ -302,6 +322,15 @@ class UploadTimedOut(DeliveryError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, permanent=True)
+
+
+class PlatformRateLimited(DeliveryError):
+    """A chat platform's "too many requests" (Matrix ``M_LIMIT_EXCEEDED``): wait ``seconds``, then
+    try again; the channel's call loop does, within its bound."""
+
+    def __init__(self, message: str, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 class TwilioRefused(DeliveryError):

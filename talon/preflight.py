@@ -18,9 +18,11 @@ from talon.errors import ConfigError, ScheduleError
 
 __all__ = ["NO_CHANNEL", "Problem", "start_problems"]
 
-NO_CHANNEL = ConfigError("no channel configured: set TELEGRAM_BOT_TOKEN (Telegram) or TWILIO_ACCOUNT_SID and "
-                         "TWILIO_WHATSAPP_FROM (WhatsApp)",
-                         ["TELEGRAM_BOT_TOKEN, or TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM"])
+NO_CHANNEL = ConfigError("no channel configured: set TELEGRAM_BOT_TOKEN (Telegram), TWILIO_ACCOUNT_SID and "
+                         "TWILIO_WHATSAPP_FROM (WhatsApp), SLACK_BOT_TOKEN (Slack), DISCORD_BOT_TOKEN (Discord) "
+                         "or MATRIX_HOMESERVER and MATRIX_USER_ID (Matrix)",
+                         ["TELEGRAM_BOT_TOKEN, or TWILIO_ACCOUNT_SID and TWILIO_WHATSAPP_FROM, or SLACK_BOT_TOKEN, "
+                          "or DISCORD_BOT_TOKEN, or MATRIX_HOMESERVER and MATRIX_USER_ID"])
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,8 @@ class Problem:
 
 
 def _channels(settings: Settings) -> None:
-    if not (settings.telegram_configured() or settings.whatsapp_configured()):
+    if not (settings.telegram_configured() or settings.whatsapp_configured() or settings.slack_configured()
+            or settings.matrix_configured() or settings.discord_configured()):
         raise NO_CHANNEL
 
 
@@ -45,6 +48,25 @@ def _whatsapp(settings: Settings) -> None:
         from channels.whatsapp import check_whatsapp_settings
 
         check_whatsapp_settings(settings)
+
+
+def _slack(settings: Settings) -> None:
+    if settings.slack_configured() and not (settings.slack_socket_mode or settings.slack_signing_secret.strip()):
+        raise ConfigError("set SLACK_SIGNING_SECRET (Events API over HTTP) or SLACK_APP_TOKEN (Socket Mode) "
+                          "for the Slack channel", ["SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN"])
+
+
+def _matrix(settings: Settings) -> None:
+    if settings.matrix_configured():
+        settings.matrix_allowed_room_ids  # noqa: B018 - reading it is the check (ConfigError)
+        if not settings.matrix_access_token and not settings.matrix_password:
+            raise ConfigError("set MATRIX_ACCESS_TOKEN (or MATRIX_PASSWORD) for the Matrix account",
+                              ["MATRIX_ACCESS_TOKEN", "MATRIX_PASSWORD"])
+
+
+def _discord(settings: Settings) -> None:
+    if settings.discord_configured():
+        settings.discord_allowed_channel_ids  # noqa: B018 - reading it is the check (ConfigError)
 
 
 def _control(settings: Settings) -> None:
@@ -68,6 +90,12 @@ def _directories(settings: Settings) -> None:
     check_dirs_apart(settings.media_root, settings.data_dir)
 
 
+def _panel(settings: Settings) -> None:
+    from talon.ui.security import check_ui_settings
+
+    check_ui_settings(settings)
+
+
 def _mcp(settings: Settings) -> None:
     settings.mcp_servers()
 
@@ -77,10 +105,14 @@ _CHECKS: tuple[tuple[str, Callable[[Settings], None]], ...] = (
     ("channels", _channels),
     ("telegram", _telegram),
     ("whatsapp", _whatsapp),
+    ("slack", _slack),
+    ("matrix", _matrix),
+    ("discord", _discord),
     ("control settings", _control),
     ("time zone", _time_zone),
     ("directories", _directories),
     ("mcp config", _mcp),
+    ("web panel", _panel),
 )
 
 

@@ -14,12 +14,14 @@ from talon.agent.context.pipeline import ContextPolicy
 from talon.agent.providers.discovery import Discoverer
 from talon.agent.providers.learned import LearnedFacts
 from talon.agent.providers.local import LocalModelServer, local_model_server
-from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent
+from talon.agent.loop import DEFAULT_SYSTEM_PROMPT, Agent, ModelSlot
 from talon.agent.providers.profiles import settings_profile, split_summary_model
 from talon.agent.providers.base import Provider, data_url
 from talon.agent.tools.sandbox import SandboxLimits
 from talon.agent.tools.search import SearchConversationsTool
 from talon.agent.tools.registry import ToolRegistry
+from talon.agent.tools.find_tools import FindToolsTool, ToolBudget
+from talon.agent.tools.skills import SHARED_SKILLS_MOUNT, LoadSkillTool, SkillCatalog, check_shared_dir
 from talon.agent.tools.workspace import Workspace, WorkspacePolicy
 from talon.agent.tools.workspace_tools import workspace_tools
 from talon.bridge import Bridge, Normalizer
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
     from talon.ports import Channel
     from talon.agent.tools.mcp import McpManager
     from channels.http import HttpServer
+    from talon.ui.app import Panel
+    from talon.ui.webchat import WebChat
+    from talon.ui.index import ChatIndexer
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +129,9 @@ class Runtime:
     local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
     mcp: "McpManager | None" = None  # the MCP servers' connections; None without any configured
     scheduler: Scheduler | None = None
+    webchat: "WebChat | None" = None  # the web panel's chat channel (talon.ui.webchat), when the panel is on
+    panel: "Panel | None" = None
+    indexer: "ChatIndexer | None" = None  # the panel's chat index, written once a second
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -157,6 +165,9 @@ class Runtime:
             add_health_route(self)
             if self.settings.metrics:
                 add_metrics_route(self)
+            from talon.ui import add_ui_routes
+
+            self.panel = add_ui_routes(self)
             # Listening before the channels start: a webhook that comes early gets 503 and is retried.
             await self.http.start()
         for channel in self.channels:
@@ -164,6 +175,8 @@ class Runtime:
             self.bridge.channel_started(channel.name)
         if self.scheduler is not None:  # due runs go to channels that are running
             await self.scheduler.start()
+        if self.indexer is not None:
+            self.indexer.start()
         self.started = True
 
     async def warm_speech(self) -> None:
@@ -207,11 +220,18 @@ class Runtime:
             await self.mcp.close()  # every server process ends with Talon
         if self.bridge.control is not None:
             await self.bridge.control.settled()  # usage of the calls made is in the store
+        if self.indexer is not None:
+            try:
+                await self.indexer.stop()
+            except Exception:
+                log.exception("writing the chat index failed")
         for channel in self.channels:
             try:
                 await channel.drain()
             except Exception:
                 log.exception("draining channel %s failed", channel.name)
+        if self.panel is not None:
+            self.panel.close()  # its live streams end now, not at the server's shutdown timeout
         if self.http is not None:
             await self.http.stop()  # no new webhooks; those in flight finish first
         for channel in self.channels:
@@ -278,6 +298,11 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         tools.add(tool)
     if settings.search_index:
         tools.add(SearchConversationsTool(sessions))  # this chat's own history (talon.storage.search)
+    skills = skill_catalog(settings)
+    tools.add(LoadSkillTool(skills, shell_path=shared_skills_in_shell(tools, skills)))
+    settings.check_fallbacks()
+    fallbacks = [ModelSlot(spec, build_provider(settings, store, spec), settings_profile(settings, spec))
+                 for spec in settings.fallback_models]
     agent = Agent(
         provider,
         sessions,
@@ -298,7 +323,21 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         learned=LearnedFacts(settings.data_dir / "model_facts.json", learned_key(settings)),
         workspaces=(lambda chat: settings.workspace_dir(chat.channel, chat.chat_id))
         if settings.workspace == "chat" else None,
+        skills=skills,
+        fallbacks=fallbacks,
+        fallback_cooldown_s=settings.model_fallback_cooldown_s,
+        model_label=settings.model,
+        tool_budget=ToolBudget(settings.tools_budget),
     )
+    assert agent.tool_budget is not None
+    tools.add(FindToolsTool(tools.specs, agent.tool_budget, lambda chat: agent.sent_tools.get(chat, frozenset())))
+    if settings.subagents_enabled:
+        from talon.agent.tools.delegate import DelegateTool, SubAgentLimits
+
+        child_model = (build_provider(settings, store, settings.subagent_model, local=local)
+                       if settings.subagent_model and settings.subagent_model != settings.model else None)
+        tools.add(DelegateTool(agent, SubAgentLimits(settings.subagent_depth, settings.subagents,
+                                                     settings.subagent_timeout_s), provider=child_model))
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
     from talon.control import Control
@@ -334,9 +373,47 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     scheduler.attach(bridge)
-    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
+    channels = list(channels or [])
+    webchat = None
+    indexer = None
+    if stores.panel is not None:
+        from talon.ui.index import ChatIndexer
+
+        indexer = ChatIndexer(stores.panel)
+        bridge.observers.append(indexer.observe)
+        from talon.ui import ui_enabled
+
+        if http is not None and ui_enabled(settings, http_runs=True):
+            from talon.ui.webchat import WebChat
+
+            webchat = WebChat(settings, store, sessions)
+            channels.append(webchat)
+    return Runtime(settings, store, sessions, inbox, agent, bridge, channels, transcriber, http,
                    stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
-                   mcp=mcp, scheduler=scheduler)
+                   mcp=mcp, scheduler=scheduler, webchat=webchat, indexer=indexer)
+
+
+def skill_catalog(settings: Settings) -> SkillCatalog:
+    """The shared skills (``TALON_SKILLS_DIR``, outside the media root) and every chat's own."""
+    if settings.skills_dir is not None:
+        check_shared_dir(settings.skills_dir, settings.media_root)
+    return SkillCatalog(settings.skills_dir, budget_tokens=settings.skills_budget)
+
+
+def shared_skills_in_shell(tools: ToolRegistry, skills: SkillCatalog) -> str | None:
+    """Where the shell sees the shared skills: read-only at /skills in its sandbox (their own path
+    when it runs unsandboxed); None without a shell or shared skills."""
+    from talon.agent.tools.workspace_tools import ShellTool
+
+    shell = tools.tools.get("shell")
+    if not isinstance(shell, ShellTool) or skills.shared_root is None:
+        return None
+    if not shell.sandboxed:
+        return str(skills.shared_root)
+    if not skills.shared_root.is_dir():
+        return None  # bwrap cannot mount what is not there; the scan says so too
+    shell.read_only_binds = ((str(skills.shared_root), SHARED_SKILLS_MOUNT),)
+    return SHARED_SKILLS_MOUNT
 
 
 def outside_tools(settings: Settings, tools: ToolRegistry, store: AttachmentStore) -> "McpManager | None":
@@ -462,8 +539,10 @@ def shared_http_server(settings: Settings) -> "HttpServer | None":
     in webhook mode); the runtime starts it. None when nothing needs to listen."""
     # With Telegram long polling alone nothing needs to listen; naming TALON_HTTP_PORT asks for
     # the server anyway, for /metrics and /healthz.
-    wanted = settings.metrics and "http_port" in settings.model_fields_set
-    if wanted or settings.whatsapp_configured() or (settings.telegram_configured() and settings.telegram_webhook_mode):
+    wanted = (settings.metrics and "http_port" in settings.model_fields_set) or settings.ui is True
+    slack_events = settings.slack_configured() and not settings.slack_socket_mode
+    if wanted or settings.whatsapp_configured() or slack_events or (
+            settings.telegram_configured() and settings.telegram_webhook_mode):
         from channels.http import HttpServer
 
         return HttpServer(settings.http_host, settings.http_port)
@@ -488,6 +567,18 @@ def configured_channels(settings: Settings, http: "HttpServer | None" = None,
                                         links=stores.links if stores is not None else None,
                                         state=stores.whatsapp if stores is not None else None,
                                         worker_id=stores.worker_id if stores is not None else ""))
+    if settings.matrix_configured():
+        from channels.matrix import MatrixChannel
+
+        channels.append(MatrixChannel(settings))
+    if settings.slack_configured():
+        from channels.slack import SlackChannel
+
+        channels.append(SlackChannel(settings, http=http))
+    if settings.discord_configured():
+        from channels.discord import DiscordChannel
+
+        channels.append(DiscordChannel(settings))
     return channels
 
 

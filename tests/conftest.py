@@ -19,6 +19,7 @@ from talon.config import Settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
+from tests.support.synapse import synapse  # noqa: F401  (a real Matrix homeserver, once per session)
 
 if TYPE_CHECKING:
     from talon.runtime import Runtime
@@ -130,7 +131,7 @@ _E2E_FILES = frozenset({
     "test_tool_races.py", "test_agent_long_conversation.py", "test_mcp.py", "test_control_process.py",
     "test_scheduler_restart.py", "test_shell_sandbox.py", "test_console_stop.py", "test_local_model.py",
 })
-_E2E_FIXTURES = frozenset({"pg_url", "pg_server", "transcriber"})
+_E2E_FIXTURES = frozenset({"pg_url", "pg_server", "transcriber", "synapse"})
 _E2E_TESTS = frozenset({
     "test_photo_and_voice_note_reach_the_model",  # real Whisper through the runtime
     "test_a_1_mb_reply_is_a_few_messages_and_reply_md_on_telegram",
@@ -153,7 +154,7 @@ _E2E_TESTS = frozenset({
 
 
 # Fixtures that run Talon's channels and agent in-process against loopback fakes.
-_SLOW_FIXTURES = frozenset({"llm", "tg", "twilio", "settings", "site"})
+_SLOW_FIXTURES = frozenset({"llm", "tg", "twilio", "settings", "site", "slack", "discord_fake"})
 # In-process tests that take a measurable time of their own (about 0.3 s or more alone): real
 # timeouts and retry waits, big images and video frames, whole-tree scans, fuzzers.
 _SLOW_TESTS = frozenset({

@@ -142,6 +142,28 @@ def flood_stderr(megabytes: int) -> str:
     return "flooded"
 
 
+# MCP_TEST_EXTRA_TOOLS=N adds N tools about made-up services (a server with many tools, for the
+# tool budget and find_tools): "<service>_<action>", each described in its own words.
+_SERVICES = ["weather", "calendar", "invoice", "ticket", "playlist", "recipe", "shipment", "payroll",
+             "inventory", "flight", "hotel", "contract", "podcast", "garden", "telescope"]
+_ACTIONS = {"list": "List every {s} record the account holds, newest first.",
+            "create": "Create a new {s} record from the given details.",
+            "delete": "Delete one {s} record by its id, for good.",
+            "summarize": "Summarize the {s} records of a period in a short report with totals and notable items."}
+
+
+def _extra_tool(name: str) -> object:
+    def tool(query: str) -> str:
+        return f"{name} answered: {query}"
+    return tool
+
+
+for _i in range(int(os.environ.get("MCP_TEST_EXTRA_TOOLS", "0") or 0)):
+    _service, _action = _SERVICES[_i // len(_ACTIONS) % len(_SERVICES)], list(_ACTIONS)[_i % len(_ACTIONS)]
+    _name = f"{_service}_{_action}" + (f"_{_i // (len(_ACTIONS) * len(_SERVICES))}" if _i >= 60 else "")
+    server.tool(name=_name, description=_ACTIONS[_action].format(s=_service))(_extra_tool(_name))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))

@@ -24,11 +24,13 @@ from talon.cli import main
 from talon.config import Settings
 from talon.content import Message
 from talon.errors import BackupError
+from talon.storage import pg_export
 from talon.storage.backup import MANIFEST, backup, restore, verify
 from talon.storage.embedded.sessions import JsonlSessions
 from talon.storage.factory import open_stores
 from talon.storage.sessions import ChatKey
 from talon.storage.tasks import Task
+from talon.storage.panel import AuditEntry, PanelSession
 from talon.storage.whatsapp import ButtonToken
 from tests.pg import drop_database, new_database
 
@@ -82,6 +84,12 @@ async def fill(settings: Settings) -> dict[str, Any]:
         await wa.record_sent("SM" + "1" * 32, B.chat_id, "answer", '{"text": "retry me"}', time.time())
         await wa.record_status("SM" + "1" * 32, "undelivered", 63016, "outside the window", time.time())
         await wa.add_tokens([WA_TOKEN])
+        # The web panel: an audit entry, the chat index, and a sign-in session (not archived).
+        assert stores.panel is not None
+        await stores.panel.audit(AuditEntry(at=1_234.5, who="password", action="approve", detail="ap-1",
+                                            address="127.0.0.1"))
+        await stores.panel.note_message("whatsapp", B.chat_id, "Ana", "Ana", 5_000.0)
+        await stores.panel.add_session(PanelSession("h" * 64, "c" * 32, "password", "127.0.0.1", 1.0, 2.0))
         return {"ref": ref}
     finally:
         await stores.aclose()
@@ -108,6 +116,9 @@ async def snapshot(settings: Settings, ref_id: str) -> dict[str, Any]:
         out["wa chats"] = await wa.chats_with_pending()
         out["wa window"] = (await wa.last_inbound(B.chat_id), await wa.last_read(B.chat_id),
                             await wa.last_refused(B.chat_id))
+        assert stores.panel is not None
+        out["panel audit"] = await stores.panel.audit_log()
+        out["panel chats"] = [(c.key, c.title, c.people, c.last_at, c.messages) for c in await stores.panel.chats()]
         failure = await wa.last_failure(B.chat_id)
         out["wa failure"] = None if failure is None else (failure.sid, failure.status, failure.error_code,
                                                            failure.payload, failure.retried)
@@ -122,16 +133,20 @@ def assert_whatsapp_kept(state: dict[str, Any]) -> None:
                                    (B.chat_id, 90_002.0, WA_PARTS[2])]
     assert state["wa chats"] == [B.chat_id, "+14155550199"]
     assert state["wa window"] == (1_000.5, 1_001.25, 90_000.0)
+    assert [e.action for e in state["panel audit"]] == ["approve"]
+    assert state["panel chats"] == [(f"whatsapp:{B.chat_id}", "Ana", "Ana", 5_000.0, 1)]
     assert state["wa failure"] == ("SM" + "1" * 32, "undelivered", 63016, '{"text": "retry me"}', False)
 
 
 async def assert_claim_not_kept(settings: Settings) -> None:
-    """The source's worker claimed chat B for an hour: the restored Talon's workers are not held off."""
+    """The source's worker claimed chat B for an hour: the restored Talon's workers are not held off;
+    the panel's sign-in session is not restored."""
     stores = open_stores(settings, check_dirs=False)
     await stores.start()
     try:
         assert stores.whatsapp is not None
         assert await stores.whatsapp.claim(B.chat_id, "worker-new", time.time() + 60, time.time())
+        assert stores.panel is not None and await stores.panel.session("h" * 64) is None  # sign in again
     finally:
         await stores.aclose()
 
@@ -302,6 +317,7 @@ async def test_embedded_to_postgres_and_back_through_the_same_archive(tmp_path: 
     await asyncio.to_thread(restore, second, tmp_path / "back" / "data")
     back = settings_at(tmp_path / "back")
     assert await snapshot(back, made["ref"].id) == before
+    await assert_claim_not_kept(back)
     assert_same_rows(source.data_dir, back.data_dir)
     # The PostgreSQL archive into another PostgreSQL database: the same again.
     other_url = new_database(pg_server)
@@ -318,7 +334,7 @@ async def test_embedded_to_postgres_and_back_through_the_same_archive(tmp_path: 
 
 def assert_same_rows(before: Path, after: Path) -> None:
     """Every table of every embedded store holds as many rows after the round trip as before
-    (the search index aside: derived), whichever store it is; the claim columns are scrubbed."""
+    (the search index aside: derived), whichever store it is, the tables named as not carried aside."""
     import sqlite3
 
     def rows(data_dir: Path) -> dict[str, int]:
@@ -330,6 +346,8 @@ def assert_same_rows(before: Path, after: Path) -> None:
             try:
                 for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
                                              "AND name != 'sqlite_sequence'").fetchall():
+                    if table in pg_export.NOT_CARRIED.get(file.name, ()):
+                        continue  # the panel's sign-ins (not archived) and usage rollup (rebuilt)
                     out[f"{file.name}:{table}"] = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
             finally:
                 conn.close()
@@ -337,6 +355,7 @@ def assert_same_rows(before: Path, after: Path) -> None:
 
     source = rows(before)
     assert source["whatsapp.sqlite3:wa_pending"] == 4 and source["whatsapp.sqlite3:wa_tokens"] == 1
+    assert source["control.sqlite3:panel_audit"] == 1 and source["control.sqlite3:panel_chats"] == 1
     assert rows(after) == source
 
 

@@ -77,7 +77,7 @@ class TelegramChannel(Channel):
         # Every call into a chat counts against its budget (api.py).
         self.api = TelegramApi(self.app, settings, limits, telegram_budget(limits))
         self.intake = Intake(self.api, allowed_chats=allowed_chats,
-                             chatter=ChatterLog(settings.telegram_group_context))
+                             chatter=ChatterLog(settings.telegram_group_context, "telegram_chatter"))
         self.live = LiveViews(self.api)
         self.delivery = Delivery(self.api, self.live)
         self.reactions = Reactions(self.api, settings.telegram_ack_reaction)

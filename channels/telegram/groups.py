@@ -24,15 +24,15 @@
 from __future__ import annotations
 
 import logging
-from collections import deque
-from dataclasses import dataclass, field
 
 from telegram import Message as TgMessage
 from telegram import MessageEntity
 
-from talon.bounded import BoundedMap
-from talon.envelope import Chatter, conversation_id
+from talon.envelope import conversation_id
 from talon.groups import speaker_label
+
+# Shared with the other channels (channels/rooms.py); the intake imports them from here.
+from channels.rooms import ChatterLog, describe_unaddressed  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -130,34 +130,6 @@ def for_another_bot(text: str, bot_username: str) -> bool:
     """``/cmd@other_bot``: a command meant for someone else, never a turn of ours."""
     word = text.strip().split(maxsplit=1)[0] if text.strip() else ""
     return word.startswith("/") and "@" in word and not command_word(text, bot_username)
-
-
-def describe_unaddressed(text: str, files: int) -> str:
-    """A chatter line's text: what was said, and that something was attached."""
-    if files:
-        noun = "a file" if files == 1 else f"{files} files"
-        return f"{text} [sent {noun}]" if text else f"[sent {noun}]"
-    return text
-
-
-@dataclass
-class ChatterLog:
-    """The recent unaddressed messages of each group conversation (see the module docstring)."""
-
-    size: int
-    # Taken at the conversation's next turn; a group that never addresses the bot is bounded and
-    # forgotten when idle (``talon.bounded``).
-    _lines: BoundedMap[str, deque[Chatter]] = field(default_factory=lambda: BoundedMap("telegram_chatter"))
-
-    def add(self, conversation: str, speaker: str, text: str) -> None:
-        if self.size <= 0 or not text.strip():
-            return
-        lines = self._lines.setdefault(conversation, deque(maxlen=self.size))
-        lines.append(Chatter(speaker=speaker, text=text))
-
-    def take(self, conversation: str) -> list[Chatter]:
-        """What was said since the last turn of this conversation; forgotten once taken."""
-        return list(self._lines.pop(conversation, ()))
 
 
 def label(msg: TgMessage) -> str:

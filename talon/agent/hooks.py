@@ -55,12 +55,16 @@ result instead (denied, no answer in time). It may wait for a person."""
 ToolDone = Callable[[str, str], None]
 """Told after each tool call: the tool's name and how it ended (ok, error, denied)."""
 
+Notice = Callable[[str], Awaitable[None]]
+"""Shows the chat one line about the turn's work (a delegation); best effort, never raises."""
+
 
 @dataclass(frozen=True)
 class TurnHooks:
     guard: CallGuard | None = None
     approve: ApproveCall | None = None
     tool_done: ToolDone | None = None
+    notice: Notice | None = None
 
 
 _guard: ContextVar[CallGuard | None] = ContextVar("talon_call_guard", default=None)

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from talon.agent.context.pipeline import (
     ContextPolicy,
     RequestContext,
     STOPPED_NOTE,
+    SUMMARY,
     TALON_NOTICE,
     ResultFiles,
     clip_trailing_tool_results,
@@ -65,13 +67,16 @@ from talon.agent.providers.refusals import stated_window
 from talon.agent.context.session import FAILED_TURN, is_checkpoint
 from talon.storage.sessions import ChatKey, SessionStore
 from talon.agent.context.summary import Summarizer, mechanical_summary
-from talon.agent.context.tokens import (CHARS_PER_TOKEN, estimate_messages, estimate_overhead, estimate_request,
-                                estimate_tools)
+from talon.agent.context.tokens import (CHARS_PER_TOKEN, FILE_BLOCK_TOKENS, IMAGE_TOKENS, MESSAGE_OVERHEAD,
+                                        estimate_message, estimate_messages, estimate_overhead, estimate_request,
+                                        estimate_text, estimate_tools)
 from talon.agent.tools.registry import ToolContext, ToolRegistry, ToolResult
+from talon.agent.tools.find_tools import FIND_TOOLS, ToolBudget
+from talon.agent.tools.skills import SkillCatalog
 from talon.agent.tools.workspace import Workspace
 from talon.agent.tools.workspace_tools import WorkspaceTool
 from talon.bounded import BoundedMap
-from talon.content import ImageBlock, Message
+from talon.content import AudioBlock, FileBlock, ImageBlock, Message, ToolCall
 from talon.errors import CapReached, ConfigError, ContextOverflow, ImageRejected, ProviderError, ProviderUnavailable
 
 StepDone = Callable[[bool], Awaitable[None]]
@@ -119,6 +124,22 @@ class TurnResult:
     usage: Usage | None = None
     replayed: bool = False
     messages: list[Message] = field(default_factory=list)
+
+
+@dataclass
+class ModelSlot:
+    """One model of the failover list (``TALON_MODEL`` first, then ``TALON_MODEL_FALLBACKS``)."""
+
+    label: str  # as configured, e.g. "openai:gpt-4.1-mini"
+    provider: Provider
+    profile: ModelProfile
+    down_until: float = 0.0  # monotonic time until which it is not tried first again
+    reason: str = ""  # why it last failed
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] + ("…" if len(text) > 200 else "")
 
 
 def _wire(messages: list[Message], copies: DerivedCache | None = None) -> list[Message]:
@@ -185,6 +206,11 @@ class Agent:
         discoverer: "Discoverer | None" = None,
         learned: LearnedFacts | None = None,
         workspaces: Callable[[ChatKey], Path] | None = None,
+        skills: SkillCatalog | None = None,
+        fallbacks: list[ModelSlot] | None = None,
+        fallback_cooldown_s: float = 300.0,
+        model_label: str = "",
+        tool_budget: ToolBudget | None = None,
     ) -> None:
         self.provider = provider
         self.learned = learned
@@ -207,6 +233,13 @@ class Agent:
             fallback=provider if summary_provider is not None else None,
         )
         self.workspace = Workspace(workspace) if isinstance(workspace, Path) else workspace
+        # Shared skills and each chat's own (``talon.agent.tools.skills``), listed in the prompt
+        # when the ``load_skill`` tool is offered.
+        self.skills = skills
+        # TALON_TOOLS_BUDGET: which definitions are sent when all would not fit, and what each
+        # chat's last request was sent (find_tools searches the rest).
+        self.tool_budget = tool_budget
+        self.sent_tools: BoundedMap[ChatKey, frozenset[str]] = BoundedMap("agent_sent_tools")
         # Per conversation (``talon.workspaces``): each chat's tools and AGENTS.md are its own.
         # Everything kept per chat here is bounded and dropped when the chat is idle (``talon.bounded``).
         # Without it, ``workspace`` is shared by every chat.
@@ -224,6 +257,15 @@ class Agent:
         # turn late in a long chat does not copy every earlier message again.
         self.copies = DerivedCache()
         self._apply_learned()
+        # Model failover: the models in order, the one in use (its provider and profile are
+        # ``self.provider`` and ``self.profile`` while it is), how long a failed one rests.
+        self.models: list[ModelSlot] = [ModelSlot(model_label or provider.model, provider, self.profile),
+                                        *(fallbacks or [])]
+        self.active = 0
+        self.fallback_cooldown_s = fallback_cooldown_s
+        self.clock: Callable[[], float] = time.monotonic
+        # Which model gave each chat's last answer, and why that one.
+        self.answered_by: BoundedMap[ChatKey, tuple[str, str]] = BoundedMap("agent_answered_by")
         # What the system prompt says about one chat (a group's name and people), set by the
         # bridge; it goes after the cached prefix, so every chat shares that prefix.
         self.chat_notes: BoundedMap[ChatKey, str] = BoundedMap("agent_chat_notes")
@@ -270,7 +312,7 @@ class Agent:
 
     def _remember(self) -> None:
         """Record what the server just revealed (a smaller window, images or tools refused)."""
-        if self.learned is None:
+        if self.learned is None or self.active != 0:  # what is learned is the first model's
             return
         facts: dict[str, object] = {}
         if dict(self.profile.sources).get("context_window", "").startswith("stated by the server"):
@@ -291,6 +333,8 @@ class Agent:
         """
         if self.discoverer is None:
             return None
+        if self.active != 0:  # the discoverer asks about the first model; a fallback is in use
+            return self.facts
         facts = await self.discoverer.discover()
         self.facts = facts
         if not facts.reachable:
@@ -335,7 +379,10 @@ class Agent:
         fits = self._tools_fit.get(key)
         if fits is None:
             budget = self.budget
-            need = math.ceil(estimate_tools(specs) * self.token_scale)
+            need = estimate_tools(specs)
+            if self.tool_budget is not None and any(s.name == FIND_TOOLS for s in specs):
+                need = min(need, self.tool_budget.tokens(budget.window))  # the rest go through find_tools
+            need = math.ceil(need * self.token_scale)
             fits = need <= (budget.window - budget.max_output) // 2
             said = next(iter(self._tools_fit.values()), True)  # the last decision, said when it changes
             if not fits and said:
@@ -346,8 +393,18 @@ class Agent:
             self._tools_fit = {key: fits}
         return fits
 
-    def tool_specs(self) -> list[ToolSpec]:
-        return self.tools.specs() if self.tools_available else []
+    def tool_specs(self, chat: ChatKey | None = None) -> list[ToolSpec]:
+        """The definitions sent to the model: all, or within ``TALON_TOOLS_BUDGET`` with
+        ``find_tools`` (``talon.agent.tools.find_tools``)."""
+        if not self.tools_available:
+            return []
+        specs = self.tools.specs()
+        if self.tool_budget is None:
+            return specs
+        chosen = self.tool_budget.choose(specs, self.budget.window, chat)
+        if chat is not None:
+            self.sent_tools[chat] = frozenset(s.name for s in chosen)
+        return chosen
 
     def workspace_of(self, chat: ChatKey | None) -> tuple[Workspace | None, Memory | None]:
         """The workspace and AGENTS.md memory of one chat (the shared ones without a mapping)."""
@@ -371,11 +428,31 @@ class Agent:
             # Said plainly, so the model does not write pretend tool calls as text.
             guide = NO_TOOLS_NOTE if self.tools.tools else ""
         memory = memory_file.block() if memory_file is not None else ""
-        prompt = build_system_prompt(self.system_prompt, guide, memory)
+        prompt = build_system_prompt(self.system_prompt, guide, memory, self._skills_block(workspace))
         note = self.chat_notes.get(chat) if chat is not None else None
         if note:
             prompt = SystemPrompt(text=f"{prompt.text}\n\n{note}", cache_points=prompt.cache_points)
         return prompt
+
+    def _skills_block(self, workspace: Workspace | None) -> str:
+        if self.skills is None or not self.tools_available or "load_skill" not in self.tools.tools:
+            return ""
+        return self.skills.prompt_block(workspace.root if workspace is not None else None)
+
+    async def refresh_skills(self, chat: ChatKey | None) -> None:
+        """See whether skills were added or changed (a few ``stat`` calls, off the event loop)."""
+        if self.skills is None:
+            return
+        workspace, _ = self.workspace_of(chat)
+        await asyncio.to_thread(self.skills.refresh, workspace.root if workspace is not None else None)
+
+    async def skills_text(self, chat: ChatKey) -> str:
+        """What ``/skills`` says: the skills this chat sees and any problems with them."""
+        if self.skills is None:
+            return "Skills are not available here."
+        await self.refresh_skills(chat)
+        workspace, _ = self.workspace_of(chat)
+        return self.skills.describe(workspace.root if workspace is not None else None)
 
     def build_system_prompt(self, chat: ChatKey | None = None) -> str:
         return self.system(chat).text
@@ -384,7 +461,7 @@ class Agent:
         chars = int(self.budget.tool_result_tokens * CHARS_PER_TOKEN * 0.9)
         workspace, _ = self.workspace_of(chat)
         return ToolContext(read_only_roots=(self.sessions.context_dir(chat),), max_output_chars=chars,
-                           workspace=workspace, time_budget_s=self.tools.timeout_s * 0.8)
+                           workspace=workspace, time_budget_s=self.tools.timeout_s * 0.8, chat=chat)
 
     def _request_context(
         self,
@@ -456,8 +533,17 @@ class Agent:
         if self.facts is not None and (not self.facts.reachable or self.facts.listed is False):
             server = f"\nServer: {self.facts.describe()}"
         server += "".join(f"\n{line}" for line in self.tools.status_lines())
+        label = model_label or self.provider.model
+        if self.active != 0:
+            first = self.models[0]
+            left = max(0.0, first.down_until - self.clock())
+            label = (f"{self.models[self.active].label}, a fallback: {first.label} failed ({first.reason}); it is "
+                     f"tried again in {left:.0f}s")
+        answered = self.answered_by.get(chat)
+        if answered is not None:
+            server += f"\nLast answer by: {answered[0]} ({answered[1]})"
         return (
-            f"Model: {model_label or self.provider.model} ({profile.describe(with_sources=True)})\n"
+            f"Model: {label} ({profile.describe(with_sources=True)})\n"
             f"Context: {context}; older turns are summarized from {budget.trigger:,}\n"
             f"Session: {thread}, {len(conversation)} messages, {_kb(await self.sessions.size_bytes(chat))}{extra}"
             f"{server}"
@@ -466,24 +552,100 @@ class Agent:
     def estimate_context(self, chat: ChatKey, history: list[Message]) -> int:
         """Estimated input tokens of the next request (no summary, no file writes)."""
         system = self.system(chat)
-        tools = self.tool_specs()
+        tools = self.tool_specs(chat)
+        view = self._next_view(chat, history)
+        return math.ceil((estimate_overhead(system.text, tools) + estimate_messages(view)) * self.token_scale)
+
+    def _next_view(self, chat: ChatKey, history: list[Message]) -> list[Message]:
+        """The messages of the next request as far as they can be known without a model call or a
+        file write (the summary already made is in; one due now is not)."""
         view = repair_tool_pairs(conversation_view(history, self.copies))
         view = truncate_tool_arguments(view, max_chars=self.policy.tool_args_max_chars,
                                        tools=self.policy.long_argument_tools)
         view = evict_tool_results(view, max_tokens=self.budget.tool_result_tokens,
                                   results=ResultFiles(self.sessions.results_dir(chat), write=False))
-        view = tombstone_images(view, keep_turns=self.policy.image_keep_turns, max_images=self.policy.max_images)
-        return math.ceil((estimate_overhead(system.text, tools) + estimate_messages(view)) * self.token_scale)
+        return tombstone_images(view, keep_turns=self.policy.image_keep_turns, max_images=self.policy.max_images)
+
+    async def context_text(self, chat: ChatKey) -> str:
+        """What ``/context`` says: what fills the model's context now, part by part, in tokens and
+        as a share of the window (estimates, scaled by the provider's counts so far). The parts
+        add up to the next request's input."""
+        await self.refresh_skills(chat)
+        _, history = await self.sessions.load_current(chat)
+        workspace, memory_file = self.workspace_of(chat)
+        system = self.system(chat)
+        tools = self.tool_specs(chat)
+        view = self._next_view(chat, history)
+        scale = self.token_scale
+        skills = self._skills_block(workspace)
+        memory = memory_file.block() if memory_file is not None else ""
+        note = self.chat_notes.get(chat) or ""
+        base_chars = len(system.text) - sum(len(x) + 2 for x in (skills, memory, note) if x)
+        parts: list[tuple[str, int]] = [
+            ("system prompt", -(-max(0, base_chars) // CHARS_PER_TOKEN) + MESSAGE_OVERHEAD),
+            ("skills list", estimate_text(skills) if skills else 0),
+            ("memory (AGENTS.md)", estimate_text(memory) if memory else 0),
+            ("chat notes", estimate_text(note) if note else 0),
+        ]
+        per_tool = sorted(((spec.name, estimate_tools([spec])) for spec in tools), key=lambda x: -x[1])
+        parts.append((f"tool definitions ({len(tools)})", sum(n for _, n in per_tool)))
+        summary = sum(estimate_message(m) for m in view if m.meta.get(SUMMARY))
+        images = sum(1 for m in view for b in m.content if isinstance(b, ImageBlock))
+        files = sum(1 for m in view for b in m.content if isinstance(b, (AudioBlock, FileBlock)))
+        attachments = images * IMAGE_TOKENS + sum(
+            FILE_BLOCK_TOKENS + estimate_text(getattr(b, "transcript", None) or "")
+            for m in view for b in m.content if isinstance(b, (AudioBlock, FileBlock)))
+        conversation = [m for m in view if not m.meta.get(SUMMARY)]
+        parts += [("summary of older turns", summary),
+                  (f"messages ({len(conversation)})", estimate_messages(conversation) - attachments),
+                  (f"attachments ({images} image{'s' if images != 1 else ''}, {files} file{'s' if files != 1 else ''})",
+                   attachments)]
+        window = self.budget.window
+        total = math.ceil(sum(n for _, n in parts) * scale)
+
+        def row(label: str, tokens: int, indent: str = "") -> str:
+            shown = math.ceil(tokens * scale)
+            return f"{indent}- {label}: {shown:,} tokens ({shown * 100 / window:.1f}%)"
+
+        lines = [f"Context of the next request: ~{total:,} of {window:,} tokens ({total * 100 / window:.0f}%)"
+                 + (f"; estimates scaled by {scale:.2f} to the provider's counts" if scale != 1.0 else "")]
+        for label, tokens in parts:
+            if tokens or label.startswith(("system", "tool", "messages")):
+                lines.append(row(label, tokens))
+            if label.startswith("tool definitions"):
+                shown = per_tool[:25]
+                lines += [row(name, n, "    ") for name, n in shown]
+                rest = per_tool[25:]
+                if rest:
+                    lines.append(row(f"{len(rest)} more tools", sum(n for _, n in rest), "    "))
+        lines.append(f"Reserved for the reply: {self.budget.max_output:,} tokens; older turns are summarized from "
+                     f"{self.budget.trigger:,}.")
+        return "\n".join(lines)
 
     # --- model calls --------------------------------------------------------------------------
     async def _complete(self, chat: ChatKey, history: list[Message],
                         on_text: TextSink | None = None) -> tuple[ModelRequest, ModelResponse]:
-        system = self.system(chat)
-        tools = self.tool_specs()
-        budget = self.budget
-        ctx = self._request_context(chat, history, system, tools, budget)
-        messages = self._withhold_refused(
-            chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
+        self._choose_model()
+        tried: set[int] = set()
+
+        async def fitted() -> tuple[SystemPrompt, list[ToolSpec], ContextBudget, RequestContext, list[Message]]:
+            """The request's parts for the model in use; a summary due now is made by it, and if it
+            is down, the next model takes over (and makes it)."""
+            while True:
+                system = self.system(chat)
+                tools = self.tool_specs(chat)
+                budget = self.budget
+                ctx = self._request_context(chat, history, system, tools, budget)
+                try:
+                    messages = self._withhold_refused(
+                        chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
+                except ProviderUnavailable as exc:
+                    if not self._fail_over(chat, exc, tried):
+                        raise
+                    continue
+                return system, tools, budget, ctx, messages
+
+        system, tools, budget, ctx, messages = await fitted()
         refusals = 0
         image_refusals = 0
         refitted = False
@@ -498,6 +660,14 @@ class Agent:
             )
             try:
                 response = await model_call(self.provider, request)
+            except ProviderUnavailable as exc:
+                if not self._fail_over(chat, exc, tried):
+                    raise
+                # The next model, with its own window: the request is fitted to it again.
+                system, tools, budget, ctx, messages = await fitted()
+                refusals = image_refusals = 0
+                refitted = False
+                continue
             except ImageRejected as exc:
                 # One bad picture must not break the conversation: withhold the newest images,
                 # then all of them, and remember which were refused for this chat's next requests.
@@ -518,7 +688,7 @@ class Agent:
                                 self.profile.context_window)
                     budget = self.budget
                     system = self.system(chat)  # the memory share follows the window
-                    tools = self.tool_specs()  # and so does room for the tools' definitions
+                    tools = self.tool_specs(chat)  # and so does room for the tools' definitions
                     ctx = self._request_context(chat, history, system, tools, budget)
                     messages = self._withhold_refused(
                         chat, await self.pipeline.apply(conversation_view(history, self.copies), ctx))
@@ -547,10 +717,74 @@ class Agent:
                 ) from exc
             self._calibrate(request, response)
             self._remember()
+            self._note_answer(chat)
             if not self.tools_available and self.tools.tools and _PRETEND_CALL.search(response.message.text):
                 log.warning("chat %s: the model wrote a tool call as text, but this server cannot call tools "
                             "(see /status); it was answered as text", chat)
             return request, response
+
+    # --- failover -----------------------------------------------------------------------------
+    def _use(self, index: int) -> None:
+        """Make model ``index`` the one in use (its provider, its profile and window)."""
+        if index == self.active:
+            return
+        current = self.models[self.active]
+        current.provider, current.profile = self.provider, self.profile
+        slot = self.models[index]
+        self.active = index
+        self.provider = slot.provider
+        self.profile = slot.profile
+        if self.summary_provider is None:
+            self.summarizer.provider = slot.provider
+
+    def _choose_model(self) -> None:
+        """Before a model call: the first model that is not resting (the first one again once its
+        cool-down is over); when all rest, the first."""
+        if len(self.models) == 1:
+            return
+        now = self.clock()
+        index = next((i for i, slot in enumerate(self.models) if slot.down_until <= now), 0)
+        if index != self.active:
+            if index < self.active:
+                log.warning("model %s has rested its cool-down: trying it again instead of %s",
+                            self.models[index].label, self.models[self.active].label)
+            else:
+                log.warning("model %s is resting after a failure (%s): using %s", self.models[self.active].label,
+                            self.models[self.active].reason, self.models[index].label)
+            self._use(index)
+
+    def _fail_over(self, chat: ChatKey, exc: ProviderUnavailable, tried: set[int]) -> bool:
+        """The model in use failed after its retries: let it rest and use the next one not yet
+        tried in this call. False when there is none (the error stands)."""
+        if len(self.models) == 1:
+            return False
+        failed = self.models[self.active]
+        failed.down_until = self.clock() + self.fallback_cooldown_s
+        failed.reason = _why(exc)
+        tried.add(self.active)
+        now = self.clock()
+        index = next((i for i, slot in enumerate(self.models) if i not in tried and slot.down_until <= now), None)
+        if index is None:
+            log.error("chat %s: model %s failed (%s), and no other model is left to try", chat, failed.label,
+                      failed.reason)
+            return False
+        log.warning("chat %s: model %s failed after its retries (%s); the turn goes on with %s (%s is tried "
+                    "again after %gs)", chat, failed.label, failed.reason, self.models[index].label, failed.label,
+                    self.fallback_cooldown_s)
+        self._use(index)
+        return True
+
+    def _note_answer(self, chat: ChatKey) -> None:
+        if len(self.models) == 1:
+            return
+        slot = self.models[self.active]
+        if self.active == 0:
+            self.answered_by[chat] = (slot.label, "the first model")
+            return
+        first = self.models[0]
+        why = f"fallback: {first.label} failed ({first.reason})"
+        self.answered_by[chat] = (slot.label, why)
+        log.info("chat %s: answered by %s (%s)", chat, slot.label, why)
 
     def _withhold_refused(self, chat: ChatKey, messages: list[Message]) -> list[Message]:
         refused = self.refused_images.get(chat)
@@ -616,6 +850,7 @@ class Agent:
                     log.info("turn %s in %s already answered before a restart; replaying", turn_id, chat)
                     text = done.text + (cut_off_note(int(done.meta["cut_off"])) if done.meta.get("cut_off") else "")
                     return TurnResult(text=text, steps=0, replayed=True, messages=[done])
+        await self.refresh_skills(chat)
         if self.tools_available and self.tools.sources:
             # Outside tool sources (MCP servers) get ready for this chat, bounded by their own limits.
             await self.tools.prepare(self.tool_context(chat))
@@ -644,7 +879,8 @@ class Agent:
         steps = 0
         usage: Usage | None = None
         while True:
-            await self._answer_pending_tool_calls(chat, history, start, turn_id, produced, hooks)
+            await self._answer_pending_tool_calls(chat, history, start, turn_id, produced, hooks,
+                                                  resumed=steps == 0)
             if steps >= self.max_steps:
                 words = (f"I stopped after {steps} steps without finishing (the step limit is "
                          f"{self.max_steps}). Tell me how to continue.")
@@ -716,38 +952,64 @@ class Agent:
 
     async def _answer_pending_tool_calls(
         self, chat: ChatKey, history: list[Message], start: int, turn_id: str, produced: list[Message],
-        hooks: TurnHooks | None = None,
+        hooks: TurnHooks | None = None, *, resumed: bool = False,
     ) -> None:
-        """Run this turn's tool calls that have no result yet (none after a crash-free step)."""
+        """Run this turn's tool calls that have no result yet (none after a crash-free step).
+        ``resumed``: they were asked for before a restart; a delegation among them is reported
+        as cut off instead of started again unseen (its child died with the process)."""
         last_assistant = next(
             (i for i in range(len(history) - 1, start, -1) if history[i].role == "assistant"), None
         )
         if last_assistant is None or not history[last_assistant].tool_calls:
             return
         answered = {m.tool_call_id for m in history[last_assistant + 1:] if m.role == "tool"}
-        ctx = self.tool_context(chat)
-        for call in history[last_assistant].tool_calls:
-            if call.id in answered:
-                continue
+        ctx = replace(self.tool_context(chat), hooks=hooks)
+        pending = [call for call in history[last_assistant].tool_calls if call.id not in answered]
+
+        async def run(call: ToolCall) -> tuple[ToolResult, bool]:
+            if resumed and call.name == "delegate":
+                log.warning("chat %s: a delegation was cut off by a restart; the turn is told so", chat)
+                return ToolResult.text(
+                    "Error: Talon restarted while this sub-agent was working, so it stopped before it finished. "
+                    "Files it wrote may be in the workspace; delegate the task again if it is still needed.",
+                    is_error=True), False
             refusal = await hooks.approve(call) if hooks is not None and hooks.approve is not None else None
             if refusal is not None:
-                result = ToolResult.text(refusal, is_error=True)
-            else:
-                result = await self.tools.call(call, ctx)
-            if hooks is not None and hooks.tool_done is not None:
-                hooks.tool_done(call.name, "denied" if refusal is not None else "error" if result.is_error else "ok")
-            message = Message(
-                role="tool",
-                content=result.content,
-                tool_call_id=call.id,
-                tool_name=call.name,
-                meta={"turn_id": turn_id, **({"error": True} if result.is_error else {})},
-            )
-            await self._append(chat, message)
-            history.append(message)
-            produced.append(message)
+                return ToolResult.text(refusal, is_error=True), True
+            return await self.tools.call(call, ctx), False
+
+        # Calls of a parallel tool (delegate) in this step start together; results are still
+        # written in the order the model asked for them.
+        together = [c for c in pending if getattr(self.tools.tools.get(c.name), "parallel", False)]
+        started = {c.id: asyncio.ensure_future(run(c)) for c in together} if len(together) > 1 else {}
+        try:
+            for call in pending:
+                result, denied = await (started[call.id] if call.id in started else run(call))
+                if self.tool_budget is not None and not denied:
+                    self.tool_budget.uses[call.name] += 1  # the most used are sent first
+                if hooks is not None and hooks.tool_done is not None:
+                    hooks.tool_done(call.name, "denied" if denied else "error" if result.is_error else "ok")
+                message = Message(
+                    role="tool",
+                    content=result.content,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    meta={"turn_id": turn_id, **({"error": True} if result.is_error else {})},
+                )
+                await self._append(chat, message)
+                history.append(message)
+                produced.append(message)
+        finally:
+            unfinished = [task for task in started.values() if not task.done()]
+            for task in unfinished:
+                task.cancel()  # the turn was stopped: its other delegations stop with it
+            if unfinished:
+                await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def aclose(self) -> None:
+        for slot in self.models:
+            if slot.provider is not self.provider:
+                await slot.provider.aclose()
         await self.provider.aclose()
         if self.summary_provider is not None and self.summary_provider is not self.provider:
             await self.summary_provider.aclose()

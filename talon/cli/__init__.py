@@ -1,4 +1,4 @@
-"""The `talon` command: ``run | chat | doctor | pair | migrate | usage`` and the parser here; one
+"""The `talon` command: ``run | chat | doctor | pair | migrate | usage | ui`` and the parser here; one
 module per later command in this package: ``setup``, ``backup`` (backup, ``--verify`` and restore),
 ``export``, and ``reindex`` (`talon migrate` with no ``--to``: the search index)."""
 
@@ -51,7 +51,10 @@ class _RedactingFormatter(logging.Formatter):
 def _secrets(settings: Settings) -> list[str]:
     return [value.strip() for value in (settings.telegram_bot_token, settings.twilio_auth_token,
                                         settings.openai_api_key, settings.anthropic_api_key,
-                                        settings.telegram_webhook_secret) if value.strip()]
+                                        settings.telegram_webhook_secret, settings.matrix_access_token,
+                                        settings.matrix_password, settings.slack_bot_token,
+                                        settings.slack_signing_secret, settings.slack_app_token,
+                                        settings.discord_bot_token) if value.strip()]
 
 
 def _setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
@@ -248,8 +251,16 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
-    from talon.doctor_checks import (model_url_row, settings_row, telegram_bot_row, twilio_account_row,
-                                     whatsapp_templates_row)
+    from talon.doctor_checks import (
+        discord_bot_row,
+        matrix_account_row,
+        model_url_row,
+        settings_row,
+        slack_bot_row,
+        telegram_bot_row,
+        twilio_account_row,
+        whatsapp_templates_row,
+    )
     from talon.speech.transcribe import Transcriber
 
     rows: list[tuple[str, str]] = [settings_row()]
@@ -298,11 +309,40 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if account is not None:
             rows.append(account)
         rows.append(whatsapp_templates_row(settings))
+    rows.append(("matrix", "configured" if settings.matrix_configured() else "not configured"))
+    if settings.matrix_configured():
+        rows.append(asyncio.run(matrix_account_row(settings)))
+        rows.append(("matrix allowlist", ", ".join(sorted(settings.matrix_allowlist)) or empty_allowlist))
+        try:
+            rooms = ", ".join(sorted(settings.matrix_allowed_room_ids)) or "none (direct messages only)"
+        except ConfigError as exc:
+            rooms = f"INVALID: {exc}"
+        rows.append(("matrix rooms", rooms))
+    rows.append(("slack", ("configured (Socket Mode)" if settings.slack_socket_mode else
+                           f"configured (Events API at {settings.slack_events_path})")
+                  if settings.slack_configured() else "not configured"))
+    if settings.slack_configured():
+        rows.append(asyncio.run(slack_bot_row(settings)))
+        rows.append(("slack allowlist", ", ".join(sorted(settings.slack_allowlist)) or empty_allowlist))
+        rows.append(("slack channels", ", ".join(sorted(settings.slack_allowed_channel_ids))
+                     or "none (direct messages only)"))
+    rows.append(("discord", "configured" if settings.discord_configured() else "not configured"))
+    if settings.discord_configured():
+        rows.append(asyncio.run(discord_bot_row(settings)))
+        rows.append(("discord allowlist", ", ".join(sorted(settings.discord_allowlist)) or empty_allowlist))
+        try:
+            served = ", ".join(sorted(settings.discord_allowed_channel_ids)) or "none (direct messages only)"
+        except ConfigError as exc:
+            served = f"INVALID: {exc}"
+        rows.append(("discord channels", served))
     rows.append(("pairing", "on: unknown senders get a code for `talon pair`" if settings.pairing
                  else "off (TALON_PAIRING=false)"))
     from talon.control.doctor import control_rows
 
     rows += control_rows(settings)
+    from talon.ui.security import panel_row
+
+    rows.append(panel_row(settings))
     # Every check `talon run` makes before it starts (talon.preflight): a refusal there is a
     # problem here, named by its area, whether or not a row above showed it already.
     from talon.preflight import NO_CHANNEL, start_problems
@@ -493,6 +533,15 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return run(args, _load_settings())
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    """``talon ui password`` / ``talon ui link`` (talon.ui.cli)."""
+    from talon.ui import cli as ui_cli
+
+    if args.what == "password":
+        return ui_cli.cmd_password(args)
+    return ui_cli.cmd_link(args, _load_settings())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -542,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     from talon.cli.setup import add_command as setup_command
 
     setup_command(sub)
+    ui = sub.add_parser("ui", help="the web panel: make a password hash, or a one-time sign-in link")
+    ui.add_argument("what", choices=["password", "link"],
+                    help="password: print an argon2 hash for TALON_UI_PASSWORD_HASH; link: print a sign-in "
+                         "link good for 10 minutes, once")
+    ui.set_defaults(func=cmd_ui)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -151,6 +151,10 @@ class Control:
         for label, since in (("today", day), ("this month", month), ("all time", 0.0)):
             totals = await self.usage.totals(since, channel=message.channel, person=message.sender_id)
             lines.append(f"- {label}: {_totals_words(totals)}")
+        models = await self.usage.by_model(month, channel=message.channel, person=message.sender_id)
+        if len(models) > 1:  # a fallback answered too (TALON_MODEL_FALLBACKS)
+            lines.append("By model, this month:")
+            lines += [f"- {model}: {_totals_words(totals)}" for model, totals in models.items()]
         if message.is_group:
             lines.append("This group:" if not message.thread_id else "This topic:")
             for label, since in (("today", day), ("this month", month), ("all time", 0.0)):

@@ -7,7 +7,8 @@ per-chat workspaces: memory files, skills, files the agent made) under ``media/`
 where it came from. So an archive of an embedded Talon restores into PostgreSQL and back.
 
 Taken from an embedded Talon, running or not: each SQLite database through SQLite's online backup
-API (a consistent snapshot while writers go on; a WhatsApp delivery claim is cleared in it), each
+API (a consistent snapshot while writers go on; WhatsApp delivery claims and the panel's sign-ins
+are cleared in it), each
 session log up to its last complete line (a message being written is left out whole, never half
 in), the other files as they are. The search index is not archived (``EMBEDDED_NOT_ARCHIVED``): it
 is derived, and rebuilt on restore. From PostgreSQL: every table ``talon.storage.pg_export``
@@ -349,7 +350,11 @@ def _complete_lines_size(path: Path) -> int:
 # What a snapshot of an embedded store leaves out, as in an archive of PostgreSQL
 # (talon.storage.pg_export.SKIPPED_COLUMNS): a worker's claim on delivering a chat's waiting
 # WhatsApp messages means nothing to the Talon that is restored.
-_SCRUB = {"whatsapp.sqlite3": "UPDATE wa_windows SET holder = NULL, until = NULL WHERE holder IS NOT NULL"}
+# Nor do the web panel's sign-ins (sessions, one-time links, failed attempts): a restored Talon
+# asks to sign in again. (table, statement) per file; a table an older file lacks is skipped.
+_SCRUB = {"whatsapp.sqlite3": [("wa_windows", "UPDATE wa_windows SET holder = NULL, until = NULL "
+                                              "WHERE holder IS NOT NULL")],
+          "control.sqlite3": [(t, f"DELETE FROM {t}") for t in ("panel_sessions", "panel_links", "panel_failures")]}
 
 
 def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
@@ -359,10 +364,11 @@ def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
         dst = sqlite3.connect(str(dst_path))
         try:
             src.backup(dst, pages=256)
-            scrub = _SCRUB.get(src_path.name)
-            if scrub is not None:
-                with dst:
-                    dst.execute(scrub)
+            with dst:
+                for table, statement in _SCRUB.get(src_path.name, []):
+                    if dst.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                   (table,)).fetchone() is not None:
+                        dst.execute(statement)
         finally:
             dst.close()
     finally:

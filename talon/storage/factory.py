@@ -29,6 +29,7 @@ from talon.storage.usage import UsageStore
 from talon.storage.whatsapp import WhatsAppStore
 
 if TYPE_CHECKING:  # psycopg (11 MB) is imported only with TALON_DATABASE_URL
+    from talon.storage.panel import PanelStore
     from talon.storage.postgres.db import AsyncDatabase
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Stores:
     # WhatsApp's window, waiting messages and receipts (channels.whatsapp); None: not opened yet.
     whatsapp: WhatsAppStore | None = None
     control_db: SqliteRunner | None = None
+    panel: "PanelStore | None" = None  # the web panel's (talon.ui): sign-in, audit log, chat index
     adb: AsyncDatabase | None = None  # None: embedded
     leases: Leases | None = None
     deployment: str = ""
@@ -102,7 +104,9 @@ class Stores:
 
 
 def _allowlists(settings: Settings) -> dict[str, set[str]]:
-    return {"telegram": settings.telegram_allowlist, "whatsapp": settings.whatsapp_allowlist}
+    return {"telegram": settings.telegram_allowlist, "whatsapp": settings.whatsapp_allowlist,
+            "matrix": settings.matrix_allowlist, "slack": settings.slack_allowlist,
+            "discord": settings.discord_allowlist}
 
 
 def embedded_pairing(settings: Settings) -> PairingStore:
@@ -139,6 +143,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
         from talon.storage.embedded.tasks import SqliteTaskStore
         from talon.storage.embedded.whatsapp import SqliteWhatsAppStore
+        from talon.storage.embedded.panel import SqlitePanelStore
 
         control = open_control_db(settings.data_dir / "control.sqlite3")
         return Stores(
@@ -154,6 +159,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             control_db=control,
             whatsapp=SqliteWhatsAppStore(settings.data_dir / "whatsapp.sqlite3")
             if settings.whatsapp_configured() else None,
+            panel=SqlitePanelStore(control),
         )
     from talon.storage.postgres.access import PgPairing
     from talon.storage.postgres.attachments import PgAttachments
@@ -165,6 +171,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.sessions import PgSessions
     from talon.storage.postgres.tasks import PgTaskStore
     from talon.storage.postgres.whatsapp import PgWhatsAppStore
+    from talon.storage.postgres.panel import PgPanelStore
 
     db = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
     attachments = PgAttachments(db, settings.data_dir / "attachments")
@@ -179,6 +186,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         usage=PgUsageStore(db),
         approvals=PgApprovalStore(db),
         whatsapp=PgWhatsAppStore(db),
+        panel=PgPanelStore(db),
         adb=db,
         leases=PgLeases(db, worker, settings.lease_s),
         shared_dirs={"TALON_MEDIA_ROOT": settings.media_root, "TALON_DATA_DIR": settings.data_dir / "sessions"}

@@ -33,7 +33,9 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
     "tasks.sqlite3": [("talon_tasks", "tasks", "id"), ("talon_task_runs", "task_runs", "task_id"),
                       ("talon_chat_zones", "chat_zones", "channel")],
     "control.sqlite3": [("talon_usage", "usage", "id"), ("talon_usage_grants", "usage_grants", "id"),
-                        ("talon_approvals", "approvals", "id"), ("talon_approval_always", "approval_always", "channel")],
+                        ("talon_approvals", "approvals", "id"), ("talon_approval_always", "approval_always", "channel"),
+                        ("talon_panel_audit", "panel_audit", "id"), ("talon_panel_chats", "panel_chats", "channel"),
+                        ("talon_panel_days", "panel_days", "day")],
     "whatsapp.sqlite3": [("talon_wa_windows", "wa_windows", "chat_id"), ("talon_wa_pending", "wa_pending", "id"),
                          ("talon_wa_sent", "wa_sent", "sid"), ("talon_wa_tokens", "wa_tokens", "token")],
 }
@@ -49,7 +51,19 @@ NOT_ARCHIVED = {
     "talon_leases": "live per-worker leases",
     # Links Twilio fetches media by, valid for minutes: expired long before any restore.
     "talon_media_links": "short-lived media links",
+    # The web panel's sign-ins: browser sessions, one-time sign-in links, failed sign-ins (rate
+    # limiting). A restored Talon asks to sign in again; a session ended since the backup cannot
+    # come back with it.
+    "talon_panel_sessions": "live panel sign-in sessions",
+    "talon_panel_links": "one-time panel sign-in links",
+    "talon_panel_failures": "failed panel sign-ins (rate limiting)",
+    # Usage summed per day: derived, rebuilt by the trigger on talon_usage as its rows are restored.
+    "talon_panel_usage_daily": "derived from talon_usage (rebuilt on restore)",
 }
+# The same tables in the embedded store files: a backup of PostgreSQL does not make them and a
+# restore into PostgreSQL does not copy them (the embedded snapshot clears the sign-ins, see
+# talon.storage.backup; the embedded rollup is rebuilt by its trigger as the usage rows are written).
+NOT_CARRIED = {"control.sqlite3": frozenset({"panel_sessions", "panel_links", "panel_failures", "panel_usage_daily"})}
 # Columns of archived tables that are not in the archive: a worker's claim on delivering a chat's
 # waiting WhatsApp messages (it lapses; the restored deployment's workers claim anew; ``talon
 # migrate`` and the embedded snapshot leave it out too), and the database's own number for a
@@ -75,8 +89,13 @@ def _make_embedded(name: str, path: Path) -> None:
         SqliteTaskStore(path)._db.close()
     elif name == "control.sqlite3":
         from talon.storage.embedded.control import open_control_db
+        from talon.storage.embedded.panel import setup_panel
 
-        open_control_db(path).close()
+        runner = open_control_db(path)
+        try:
+            runner.run_blocking(setup_panel)  # the panel's tables, and the usage rollup's trigger
+        finally:
+            runner.close()
     elif name == "whatsapp.sqlite3":
         from talon.storage.embedded.whatsapp import setup_schema
 

@@ -60,6 +60,11 @@ class UsageStore(Protocol):
         (``person`` needs ``channel``: ids are per channel)."""
         ...
 
+    async def by_model(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                       person: str | None = None) -> dict[str, UsageTotals]:
+        """``totals`` for each model that was called (failover: ``TALON_MODEL_FALLBACKS``)."""
+        ...
+
     async def spend(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                     person: str | None = None) -> UsageTotals:
         """Like ``totals``, but only the tokens and the cost (what caps count; the rest is 0): the
@@ -108,6 +113,12 @@ class MemoryUsageStore:
                      person: str | None = None) -> UsageTotals:
         return add_up([r for r in self.records if matches(r, since, channel, chat_id, person)],
                       per_person=person is not None)
+
+    async def by_model(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                       person: str | None = None) -> dict[str, UsageTotals]:
+        chosen = [r for r in self.records if matches(r, since, channel, chat_id, person)]
+        return {model: add_up([r for r in chosen if r.model == model], per_person=person is not None)
+                for model in sorted({r.model for r in chosen})}
 
     async def spend(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                     person: str | None = None) -> UsageTotals:

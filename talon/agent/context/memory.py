@@ -125,14 +125,18 @@ class Memory:
         return self._block
 
 
-def build_system_prompt(base: str, guide: str, memory: str) -> SystemPrompt:
-    """Base + guide (first cache point), then memory (second cache point)."""
+def build_system_prompt(base: str, guide: str, memory: str, skills: str = "") -> SystemPrompt:
+    """Base + guide (first cache point), the skills list (its own cache point: it changes only
+    when a skill is added or edited), then memory (the last cache point)."""
     stable = base.rstrip()
     if guide:
         stable += "\n\n" + guide
     points = [len(stable)]
     text = stable
+    if skills:
+        text = stable + "\n\n" + skills
+        points.append(len(text))
     if memory:
-        text = stable + "\n\n" + memory
+        text = text + "\n\n" + memory
         points.append(len(text))
     return SystemPrompt(text=text, cache_points=points)

@@ -48,6 +48,11 @@ class ToolContext:
     # Seconds a tool's own loops should aim to finish within (the registry enforces its limit
     # from outside anyway).
     time_budget_s: float = 60.0
+    # The chat being served (a ``ChatKey``), what the turn was lent (``TurnHooks``: its call
+    # guard and approvals) and how deep in delegation the call is (0: the chat's own agent).
+    chat: Any = None
+    hooks: Any = None
+    depth: int = 0
 
 
 class Tool(abc.ABC):
@@ -64,6 +69,9 @@ class Tool(abc.ABC):
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
+
+    # Calls of a tool marked ``parallel`` in one step run at the same time (``delegate``).
+    parallel: bool = False
 
     @property
     def offered(self) -> bool:

@@ -241,10 +241,11 @@ class Sandbox:
     memory_cgroup: Path | None = None
 
     def argv(self, workspace: Path, command: str, *, cgroup: CommandCgroup | Path | None = None,
-             max_file_size: int | None = None) -> list[str]:
+             max_file_size: int | None = None, read_only_binds: tuple[tuple[str, str], ...] = ()) -> list[str]:
         """The command line that runs ``/bin/sh -c command`` inside the sandbox (in ``cgroup``,
         from ``new_cgroup``; a ``Path`` is one cgroup directory). ``max_file_size`` lowers the
-        file-size limit for this command (the workspace's remaining room)."""
+        file-size limit for this command (the workspace's remaining room); ``read_only_binds``
+        (host path, path inside) are mounted read-only (the shared skills at ``/skills``)."""
         argv = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all",
                 "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
                 "--disable-userns", "--cap-drop", "ALL", "--clearenv", "--hostname", "talon-sandbox"]
@@ -258,8 +259,10 @@ class Sandbox:
                 argv += ["--ro-bind", entry, entry]
         limits = self.limits
         fsize = limits.max_file_size if max_file_size is None else max(0, min(max_file_size, limits.max_file_size))
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for source, target in read_only_binds:
+            argv += ["--ro-bind", source, target]
         argv += [
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
             "--bind", os.fspath(workspace), SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
             "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", SANDBOX_WORKDIR,
             "--setenv", "LANG", "C.UTF-8", "--setenv", "LC_ALL", "C.UTF-8", "--setenv", "TERM", "dumb",

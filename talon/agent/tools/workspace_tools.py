@@ -649,6 +649,8 @@ class ShellTool(WorkspaceTool):
         # Every command runs in this bubblewrap sandbox (``talon.agent.tools.sandbox``); None only
         # under TALON_SHELL_UNSANDBOXED=true.
         self.sandbox = sandbox
+        # Host directories commands see read-only, and where (the shared skills at /skills).
+        self.read_only_binds: tuple[tuple[str, str], ...] = ()
 
     @property
     def sandboxed(self) -> bool:
@@ -700,7 +702,8 @@ class ShellTool(WorkspaceTool):
         if allowance == 0:
             notes.append(f"[{workspace.full_notice(used_before)}; in this command no file can grow]")
         if self.sandbox is not None:
-            argv = self.sandbox.argv(workspace.real_root, command, cgroup=cgroup, max_file_size=allowance)
+            argv = self.sandbox.argv(workspace.real_root, command, cgroup=cgroup, max_file_size=allowance,
+                                     read_only_binds=self.read_only_binds)
             env = {"PATH": SANDBOX_PATH}
         else:
             argv = ["/bin/sh", "-c", command]

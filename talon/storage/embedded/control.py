@@ -165,6 +165,14 @@ class SqliteUsageStore:
         row = await self.runner.run(lambda conn: conn.execute(f"{usage_sums(person is not None)} usage WHERE {where}", params).fetchone())
         return totals_of(row)
 
+    async def by_model(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                       person: str | None = None) -> dict[str, UsageTotals]:
+        where, params = usage_where(since, channel, chat_id, person)
+        sums = usage_sums(person is not None).replace("SELECT ", "SELECT model, ", 1)
+        rows = await self.runner.run(lambda conn: conn.execute(
+            f"{sums} usage WHERE {where} GROUP BY model ORDER BY model", params).fetchall())
+        return {str(row[0]): totals_of(tuple(row[1:])) for row in rows}
+
     async def spend(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                     person: str | None = None) -> UsageTotals:
         where, params = usage_where(since, channel, chat_id, person)

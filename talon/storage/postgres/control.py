@@ -33,6 +33,13 @@ class PgUsageStore:
         where, params = usage_where(since, channel, chat_id, person, mark="%s")
         return totals_of(await self.db.fetchone(f"{usage_sums(person is not None)} talon_usage WHERE {where}", params))
 
+    async def by_model(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
+                       person: str | None = None) -> dict[str, UsageTotals]:
+        where, params = usage_where(since, channel, chat_id, person, mark="%s")
+        sums = usage_sums(person is not None).replace("SELECT ", "SELECT model, ", 1)
+        rows = await self.db.fetchall(f"{sums} talon_usage WHERE {where} GROUP BY model ORDER BY model", params)
+        return {str(row[0]): totals_of(tuple(row[1:])) for row in rows}
+
     async def spend(self, since: float, *, channel: str | None = None, chat_id: str | None = None,
                     person: str | None = None) -> UsageTotals:
         where, params = usage_where(since, channel, chat_id, person, mark="%s")

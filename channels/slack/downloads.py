@@ -1,0 +1,61 @@
+"""Files a person shared, fetched during the turn from their ``url_private_download`` with the
+bot token (``Authorization: Bearer``), streamed into the attachment store under the download cap;
+refused before a byte is read when the event already says the file is too big.
+
+The token goes only to the configured API host (``SLACK_API_BASE_URL``) or its ``files.``
+neighbour over the same scheme: an event naming any other address (a hostile or forged event, a
+private address) is not fetched, so the bot token never leaves for somewhere else. Redirects are
+not followed (a redirect could carry the token's request elsewhere).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import httpx
+
+from talon.config import Limits
+from talon.content import InboundFile
+from talon.envelope import RemoteFile
+from talon.errors import DownloadError, DownloadTooLarge, MediaError
+from talon.storage.attachments import AttachmentStore
+
+from channels.base import store_response
+from channels.slack.api import SlackApi
+
+
+def fetchable(url: str, api: SlackApi) -> bool:
+    parts = urlsplit(url)
+    base = urlsplit(api.base_url)
+    return (parts.scheme == base.scheme and parts.netloc.lower() in api.file_hosts and not parts.username
+            and not parts.password and "@" not in parts.netloc)
+
+
+class Downloads:
+    def __init__(self, api: SlackApi, timeout_s: float) -> None:
+        self.api = api
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
+
+    async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
+        base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size)
+        name = remote.name or remote.kind
+        if remote.size is not None and remote.size > limits.download_max_bytes:
+            return base.model_copy(update={"notice": str(DownloadTooLarge(name, remote.size, limits.download_max_bytes))})
+        if not fetchable(remote.source, self.api):
+            return base.model_copy(update={"notice": f"{name} has an address Talon does not fetch"})
+        try:
+            async with self.http.stream("GET", remote.source,
+                                        headers={"Authorization": f"Bearer {self.api.token}"}) as resp:
+                if resp.status_code != 200:
+                    raise DownloadError(f"download of {name} failed: HTTP {resp.status_code}")
+                ref = await store_response(resp, store, remote, limit=limits.download_max_bytes,
+                                           mime=remote.mime or resp.headers.get("content-type")
+                                           or "application/octet-stream")
+        except httpx.HTTPError as exc:
+            return base.model_copy(update={"notice": f"download of {name} failed: {type(exc).__name__}"})
+        except MediaError as exc:
+            return base.model_copy(update={"notice": str(exc)})
+        return base.model_copy(update={"ref": ref, "size": ref.bytes})
+
+    async def close(self) -> None:
+        await self.http.aclose()
