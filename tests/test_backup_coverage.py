@@ -12,6 +12,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from talon.config import Settings
 from talon.content import Message
 from talon.storage import pg_export
@@ -137,3 +139,31 @@ async def test_every_embedded_store_file_and_table_is_archived_or_named_as_left_
             assert f"data/{rel}" not in manifest.files
         else:
             assert f"data/{rel}" in manifest.files, f"{rel} is not in the archive"
+
+
+async def test_a_store_file_a_database_restore_cannot_copy_is_refused_not_deleted(tmp_path: Path,
+                                                                                  pg_url: str) -> None:
+    """A restore into PostgreSQL removes the embedded store files it copied; a store file it does
+    not know (from a newer Talon, or planted) is refused by name, and nothing is left behind."""
+    from talon.errors import BackupError
+    from talon.storage.backup import restore
+
+    data = tmp_path / "src" / "data"
+    data.mkdir(parents=True)
+    conn = sqlite3.connect(str(data / "future.sqlite3"))
+    conn.execute("CREATE TABLE kept (x TEXT)")
+    conn.execute("INSERT INTO kept VALUES ('something Talon keeps')")
+    conn.commit()
+    conn.close()
+    archive = tmp_path / "a.tar.gz"
+    manifest = await asyncio.to_thread(backup, archive, data, tmp_path / "src" / "media_root")
+    assert "data/future.sqlite3" in manifest.files
+    target = tmp_path / "pg" / "data"
+    with pytest.raises(BackupError, match=r"future\.sqlite3, a store this Talon cannot copy into a database"):
+        await asyncio.to_thread(restore, archive, target, database_url=pg_url)
+    assert not target.exists()
+    # Without a database it restores as it is.
+    await asyncio.to_thread(restore, archive, tmp_path / "embedded" / "data")
+    back = sqlite3.connect(str(tmp_path / "embedded" / "data" / "future.sqlite3"))
+    assert back.execute("SELECT x FROM kept").fetchall() == [("something Talon keeps",)]
+    back.close()
