@@ -66,8 +66,10 @@ async def test_every_postgres_table_is_archived_or_named_as_left_out(pg_url: str
     assert not uncovered, f"the schema creates {uncovered}, which no backup holds: {HOW}"
     stale = sorted((archived | set(pg_export.NOT_ARCHIVED)) - set(catalog))
     assert not stale, f"{stale} are declared but the schema has no such table"
-    # A restore into PostgreSQL checks and fills exactly the archived tables.
+    # A restore into PostgreSQL checks and fills exactly the archived tables; what they derive is
+    # among the tables left out.
     assert set(_filled_tables()) == archived
+    assert set(pg_export.DERIVED_TABLES) <= set(pg_export.NOT_ARCHIVED)
     # Every column of a table archived as an embedded store is carried, or left out on purpose.
     with_files = {pg: (file, lite) for file, tables in pg_export.TABLES.items() for pg, lite, _ in tables}
     dropped = {}
@@ -167,3 +169,34 @@ async def test_a_store_file_a_database_restore_cannot_copy_is_refused_not_delete
     back = sqlite3.connect(str(tmp_path / "embedded" / "data" / "future.sqlite3"))
     assert back.execute("SELECT x FROM kept").fetchall() == [("something Talon keeps",)]
     back.close()
+
+
+async def test_a_failed_restore_into_postgres_empties_what_it_filled_and_what_that_derived(
+        tmp_path: Path, pg_url: str) -> None:
+    """The copy fails its checks (an attachment whose bytes do not match its name) after the usage
+    rows are in: every archived table is emptied again, and so is the usage rollup the database's
+    trigger built from them, so a second try does not count the usage twice."""
+    import psycopg
+
+    from talon.errors import BackupError
+    from talon.storage.backup import restore
+    from talon.storage.embedded.control import open_control_db
+
+    data = tmp_path / "src" / "data"
+    data.mkdir(parents=True)
+    runner = open_control_db(data / "control.sqlite3")
+    runner.run_blocking(lambda c: c.execute(
+        "INSERT INTO usage (at, channel, chat_id, person, model, purpose, input_tokens, output_tokens, "
+        "cached_tokens, cost, estimated, extra_share) VALUES (1e9, 'telegram', '1', '1', 'm', 'answer', 10, 5, 0, "
+        "0.01, 0, 0)"))
+    runner.close()
+    bad = data / "attachments" / "aa" / ("aa" + "0" * 62)
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not the bytes this name promises")
+    archive = tmp_path / "a.tar.gz"
+    await asyncio.to_thread(backup, archive, data, tmp_path / "src" / "media_root")
+    with pytest.raises(BackupError, match="failed its checks"):
+        await asyncio.to_thread(restore, archive, tmp_path / "pg" / "data", database_url=pg_url)
+    with psycopg.connect(pg_url) as conn:
+        for table in (*pg_export.ARCHIVED_TABLES, *pg_export.DERIVED_TABLES):
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table

@@ -539,7 +539,9 @@ def _empty_database(url: str) -> None:
         with psycopg.connect(url, connect_timeout=10) as conn:
             have = {str(r[0]) for r in conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
-            tables = [t for t in _filled_tables() if t in have]
+            from talon.storage.pg_export import DERIVED_TABLES
+
+            tables = [t for t in (*_filled_tables(), *DERIVED_TABLES) if t in have]
             if tables:
                 conn.execute(f"TRUNCATE {', '.join(tables)}")
     except Exception as exc:

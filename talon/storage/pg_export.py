@@ -60,6 +60,9 @@ NOT_ARCHIVED = {
     # Usage summed per day: derived, rebuilt by the trigger on talon_usage as its rows are restored.
     "talon_panel_usage_daily": "derived from talon_usage (rebuilt on restore)",
 }
+# Of those, the tables derived from archived ones while a restore fills them (emptied with them
+# when a restore fails, so a second try does not count twice).
+DERIVED_TABLES = ("talon_panel_usage_daily",)
 # The same tables in the embedded store files: a backup of PostgreSQL does not make them and a
 # restore into PostgreSQL does not copy them (the embedded snapshot clears the sign-ins, see
 # talon.storage.backup; the embedded rollup is rebuilt by its trigger as the usage rows are written).
