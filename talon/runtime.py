@@ -145,6 +145,11 @@ class Runtime:
             # In the background: the channels start now, and the first voice note finds the
             # models loaded instead of paying for the load.
             self.warmup = asyncio.create_task(self.warm_speech(), name="speech-warmup")
+        elif self.transcriber is not None and self.transcriber.available:
+            # Without the warm-up: only the model's files, made once per installation (the
+            # bundled base is joined from its two packages), so the first voice note pays for
+            # loading the model and nothing more; no memory is kept.
+            self.warmup = asyncio.create_task(self.prepare_speech_files(), name="speech-files")
         if self.settings.speech_idle_minutes > 0 and (self.transcriber is not None or self.synthesizer is not None):
             self.speech_idle = asyncio.create_task(self.unload_idle_speech(self.settings.speech_idle_minutes * 60),
                                                    name="speech-idle")
@@ -193,6 +198,16 @@ class Runtime:
                 log.warning("warming the %s model failed: %s", name, exc)
             else:
                 log.info("%s model ready in %.1fs", name, time.monotonic() - started)
+
+    async def prepare_speech_files(self) -> None:
+        assert self.transcriber is not None
+        try:
+            await self.transcriber.prepare_files()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # shown again, with its reason, at the first voice note
+            log.warning("preparing the transcription model's files failed: %s", exc)
+        await asyncio.to_thread(give_memory_back)  # what the worker thread touched
 
     async def unload_idle_speech(self, idle_s: float) -> None:
         """Every so often, let go of Whisper and the voice when unused for ``idle_s``, and give
