@@ -184,6 +184,15 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX talon_session_lines_search ON talon_session_lines USING GIN (search);
     CREATE INDEX talon_session_lines_unindexed ON talon_session_lines (channel, chat_id) WHERE NOT indexed;
     """,
+    # 11: background delegations (talon.jobs, talon.storage.jobs): one row per job, read per chat.
+    """
+    CREATE TABLE talon_jobs (
+        id TEXT PRIMARY KEY, channel TEXT NOT NULL, conversation TEXT NOT NULL, owner_id TEXT NOT NULL,
+        task TEXT NOT NULL, tools TEXT NOT NULL, status TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
+        updated DOUBLE PRECISION NOT NULL, result TEXT NOT NULL, delivered INTEGER NOT NULL
+    );
+    CREATE INDEX talon_jobs_chat ON talon_jobs (channel, conversation);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,167 @@
+"""Background delegation end to end (talon.jobs): Talon with its Telegram channel against the fake
+OpenAI-compatible model. A job's sub-agent is told apart by the sub-agent note in its system prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ALICE, BOB, make_settings
+from tests.conftest import running_telegram as running
+from tests.fakes.openai_server import FakeOpenAI, Req
+from tests.fakes.telegram import FakeTelegram
+
+
+def to(chat: int):
+    return lambda c: str(c.params.get("chat_id")) == str(chat)
+
+
+def is_child(req: Req | dict[str, Any]) -> bool:
+    body = req.json if isinstance(req, Req) else req
+    return "You are a sub-agent" in str(body["messages"][0]["content"])
+
+
+def texts(tg: FakeTelegram, chat: int) -> list[str]:
+    return [str(c.params.get("text")) for c in tg.sent("sendMessage", chat)]
+
+
+async def said(tg: FakeTelegram, chat: int, text: str, predicate) -> str:
+    """Send ``text`` and return the first message to ``chat`` after it that matches."""
+    before = len(tg.sent("sendMessage", chat))
+    tg.push_update(tg.text_message(chat, text, user_id=chat))
+    calls = await tg.wait_for("sendMessage", lambda c: to(chat)(c) and predicate(str(c.params.get("text"))),
+                              count=1 + sum(1 for t in texts(tg, chat)[:before] if predicate(t)))
+    return str(calls[-1].params["text"])
+
+
+async def test_a_background_job_answers_in_a_message_of_its_own_after_the_turn(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off")
+    release = asyncio.Event()
+    child_bodies: list[dict[str, Any]] = []
+
+    async def child(body: dict[str, Any]) -> str:
+        child_bodies.append(body)
+        await asyncio.wait_for(release.wait(), 60)
+        return "Report: 42 widgets counted."
+
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Count the widgets in the store room.", "background": True}),
+              "I started a background job; I will tell you when it is done.",
+              child,
+              "Still here: hello!")
+    async with running(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "my locker code is 4417-SECRET; count the widgets later",
+                                       user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "started a background job" in c.params["text"])
+        await llm.wait_for_requests(3)  # the job's sub-agent is working (held) ...
+        assert is_child(llm.requests[2])
+        # ... while the turn that started it has ended, and the chat goes on meanwhile.
+        listing = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Background jobs"))
+        found = re.findall(r"• ([0-9a-f]{8}): 'Count the widgets in the store room\.' · running", listing)
+        assert len(found) == 1, listing
+        job_id = found[0]
+        assert await said(tg, ALICE, "hello", lambda t: t.startswith("Still here")) == "Still here: hello!"
+        # /stop stops the chat's turn, never a background job.
+        assert (await said(tg, ALICE, "/stop", lambda t: t.startswith("Nothing to stop"))).startswith("Nothing")
+        assert job_id in runtime.bridge.jobs.active  # type: ignore[union-attr]
+        release.set()
+        result = await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
+        done = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Finished"))
+    assert result[-1].params["text"] == f"Background job {job_id} finished:\n\nReport: 42 widgets counted."
+    assert f"• {job_id}: 'Count the widgets in the store room.' · done" in done
+    # The child saw the task alone, not the parent's conversation.
+    [body] = child_bodies
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert "4417-SECRET" not in str(body)
+    # Its own message, after the turn's answer and after the later exchange.
+    sent = texts(tg, ALICE)
+    assert sent.index("I started a background job; I will tell you when it is done.") \
+        < sent.index("Still here: hello!") < sent.index(result[-1].params["text"])
+
+
+async def test_a_chat_cannot_see_or_cancel_another_chats_job(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off",
+                             TALON_TELEGRAM_ALLOWED_USERS=f"{ALICE},{BOB}")
+    release = asyncio.Event()
+
+    async def child(body: dict[str, Any]) -> str:
+        await asyncio.wait_for(release.wait(), 60)
+        return "Alice's private findings."
+
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Dig through Alice's notes.", "background": True}),
+              "Started.", child)
+    async with running(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "dig later", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and c.params["text"] == "Started.")
+        await llm.wait_for_requests(3)
+        jobs = runtime.bridge.jobs
+        assert jobs is not None
+        [job_id] = list(jobs.active)
+        # Bob lists nothing, and his tries with Alice's real id and guessed ones all miss.
+        assert await said(tg, BOB, "/jobs", lambda t: "jobs" in t) == "No background jobs in this chat."
+        for guess in (job_id, job_id.upper(), "00000000", "../" + job_id, "%"):
+            answer = await said(tg, BOB, f"/jobs cancel {guess}", lambda t: t.startswith("Could not"))
+            assert "there is no job" in answer
+        # The model in Bob's chat asks with Alice's id: no such job for it either.
+        llm.queue(FakeOpenAI.tool_call("job_status", {"id": job_id}), "ok",
+                  FakeOpenAI.tool_call("cancel_job", {"id": job_id}), "ok")
+        await said(tg, BOB, "what is job " + job_id, lambda t: t == "ok")
+        await said(tg, BOB, "cancel job " + job_id, lambda t: t == "ok")
+        assert job_id in jobs.active
+        release.set()
+        await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
+    tool_results = [m["content"] for r in llm.requests[-3:] for m in r.json["messages"] if m["role"] == "tool"]
+    assert tool_results and all("there is no job" in str(t) for t in tool_results), tool_results
+    assert not any("Alice's private findings" in t for t in texts(tg, BOB))
+
+
+async def test_jobs_cancel_stops_a_running_job_and_nothing_is_sent(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off")
+    never = asyncio.Event()
+
+    async def stuck(body: dict[str, Any]) -> str:
+        await never.wait()
+        return "too late"
+
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "think for ever", "background": True}), "Started.", stuck)
+    async with running(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "go", user_id=ALICE))
+        await llm.wait_for_requests(3)
+        jobs = runtime.bridge.jobs
+        assert jobs is not None
+        [job_id] = list(jobs.active)
+        answer = await said(tg, ALICE, f"/jobs cancel {job_id}", lambda t: t.startswith("Cancelled"))
+        assert answer == f"Cancelled background job {job_id} ('think for ever')."
+        await runtime.bridge.idle()
+        assert not jobs.active
+        listing = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Finished"))
+        await runtime.bridge.idle()
+        assert await runtime.bridge.inbox.pending() == []  # the job's message is closed, not left to resume
+        never.set()
+    assert f"• {job_id}: 'think for ever' · cancelled" in listing
+    assert not any(t.startswith("Background job") for t in texts(tg, ALICE))  # no result, no failure
+
+
+async def test_more_jobs_than_talon_subagents_are_refused(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off",
+                             TALON_SUBAGENTS="1")
+    never = asyncio.Event()
+
+    async def stuck(body: dict[str, Any]) -> str:
+        await never.wait()
+        return "too late"
+
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "first job", "background": True}), "Started one.", stuck,
+              FakeOpenAI.tool_call("delegate", {"task": "second job", "background": True}), "Could not.")
+    async with running(settings):
+        tg.push_update(tg.text_message(ALICE, "go", user_id=ALICE))
+        await llm.wait_for_requests(3)
+        await said(tg, ALICE, "another", lambda t: t == "Could not.")
+        never.set()
+    [result] = [m["content"] for m in llm.requests[-1].json["messages"] if m["role"] == "tool"][-1:]
+    assert "already has 1 background jobs unfinished" in str(result) and "TALON_SUBAGENTS" in str(result)
