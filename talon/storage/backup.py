@@ -492,7 +492,7 @@ def _extract(path: Path, manifest: Manifest, data_dir: Path, media_root: Path, p
 _FILLED_TABLES = ("talon_inbox", "talon_threads", "talon_session_lines", "talon_pairing_pending",
                   "talon_pairing_replied", "talon_approved", "talon_attachment_chunks", "talon_attachments",
                   "talon_tasks", "talon_task_runs", "talon_chat_zones", "talon_usage", "talon_usage_grants",
-                  "talon_approvals", "talon_approval_always")
+                  "talon_approvals", "talon_approval_always", "talon_jobs")
 
 
 def _check_database_empty(url: str) -> None:

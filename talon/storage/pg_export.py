@@ -31,6 +31,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
                       ("talon_chat_zones", "chat_zones", "channel")],
     "control.sqlite3": [("talon_usage", "usage", "id"), ("talon_usage_grants", "usage_grants", "id"),
                         ("talon_approvals", "approvals", "id"), ("talon_approval_always", "approval_always", "channel")],
+    "jobs.sqlite3": [("talon_jobs", "jobs", "id")],
 }
 
 
@@ -48,6 +49,10 @@ def _make_embedded(name: str, path: Path) -> None:
         from talon.storage.embedded.tasks import SqliteTaskStore
 
         SqliteTaskStore(path)._db.close()
+    elif name == "jobs.sqlite3":
+        from talon.storage.embedded.jobs import SqliteJobs
+
+        SqliteJobs(path)._db.close()
     else:
         from talon.storage.embedded.control import open_control_db
 
