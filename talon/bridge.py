@@ -869,7 +869,8 @@ class Bridge:
                     "/new starts a fresh conversation; /status shows the model and context use; "
                     "/context shows what fills the model's context; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
-                    "/tasks lists scheduled tasks; /skills lists the skills I can load; "
+                    "/tasks lists scheduled tasks; /jobs lists background jobs; "
+                    "/skills lists the skills I can load; "
                     "/approvals lists the tools allowed without asking; "
                     "/search words finds earlier messages of this chat.")
         if word == "/new":

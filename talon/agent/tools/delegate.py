@@ -20,6 +20,9 @@ tool is ``parallel``; ``talon.agent.loop``).
 The child's own messages are not kept in the chat's log: the parent gets its final answer and the
 files it wrote, which is what the parent's next step needs. A child cut off by a restart is
 reported to the resumed turn as such (``talon.agent.loop``), never started again unseen.
+
+``background=true`` makes it a durable background job instead (``talon.jobs``): the call returns
+the job's id at once, and the bridge runs the same child later, beside the chat's turns.
 """
 
 from __future__ import annotations
