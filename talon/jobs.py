@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from talon.agent.tools.registry import Tool, ToolContext, ToolResult
 from talon.envelope import TURN_MESSAGE, BackgroundJobRun, InboundMessage
-from talon.errors import ToolError
+from talon.errors import JobError, ToolError
 from talon.storage.jobs import CANCELLED, DONE, FAILED, FINISHED, QUEUED, RUNNING, UNFINISHED, Job, JobStore
 
 if TYPE_CHECKING:
@@ -42,10 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SHOWN_FINISHED = 5
-
-
-class JobError(Exception):
-    """A job request that cannot be done; the message says why."""
 
 
 class Jobs:

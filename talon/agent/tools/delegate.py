@@ -133,7 +133,7 @@ class DelegateTool(Tool):
 
     async def _background(self, task: str, tools: list[str], ctx: ToolContext) -> ToolResult:
         from talon.envelope import TURN_MESSAGE
-        from talon.jobs import JobError
+        from talon.errors import JobError
 
         message = TURN_MESSAGE.get()
         if self.jobs is None or message is None or message.job is not None or ctx.depth > 0:
