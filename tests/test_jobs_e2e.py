@@ -165,3 +165,73 @@ async def test_more_jobs_than_talon_subagents_are_refused(
         never.set()
     [result] = [m["content"] for m in llm.requests[-1].json["messages"] if m["role"] == "tool"][-1:]
     assert "already has 1 background jobs unfinished" in str(result) and "TALON_SUBAGENTS" in str(result)
+
+
+async def test_a_jobs_risky_call_asks_in_the_chat_and_its_calls_are_the_persons_usage(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL=True,
+                             TALON_TELEGRAM_STREAMING="off")  # the default approvals: the shell asks
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "make job.txt with the shell", "background": True}),
+              "Started.",
+              FakeOpenAI.tool_call("shell", {"command": "echo job > job.txt"}),
+              "Made job.txt.")
+    made = settings.workspace_dir("telegram", str(ALICE)) / "job.txt"
+    async with running(settings):
+        tg.push_update(tg.text_message(ALICE, "make a file in the background", user_id=ALICE))
+        [prompt] = await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and bool(c.params.get("reply_markup")))
+        assert "echo job > job.txt" in prompt.params["text"] and not made.exists()
+        assert "Started." in texts(tg, ALICE)  # asked after the turn that started the job had ended
+        approve = {b["text"]: b["callback_data"] for row in prompt.params["reply_markup"]["inline_keyboard"]
+                   for b in row}["Approve"]
+        tg.push_update(tg.press_button(ALICE, prompt.result["message_id"], approve, user_id=ALICE, first_name="Alice"))
+        await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
+        usage = await said(tg, ALICE, "/usage", lambda t: "model calls" in t)
+    assert made.read_text() == "job\n"
+    assert "in 4 model calls" in usage, usage  # the turn's two and the job's two
+
+
+async def test_a_job_cut_off_too_often_is_reported_to_the_chat_as_failed(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    from talon.bridge import MAX_ATTEMPTS
+    from talon.envelope import BackgroundJobRun, InboundMessage
+    from talon.storage.jobs import RUNNING, Job
+
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off")
+    async with running(settings) as runtime:
+        bridge = runtime.bridge
+        assert bridge.jobs is not None
+        # A job left running by earlier runs that were each killed while it worked.
+        job = Job(id="0badc0de", channel="telegram", conversation=str(ALICE), owner_id=str(ALICE),
+                  task="a long survey", tools="[]", status=RUNNING, created=1.0, updated=1.0)
+        assert await bridge.jobs.store.add(job, max_unfinished=3)
+        message = InboundMessage(channel="telegram", chat_id=str(ALICE), sender_id=str(ALICE),
+                                 message_id="job-0badc0de", job=BackgroundJobRun(job_id=job.id))
+        await bridge.inbox.add(message)
+        for _ in range(MAX_ATTEMPTS):
+            await bridge.inbox.begin_attempt(message.key)
+        assert await bridge.recover() == 1
+        [sent] = await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "failed" in c.params["text"])
+        await bridge.idle()
+        assert await bridge.inbox.pending() == []
+        listing = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Finished"))
+    assert sent.params["text"] == ("Background job 0badc0de failed: it was cut off 3 times (Talon restarted while it "
+                                   "ran); ask again if it is still wanted")
+    assert llm.requests == []  # not started a fourth time
+    assert "• 0badc0de: 'a long survey' · failed" in listing
+
+
+async def test_in_a_group_the_jobs_answer_is_a_message_of_its_own_not_a_reply(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    group, carol = -1001234567890, 333
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_ALLOWED_CHATS=str(group),
+                             TALON_TELEGRAM_STREAMING="off")
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Find a hotel.", "background": True}), "On it.",
+              "The Harbour Inn has rooms.")
+    async with running(settings):
+        tg.push_update(tg.text_message(group, "@talon_test_bot find us a hotel later", user_id=carol,
+                                       username="carol", first_name="Carol", chat_type="supergroup",
+                                       chat_title="Trip planning"))
+        calls = await tg.wait_for("sendMessage", lambda c: to(group)(c) and "finished" in c.params["text"])
+    [answer] = [c for c in calls if "finished" in c.params["text"]]
+    assert answer.params["text"].endswith("finished:\n\nThe Harbour Inn has rooms.")
+    assert "reply_to_message_id" not in answer.params and "reply_parameters" not in answer.params
