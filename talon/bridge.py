@@ -995,6 +995,7 @@ class Bridge:
         except asyncio.CancelledError:
             now = await jobs.job_of(message)
             if now is None or now.status != CANCELLED or self._stopped:
+                await self._give_back_attempt(message.key)  # a stop is not the job's fault
                 raise  # shutting down: the message stays pending and the job starts again
             await self._close_approvals(channel, chat, message)
             await self.inbox.mark_done(message.key)

@@ -235,3 +235,39 @@ async def test_in_a_group_the_jobs_answer_is_a_message_of_its_own_not_a_reply(
     [answer] = [c for c in calls if "finished" in c.params["text"]]
     assert answer.params["text"].endswith("finished:\n\nThe Harbour Inn has rooms.")
     assert "reply_to_message_id" not in answer.params and "reply_parameters" not in answer.params
+
+
+async def test_with_postgresql_a_job_runs_and_answers_once(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, pg_url: str) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off",
+                             TALON_DATABASE_URL=pg_url)
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Tally the votes.", "background": True}), "Started.",
+              "12 votes for, 3 against.")
+    async with running(settings) as runtime:
+        assert runtime.bridge.jobs_inline  # the shared bridge: the job runs in its chat's place
+        tg.push_update(tg.text_message(ALICE, "tally later", user_id=ALICE))
+        await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
+        listing = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Finished"))
+        await runtime.bridge.idle()
+        pending = await runtime.bridge.inbox.pending()
+    results = [t for t in texts(tg, ALICE) if t.startswith("Background job")]
+    assert len(results) == 1 and results[0].endswith("finished:\n\n12 votes for, 3 against."), results
+    assert "· done" in listing and pending == []
+
+
+async def test_a_job_over_talon_subagent_timeout_is_reported_failed(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off",
+                             TALON_SUBAGENT_TIMEOUT="1")
+    never = asyncio.Event()
+
+    async def stuck(body: dict[str, Any]) -> str:
+        await never.wait()
+        return "too late"
+
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "think for ever", "background": True}), "Started.", stuck)
+    async with running(settings):
+        tg.push_update(tg.text_message(ALICE, "go", user_id=ALICE))
+        [sent] = await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "failed" in c.params["text"])
+        never.set()
+    assert "did not finish within 1s (TALON_SUBAGENT_TIMEOUT)" in sent.params["text"]
