@@ -754,8 +754,9 @@ class Bridge:
         """
         chat = conversation_key(message)
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
+            own = message.scheduled is not None or message.job is not None  # a run or a job: a message of its own
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
-                                        reply_to_message_id=None if message.scheduled or message.job else message.message_id)
+                                        reply_to_message_id=None if own else message.message_id)
         if message.scheduled is not None and reply.scheduled_task is None:
             # A channel that must ask leave to speak (WhatsApp's window) names the task in its reminder.
             reply = dataclasses.replace(reply, scheduled_task=message.scheduled.task_text or message.text)

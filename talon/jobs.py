@@ -56,6 +56,15 @@ class Jobs:
     def attach(self, bridge: "Bridge") -> None:
         self.bridge = bridge
 
+    def may_cancel(self, message: InboundMessage, job: Job) -> bool:
+        """As with /stop: in a group, whoever started the job, an administrator of the group or one
+        of TALON_APPROVERS; in a private chat, the person in it."""
+        if not message.is_group or message.sender_admin or message.sender_id == job.owner_id:
+            return True
+        approvers = self.bridge.approvers if self.bridge is not None else frozenset()
+        who = {message.sender_id} | ({f"@{message.sender_username.lower()}"} if message.sender_username else set())
+        return bool(who & approvers)
+
     # --- starting, asking, cancelling ----------------------------------------------------------
     async def start(self, message: InboundMessage, task: str, tools: list[str]) -> Job:
         if self.bridge is None:
@@ -86,6 +95,9 @@ class Jobs:
         job = await self.of(message, job_id)
         if job.status not in UNFINISHED:
             raise JobError(f"job {job.id} is already {job.status}")
+        if not self.may_cancel(message, job):
+            raise JobError(f"job {job.id} was started by someone else; only they, an administrator of this group "
+                           "or an approver can cancel it")
         done = await self.store.update(job.channel, job.conversation, job.id, status=CANCELLED,
                                        result=f"cancelled by {message.sender_id}", now=self.clock(),
                                        only_from=UNFINISHED)

@@ -271,3 +271,37 @@ async def test_a_job_over_talon_subagent_timeout_is_reported_failed(
         [sent] = await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "failed" in c.params["text"])
         never.set()
     assert "did not finish within 1s (TALON_SUBAGENT_TIMEOUT)" in sent.params["text"]
+
+
+async def test_in_a_group_only_the_starter_an_admin_or_an_approver_cancels_a_job(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    group, carol, mallory, dana = -1001234567890, 333, 666, 444
+    tg.set_member_status(group, dana, "administrator")
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_ALLOWED_CHATS=str(group),
+                             TALON_TELEGRAM_STREAMING="off")
+    never = asyncio.Event()
+
+    async def stuck(body: dict[str, Any]) -> str:
+        await never.wait()
+        return "too late"
+
+    def says(user: int, name: str, text: str) -> dict[str, Any]:
+        return tg.text_message(group, text, user_id=user, username=name.lower(), first_name=name,
+                               chat_type="supergroup", chat_title="Trip planning")
+
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Plan the route.", "background": True}), "On it.", stuck)
+    async with running(settings) as runtime:
+        tg.push_update(says(carol, "Carol", "@talon_test_bot plan the route later"))
+        await llm.wait_for_requests(3)
+        jobs = runtime.bridge.jobs
+        assert jobs is not None
+        [job_id] = list(jobs.active)
+        tg.push_update(says(mallory, "Mallory", f"/jobs cancel {job_id}"))
+        [refused] = await tg.wait_for("sendMessage", lambda c: to(group)(c) and "someone else" in c.params["text"])
+        assert job_id in jobs.active
+        tg.push_update(says(dana, "Dana", f"/jobs cancel {job_id}"))
+        await tg.wait_for("sendMessage", lambda c: to(group)(c) and c.params["text"].startswith("Cancelled"))
+        await runtime.bridge.idle()
+        never.set()
+    assert "only they, an administrator of this group or an approver can cancel it" in refused.params["text"]
+    assert not jobs.active

@@ -21,7 +21,8 @@ class PgJobs:
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                                    (f"talon-jobs:{job.channel}:{job.conversation}",))
                 row = await (await conn.execute(
-                    f"SELECT count(*) FROM talon_jobs WHERE channel=%s AND conversation=%s AND status IN ({_UNFINISHED})",
+                    "SELECT count(*) FROM talon_jobs WHERE channel=%s AND conversation=%s "
+                    f"AND status IN ({_UNFINISHED})",
                     (job.channel, job.conversation, *UNFINISHED))).fetchone()
                 if row is not None and int(row[0]) >= max_unfinished:
                     return False
