@@ -163,6 +163,9 @@ class Bridge:
         self._stops: BoundedMap[str, str] = BoundedMap("bridge_stops")  # /stop key -> "stopped", "idle" or "refused"
         self._workers: dict[ChatKey, asyncio.Task[None]] = {}
         self._asides: set[asyncio.Task[None]] = set()
+        # Told of every new message once the inbox has it (the web panel's chat index), in the
+        # background: a slow or failing observer never holds a message up.
+        self.observers: list[Callable[[InboundMessage], Awaitable[None]]] = []
         # Channels whose messages may be handled now. A chat's worker starts only once its channel
         # has started: a message recovered at start-up must not be downloaded or answered
         # through a channel whose clients do not exist yet.
@@ -200,6 +203,7 @@ class Bridge:
             log.info("duplicate message %s ignored", message.key)
             return False
         self.metrics.received.labels(message.channel).inc()
+        self._observe(message)
         if self._maybe_approval_reply(item):
             return True
         chat = conversation_key(message)
@@ -221,6 +225,11 @@ class Bridge:
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
+
+    def _observe(self, message: InboundMessage) -> None:
+        """Tell the observers of a new message (stored in the inbox, not a duplicate)."""
+        for observer in self.observers:
+            self._aside(_observed(observer, message))
 
     def _aside(self, work: Coroutine[Any, Any, None]) -> None:
         """Handle one message beside its conversation's worker (a refused /stop's answer)."""
@@ -1089,3 +1098,13 @@ def apology(exc: ProviderError) -> str:
 if TYPE_CHECKING:
     def _a_bridge_is_a_handle(bridge: Bridge) -> BridgeHandle:
         return bridge  # mypy: Bridge satisfies what channels may call on it (talon.ports)
+
+
+async def _observed(observer: Callable[[InboundMessage], Awaitable[None]], message: InboundMessage) -> None:
+    try:
+        await observer(message)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("message %s: an observer failed (%s: %s); the message goes on", message.key,
+                    type(exc).__name__, exc)

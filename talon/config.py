@@ -201,6 +201,12 @@ class Settings(BaseSettings):
                              validation_alias=_env("TALON_MEDIA_ROOT"))
     data_dir: Path = Field(default=Path("./.talon"), validation_alias=_env("TALON_DATA_DIR"))
 
+    @field_validator("ui", mode="before")
+    @classmethod
+    def _auto_ui(cls, value: object) -> object:
+        """TALON_UI= (empty) or auto: decided by the rule in ``talon.ui.security.ui_enabled``."""
+        return None if isinstance(value, str) and value.strip().lower() in ("", "auto") else value
+
     @field_validator("media_root")
     @classmethod
     def _absolute_media_root(cls, value: Path) -> Path:
@@ -427,6 +433,26 @@ class Settings(BaseSettings):
     prices: str = Field(default="", validation_alias=_env("TALON_PRICES"))
     # GET /metrics (Prometheus) on Talon's HTTP server.
     metrics: bool = Field(default=True, validation_alias=_env("TALON_METRICS"))
+
+    # --- the web panel (talon.ui, docs/control-room.md) ------------------------------------------
+    # Unset: on when Talon's HTTP server runs and either a password is set or the server listens on
+    # loopback only. true: on (the HTTP server is started for it); false: off.
+    ui: bool | None = Field(default=None, validation_alias=_env("TALON_UI"))
+    # An argon2 hash made by `talon ui password`; without it, sign in with `talon ui link`.
+    ui_password_hash: str = Field(default="", validation_alias=_env("TALON_UI_PASSWORD_HASH"))
+    # A panel session ends after this long without a request.
+    ui_session_idle_s: float = Field(default=1800.0, gt=0, validation_alias=_env("TALON_UI_SESSION_IDLE"))
+    # Host names (besides loopback, TALON_HTTP_HOST and TALON_PUBLIC_BASE_URL's) the panel answers to.
+    ui_hosts: str = Field(default="", validation_alias=_env("TALON_UI_HOSTS"))
+    # Behind a reverse proxy: believe its X-Forwarded-For (the address sign-ins are limited by) and
+    # X-Forwarded-Proto (https makes the session cookie Secure).
+    ui_trust_proxy: bool = Field(default=False, validation_alias=_env("TALON_UI_TRUST_PROXY"))
+    # Images sent in the panel's web chat: per image, per message, and the decoded size.
+    ui_image_max_bytes: int = Field(default=5 * 1024 * 1024, gt=0, validation_alias=_env("TALON_UI_IMAGE_MAX_BYTES"))
+    ui_max_images: int = Field(default=10, ge=1, validation_alias=_env("TALON_UI_MAX_IMAGES"))
+    ui_message_max_bytes: int = Field(default=20 * 1024 * 1024, gt=0,
+                                      validation_alias=_env("TALON_UI_MESSAGE_MAX_BYTES"))
+    ui_image_max_pixels: int = Field(default=40_000_000, gt=0, validation_alias=_env("TALON_UI_IMAGE_MAX_PIXELS"))
 
     # --- logging -----------------------------------------------------------------------------
     log_level: str = Field(default="INFO", validation_alias=_env("TALON_LOG_LEVEL"))

@@ -13,7 +13,8 @@
     │   │   └── ImageBomb           over the decoding pixel limit (possible decompression bomb)
     │   ├── DocumentError           a document whose text cannot be read (damaged, encrypted PDF)
     │   ├── VideoError              a video from which nothing could be taken
-    │   └── MediaTooLarge           an outbound file over WhatsApp's size limits even after fitting
+    │   ├── MediaTooLarge           an outbound file over WhatsApp's size limits even after fitting
+    │   └── UploadRefused           the web chat will not take a message's images (``.status``, ``.file``)
     ├── MediaPathError (ValueError) an outbound path escapes the media root or is not a file
     ├── UnsafePath (OSError)        a path beneath a root (a workspace) that will not be used: a
     │   │                           symbolic link, changed while being opened, missing, or not a
@@ -183,6 +184,19 @@ class VideoError(MediaError):
 
 class MediaTooLarge(MediaError):
     """An outbound file over WhatsApp's size limits even after fitting; ``str()`` says which."""
+
+
+class UploadRefused(MediaError):
+    """Images sent in the panel's web chat that are refused as a batch (talon.ui.webchat): the HTTP
+    ``status`` to answer (413, 415, 422), the ``file`` at fault, and a line the composer shows."""
+
+    def __init__(self, status: int, message: str, file: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.file = file
+
+    def body(self) -> dict[str, str]:
+        return {"error": str(self), "file": self.file}
 
 
 class MediaPathError(TalonError, ValueError):

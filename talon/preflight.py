@@ -90,6 +90,12 @@ def _directories(settings: Settings) -> None:
     check_dirs_apart(settings.media_root, settings.data_dir)
 
 
+def _panel(settings: Settings) -> None:
+    from talon.ui.security import check_ui_settings
+
+    check_ui_settings(settings)
+
+
 def _mcp(settings: Settings) -> None:
     settings.mcp_servers()
 
@@ -106,6 +112,7 @@ _CHECKS: tuple[tuple[str, Callable[[Settings], None]], ...] = (
     ("time zone", _time_zone),
     ("directories", _directories),
     ("mcp config", _mcp),
+    ("web panel", _panel),
 )
 
 

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from talon.ports import Channel
     from talon.agent.tools.mcp import McpManager
     from channels.http import HttpServer
+    from talon.ui.app import Panel
+    from talon.ui.webchat import WebChat
+    from talon.ui.index import ChatIndexer
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,9 @@ class Runtime:
     local: LocalModelServer | None = None  # TALON_MODEL=local:...: llama.cpp, started and stopped here
     mcp: "McpManager | None" = None  # the MCP servers' connections; None without any configured
     scheduler: Scheduler | None = None
+    webchat: "WebChat | None" = None  # the web panel's chat channel (talon.ui.webchat), when the panel is on
+    panel: "Panel | None" = None
+    indexer: "ChatIndexer | None" = None  # the panel's chat index, written once a second
 
     async def start(self) -> None:
         if self.stores is not None:
@@ -160,6 +166,9 @@ class Runtime:
             add_health_route(self)
             if self.settings.metrics:
                 add_metrics_route(self)
+            from talon.ui import add_ui_routes
+
+            self.panel = add_ui_routes(self)
             # Listening before the channels start: a webhook that comes early gets 503 and is retried.
             await self.http.start()
         for channel in self.channels:
@@ -167,6 +176,8 @@ class Runtime:
             self.bridge.channel_started(channel.name)
         if self.scheduler is not None:  # due runs go to channels that are running
             await self.scheduler.start()
+        if self.indexer is not None:
+            self.indexer.start()
         self.started = True
 
     async def warm_speech(self) -> None:
@@ -210,11 +221,18 @@ class Runtime:
             await self.mcp.close()  # every server process ends with Talon
         if self.bridge.control is not None:
             await self.bridge.control.settled()  # usage of the calls made is in the store
+        if self.indexer is not None:
+            try:
+                await self.indexer.stop()
+            except Exception:
+                log.exception("writing the chat index failed")
         for channel in self.channels:
             try:
                 await channel.drain()
             except Exception:
                 log.exception("draining channel %s failed", channel.name)
+        if self.panel is not None:
+            self.panel.close()  # its live streams end now, not at the server's shutdown timeout
         if self.http is not None:
             await self.http.stop()  # no new webhooks; those in flight finish first
         for channel in self.channels:
@@ -368,9 +386,24 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     scheduler.attach(bridge)
     if jobs is not None:
         jobs.attach(bridge)
-    return Runtime(settings, store, sessions, inbox, agent, bridge, list(channels or []), transcriber, http,
+    channels = list(channels or [])
+    webchat = None
+    indexer = None
+    if stores.panel is not None:
+        from talon.ui.index import ChatIndexer
+
+        indexer = ChatIndexer(stores.panel)
+        bridge.observers.append(indexer.observe)
+        from talon.ui import ui_enabled
+
+        if http is not None and ui_enabled(settings, http_runs=True):
+            from talon.ui.webchat import WebChat
+
+            webchat = WebChat(settings, store, sessions)
+            channels.append(webchat)
+    return Runtime(settings, store, sessions, inbox, agent, bridge, channels, transcriber, http,
                    stores=stores, synthesizer=voice.synthesizer if voice is not None else None, local=local,
-                   mcp=mcp, scheduler=scheduler)
+                   mcp=mcp, scheduler=scheduler, webchat=webchat, indexer=indexer)
 
 
 def skill_catalog(settings: Settings) -> SkillCatalog:
@@ -519,7 +552,7 @@ def shared_http_server(settings: Settings) -> "HttpServer | None":
     in webhook mode); the runtime starts it. None when nothing needs to listen."""
     # With Telegram long polling alone nothing needs to listen; naming TALON_HTTP_PORT asks for
     # the server anyway, for /metrics and /healthz.
-    wanted = settings.metrics and "http_port" in settings.model_fields_set
+    wanted = (settings.metrics and "http_port" in settings.model_fields_set) or settings.ui is True
     slack_events = settings.slack_configured() and not settings.slack_socket_mode
     if wanted or settings.whatsapp_configured() or slack_events or (
             settings.telegram_configured() and settings.telegram_webhook_mode):

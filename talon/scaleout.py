@@ -89,6 +89,7 @@ class SharedBridge(Bridge):
             log.info("duplicate message %s ignored", message.key)
             return False
         self.metrics.received.labels(message.channel).inc()
+        self._observe(message)
         if self._maybe_approval_reply(item):
             return True
         # /stop (and a new message in interrupt mode) cancels the turn when this worker runs it;

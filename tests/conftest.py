@@ -158,6 +158,7 @@ _SLOW_FIXTURES = frozenset({"llm", "tg", "twilio", "settings", "site", "slack", 
 # In-process tests that take a measurable time of their own (about 0.3 s or more alone): real
 # timeouts and retry waits, big images and video frames, whole-tree scans, fuzzers.
 _SLOW_TESTS = frozenset({
+    "test_every_embedded_store_file_and_table_is_archived_or_named_as_left_out",  # every store, a backup
     "test_a_slow_stream_longer_than_the_timeout_completes",
     "test_silence_past_the_timeout_fails_once_and_is_not_repeated",
     "test_anthropic_overloaded_is_retried_and_logged",

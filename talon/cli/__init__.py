@@ -1,4 +1,4 @@
-"""The `talon` command: ``run | chat | doctor | pair | migrate | usage`` and the parser here; one
+"""The `talon` command: ``run | chat | doctor | pair | migrate | usage | ui`` and the parser here; one
 module per later command in this package: ``setup``, ``backup`` (backup, ``--verify`` and restore),
 ``export``, and ``reindex`` (`talon migrate` with no ``--to``: the search index)."""
 
@@ -340,6 +340,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from talon.control.doctor import control_rows
 
     rows += control_rows(settings)
+    from talon.ui.security import panel_row
+
+    rows.append(panel_row(settings))
     # Every check `talon run` makes before it starts (talon.preflight): a refusal there is a
     # problem here, named by its area, whether or not a row above showed it already.
     from talon.preflight import NO_CHANNEL, start_problems
@@ -530,6 +533,15 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return run(args, _load_settings())
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    """``talon ui password`` / ``talon ui link`` (talon.ui.cli)."""
+    from talon.ui import cli as ui_cli
+
+    if args.what == "password":
+        return ui_cli.cmd_password(args)
+    return ui_cli.cmd_link(args, _load_settings())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="talon", description="Chat with your LLM agent on Telegram and WhatsApp.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -579,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     from talon.cli.setup import add_command as setup_command
 
     setup_command(sub)
+    ui = sub.add_parser("ui", help="the web panel: make a password hash, or a one-time sign-in link")
+    ui.add_argument("what", choices=["password", "link"],
+                    help="password: print an argon2 hash for TALON_UI_PASSWORD_HASH; link: print a sign-in "
+                         "link good for 10 minutes, once")
+    ui.set_defaults(func=cmd_ui)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -442,6 +442,24 @@ class Approvals:
             event.set()
         return Answer("decided", decided, note="Approved." if status == "approved" else "Denied.")
 
+    async def answer_as_operator(self, approval_id: str, choice: Choice, by: str) -> Answer:
+        """A decision from the web panel: its signed-in operator may decide any approval (as an
+        approver may). The same compare-and-set as a press in the chat, so the turn goes on the
+        same way (here at once, on another worker at its next look at the store)."""
+        approval = await self.store.get(approval_id)
+        if approval is None:
+            return Answer("unknown", note="This approval is no longer known.")
+        status: Status = "denied" if choice == "deny" else "approved"
+        if approval.status != "pending" or not await self.store.decide(approval.id, status, by, self.clock()):
+            current = await self.store.get(approval_id) or approval
+            return Answer("already", current, note=f"Already {_status_words(current)}.")
+        decided = approval.decided(status, by, self.clock())
+        self._record(decided)
+        event = self._decided.get(approval.id)
+        if event is not None:
+            event.set()
+        return Answer("decided", decided, note="Approved." if status == "approved" else "Denied.")
+
     async def get(self, approval_id: str) -> Approval | None:
         """The approval as stored now (a channel checks a button's binding against it)."""
         return await self.store.get(approval_id)

@@ -117,6 +117,9 @@ class PairingStore(Protocol):
     async def approve(self, raw_code: str, now: float) -> Approval | None:
         """Approve whoever holds the live ``raw_code``; None when nobody does."""
 
+    async def reject(self, raw_code: str) -> PendingRequest | None:
+        """Drop the pending request holding ``raw_code`` (no access given); None when none does."""
+
     async def revoke(self, channel: str, sender_id: str) -> Approval | None: ...
 
     async def pending(self, now: float) -> list[PendingRequest]:
@@ -170,6 +173,13 @@ class AccessGate:
             raise unknown_code(code)
         return approval
 
+    async def reject(self, code: str) -> PendingRequest:
+        """Turn a pending request down (the web panel's Reject); PairingError when there is none."""
+        request = await self.store.reject(normalize_code(code))
+        if request is None:
+            raise unknown_code(code)
+        return request
+
     async def revoke(self, channel: str, sender_id: str) -> Approval | None:
         """Remove an approval; None when this sender was not approved through pairing."""
         return await self.store.revoke(channel, sender_id)
@@ -213,6 +223,13 @@ class MemoryPairing:
         self.replied.pop(key, None)
         self.approved[key] = Approval(request.channel, request.sender_id, request.name, now)
         return self.approved[key]
+
+    async def reject(self, raw_code: str) -> PendingRequest | None:
+        key = next((k for k, p in self.codes.items() if p.code == raw_code), None)
+        if key is None:
+            return None
+        p = self.codes.pop(key)
+        return PendingRequest(p.channel, p.sender_id, p.name, format_code(p.code), p.created)
 
     async def revoke(self, channel: str, sender_id: str) -> Approval | None:
         return self.approved.pop((channel, sender_id), None)

@@ -30,6 +30,7 @@ from talon.storage.usage import UsageStore
 from talon.storage.whatsapp import WhatsAppStore
 
 if TYPE_CHECKING:  # psycopg (11 MB) is imported only with TALON_DATABASE_URL
+    from talon.storage.panel import PanelStore
     from talon.storage.postgres.db import AsyncDatabase
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Stores:
     # WhatsApp's window, waiting messages and receipts (channels.whatsapp); None: not opened yet.
     whatsapp: WhatsAppStore | None = None
     control_db: SqliteRunner | None = None
+    panel: "PanelStore | None" = None  # the web panel's (talon.ui): sign-in, audit log, chat index
     adb: AsyncDatabase | None = None  # None: embedded
     leases: Leases | None = None
     deployment: str = ""
@@ -145,6 +147,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.jobs import SqliteJobs
         from talon.storage.embedded.tasks import SqliteTaskStore
         from talon.storage.embedded.whatsapp import SqliteWhatsAppStore
+        from talon.storage.embedded.panel import SqlitePanelStore
 
         control = open_control_db(settings.data_dir / "control.sqlite3")
         return Stores(
@@ -161,6 +164,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             control_db=control,
             whatsapp=SqliteWhatsAppStore(settings.data_dir / "whatsapp.sqlite3")
             if settings.whatsapp_configured() else None,
+            panel=SqlitePanelStore(control),
         )
     from talon.storage.postgres.access import PgPairing
     from talon.storage.postgres.attachments import PgAttachments
@@ -173,6 +177,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.jobs import PgJobs
     from talon.storage.postgres.tasks import PgTaskStore
     from talon.storage.postgres.whatsapp import PgWhatsAppStore
+    from talon.storage.postgres.panel import PgPanelStore
 
     db = AsyncDatabase(settings.database_url, max_size=settings.database_pool_size)
     attachments = PgAttachments(db, settings.data_dir / "attachments")
@@ -188,6 +193,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         usage=PgUsageStore(db),
         approvals=PgApprovalStore(db),
         whatsapp=PgWhatsAppStore(db),
+        panel=PgPanelStore(db),
         adb=db,
         leases=PgLeases(db, worker, settings.lease_s),
         shared_dirs={"TALON_MEDIA_ROOT": settings.media_root, "TALON_DATA_DIR": settings.data_dir / "sessions"}

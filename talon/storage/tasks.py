@@ -96,6 +96,10 @@ class TaskStore(Protocol):
         those of every topic of the chat."""
         ...
 
+    async def every_chat(self, limit: int = 500) -> list[Task]:
+        """Tasks of every conversation (the web panel): active and paused first, then the latest."""
+        ...
+
     async def set_status(self, task_id: str, status: str, *, next_run: float | None = None,
                          only_from: tuple[str, ...] = (ACTIVE, PAUSED)) -> Task | None:
         """Change a task's state (cancel, pause, resume with its ``next_run``) when it is in one of
@@ -177,6 +181,9 @@ class MemoryTaskStore:
                        if (t.channel, t.chat_id) == (channel, chat_id)
                        and (any_thread or t.thread_id == thread_id)),
                       key=lambda t: (t.created, t.id))
+
+    async def every_chat(self, limit: int = 500) -> list[Task]:
+        return sorted(self._tasks.values(), key=lambda t: (t.status not in (ACTIVE, PAUSED), -t.created))[:limit]
 
     async def set_status(self, task_id: str, status: str, *, next_run: float | None = None,
                          only_from: tuple[str, ...] = (ACTIVE, PAUSED)) -> Task | None:

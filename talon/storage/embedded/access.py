@@ -93,6 +93,12 @@ class SqlitePairing:
 
         return await self.db.run(go)
 
+    async def reject(self, raw_code: str) -> PendingRequest | None:
+        row = await self.db.run(lambda c: c.execute(
+            "DELETE FROM pending WHERE code=? RETURNING channel, sender_id, name, code, created",
+            (raw_code,)).fetchone())
+        return PendingRequest(row[0], row[1], row[2], format_code(row[3]), row[4]) if row is not None else None
+
     async def revoke(self, channel: str, sender_id: str) -> Approval | None:
         row = await self.db.run(lambda c: c.execute(
             "DELETE FROM approved WHERE channel=? AND sender_id=? RETURNING channel, sender_id, name, approved_at",

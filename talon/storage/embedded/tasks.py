@@ -99,6 +99,12 @@ class SqliteTaskStore:
                 "ORDER BY created, id", (channel, chat_id, thread_id)).fetchall())
         return [task_from_row(r) for r in rows]
 
+    async def every_chat(self, limit: int = 500) -> list[Task]:
+        rows = await self._db.run(lambda c: c.execute(
+            f"SELECT {TASK_COLUMNS} FROM tasks ORDER BY status NOT IN ('active', 'paused'), created DESC "
+            "LIMIT ?", (limit,)).fetchall())
+        return [task_from_row(r) for r in rows]
+
     async def set_status(self, task_id: str, status: str, *, next_run: float | None = None,
                          only_from: tuple[str, ...] = (ACTIVE, PAUSED)) -> Task | None:
         marks = ", ".join("?" * len(only_from))

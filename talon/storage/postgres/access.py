@@ -75,6 +75,11 @@ class PgPairing:
         self.db.count(5)
         return result
 
+    async def reject(self, raw_code: str) -> PendingRequest | None:
+        row = await self.db.fetchone("DELETE FROM talon_pairing_pending WHERE code = %s "
+                                     "RETURNING channel, sender_id, name, code, created", (raw_code,))
+        return PendingRequest(row[0], row[1], row[2], format_code(row[3]), row[4]) if row is not None else None
+
     async def revoke(self, channel: str, sender_id: str) -> Approval | None:
         row = await self.db.fetchone("DELETE FROM talon_approved WHERE channel = %s AND sender_id = %s "
                                      "RETURNING channel, sender_id, name, approved_at", (channel, sender_id))

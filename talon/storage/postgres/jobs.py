@@ -1,4 +1,4 @@
-"""Background jobs in PostgreSQL (schema script 11), through the bounded async pool."""
+"""Background jobs in PostgreSQL (schema script 12), through the bounded async pool."""
 
 from __future__ import annotations
 

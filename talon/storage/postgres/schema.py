@@ -184,7 +184,55 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX talon_session_lines_search ON talon_session_lines USING GIN (search);
     CREATE INDEX talon_session_lines_unindexed ON talon_session_lines (channel, chat_id) WHERE NOT indexed;
     """,
-    # 11: background delegations (talon.jobs, talon.storage.jobs): one row per job, read per chat.
+    # 11: the web panel (talon.storage.panel): sign-in sessions and links, failed sign-ins, its
+    # audit log, and the chat index its lists read.
+    """
+    CREATE TABLE talon_panel_sessions (
+        token_hash TEXT PRIMARY KEY, csrf TEXT NOT NULL, who TEXT NOT NULL, address TEXT NOT NULL,
+        created DOUBLE PRECISION NOT NULL, last_seen DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE talon_panel_links (token_hash TEXT PRIMARY KEY, expires DOUBLE PRECISION NOT NULL);
+    CREATE TABLE talon_panel_failures (address TEXT NOT NULL, at DOUBLE PRECISION NOT NULL);
+    CREATE INDEX talon_panel_failures_address ON talon_panel_failures (address, at);
+    CREATE TABLE talon_panel_audit (
+        id BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
+        detail TEXT NOT NULL, address TEXT NOT NULL
+    );
+    CREATE TABLE talon_panel_chats (
+        channel TEXT NOT NULL, chat_id TEXT NOT NULL, title TEXT NOT NULL, people TEXT NOT NULL,
+        last_at DOUBLE PRECISION NOT NULL, messages BIGINT NOT NULL, PRIMARY KEY (channel, chat_id)
+    );
+    CREATE INDEX talon_panel_chats_last ON talon_panel_chats (last_at);
+    CREATE TABLE talon_panel_days (day TEXT PRIMARY KEY, messages BIGINT NOT NULL);
+    CREATE INDEX talon_approvals_status ON talon_approvals (status, created);
+    CREATE TABLE talon_panel_usage_daily (
+        day TEXT NOT NULL, channel TEXT NOT NULL, person TEXT NOT NULL, chat_id TEXT NOT NULL, model TEXT NOT NULL,
+        calls BIGINT NOT NULL, person_calls BIGINT NOT NULL, input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL, cost DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (day, channel, person, chat_id, model)
+    );
+    CREATE INDEX talon_panel_usage_daily_chat ON talon_panel_usage_daily (channel, chat_id);
+    CREATE FUNCTION talon_panel_usage_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO talon_panel_usage_daily VALUES (to_char(to_timestamp(NEW.at) AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
+            NEW.channel, NEW.person, NEW.chat_id, NEW.model, CASE WHEN NEW.extra_share THEN 0 ELSE 1 END, 1,
+            NEW.input_tokens, NEW.output_tokens, coalesce(NEW.cost, 0))
+        ON CONFLICT (day, channel, person, chat_id, model) DO UPDATE SET
+            calls = talon_panel_usage_daily.calls + EXCLUDED.calls,
+            person_calls = talon_panel_usage_daily.person_calls + 1,
+            input_tokens = talon_panel_usage_daily.input_tokens + EXCLUDED.input_tokens,
+            output_tokens = talon_panel_usage_daily.output_tokens + EXCLUDED.output_tokens,
+            cost = talon_panel_usage_daily.cost + EXCLUDED.cost;
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER talon_panel_usage_rollup AFTER INSERT ON talon_usage FOR EACH ROW
+        EXECUTE FUNCTION talon_panel_usage_rollup();
+    INSERT INTO talon_panel_usage_daily SELECT to_char(to_timestamp(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD'), channel,
+        person, chat_id, model, sum(CASE WHEN extra_share THEN 0 ELSE 1 END), count(*), sum(input_tokens),
+        sum(output_tokens), coalesce(sum(cost), 0) FROM talon_usage GROUP BY 1, 2, 3, 4, 5;
+    """,
+    # 12: background delegations (talon.jobs, talon.storage.jobs): one row per job, read per chat.
     """
     CREATE TABLE talon_jobs (
         id TEXT PRIMARY KEY, channel TEXT NOT NULL, conversation TEXT NOT NULL, owner_id TEXT NOT NULL,

@@ -72,6 +72,12 @@ class PgTaskStore:
             "AND thread_id IS NOT DISTINCT FROM %s ORDER BY created, id", (channel, chat_id, thread_id))
         return [task_from_row(r) for r in rows]
 
+    async def every_chat(self, limit: int = 500) -> list[Task]:
+        rows = await self._db.fetchall(
+            f"SELECT {TASK_COLUMNS} FROM talon_tasks ORDER BY status NOT IN ('active', 'paused'), created DESC "
+            "LIMIT %s", (limit,))
+        return [task_from_row(r) for r in rows]
+
     async def set_status(self, task_id: str, status: str, *, next_run: float | None = None,
                          only_from: tuple[str, ...] = (ACTIVE, PAUSED)) -> Task | None:
         if status == ACTIVE:
