@@ -75,7 +75,8 @@ def _read_sqlite(path: Path, *queries: str) -> list[list[tuple[Any, ...]]] | Non
 
 # The embedded SQLite stores this copies (besides the session logs and the attachments); the
 # search index (search.sqlite3) is not copied: the database indexes the lines itself.
-EMBEDDED_FILES = ("inbox.sqlite3", "access.sqlite3", "tasks.sqlite3", "control.sqlite3", "whatsapp.sqlite3")
+EMBEDDED_FILES = ("inbox.sqlite3", "access.sqlite3", "tasks.sqlite3", "control.sqlite3", "whatsapp.sqlite3",
+                  "jobs.sqlite3")
 
 
 async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport:
