@@ -305,3 +305,34 @@ async def test_in_a_group_only_the_starter_an_admin_or_an_approver_cancels_a_job
         never.set()
     assert "only they, an administrator of this group or an approver can cancel it" in refused.params["text"]
     assert not jobs.active
+
+
+async def test_job_status_tells_the_model_running_then_the_answer(
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off")
+    release = asyncio.Event()
+    ids: list[str] = []
+
+    async def child(body: dict[str, Any]) -> str:
+        await asyncio.wait_for(release.wait(), 60)
+        return "The cellar holds 9 bottles."
+
+    def ask_status(body: dict[str, Any]) -> Any:
+        return FakeOpenAI.reply(tool_calls=[FakeOpenAI.tool_call("job_status", {"id": ids[0]})])
+
+    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Count the bottles.", "background": True}), "Started.", child)
+    async with running(settings) as runtime:
+        tg.push_update(tg.text_message(ALICE, "count later", user_id=ALICE))
+        await llm.wait_for_requests(3)
+        assert runtime.bridge.jobs is not None
+        ids.extend(runtime.bridge.jobs.active)
+        llm.queue(ask_status, "It is still running.")
+        await said(tg, ALICE, "how is it going?", lambda t: t == "It is still running.")
+        running_result = [m["content"] for m in llm.requests[-1].json["messages"] if m["role"] == "tool"][-1]
+        release.set()
+        await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
+        llm.queue(ask_status, "Nine bottles.")
+        await said(tg, ALICE, "and now?", lambda t: t == "Nine bottles.")
+        done_result = [m["content"] for m in llm.requests[-1].json["messages"] if m["role"] == "tool"][-1]
+    assert str(running_result).startswith(f"Job {ids[0]} ('Count the bottles.'): running, started")
+    assert done_result == f"Job {ids[0]} ('Count the bottles.'): done. Its answer:\nThe cellar holds 9 bottles."
