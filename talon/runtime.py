@@ -29,6 +29,7 @@ from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
 from talon.errors import ConfigError, ScheduleError
 from talon.envelope import InboundMessage
+from talon.jobs import Jobs
 from talon.media import InboundContext, normalize_inbound
 from talon.media.received import ReceivedNote, received_notes
 from talon.scheduler import Scheduler, SchedulerSettings, scheduler_tools
@@ -346,13 +347,22 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     )
     assert agent.tool_budget is not None
     tools.add(FindToolsTool(tools.specs, agent.tool_budget, lambda chat: agent.sent_tools.get(chat, frozenset())))
+    jobs: Jobs | None = None
     if settings.subagents_enabled:
         from talon.agent.tools.delegate import DelegateTool, SubAgentLimits
 
         child_model = (build_provider(settings, store, settings.subagent_model, local=local)
                        if settings.subagent_model and settings.subagent_model != settings.model else None)
-        tools.add(DelegateTool(agent, SubAgentLimits(settings.subagent_depth, settings.subagents,
-                                                     settings.subagent_timeout_s), provider=child_model))
+        delegate = DelegateTool(agent, SubAgentLimits(settings.subagent_depth, settings.subagents,
+                                                      settings.subagent_timeout_s), provider=child_model)
+        tools.add(delegate)
+        # Background delegation (talon.jobs): durable jobs through the inbox, /jobs in the chat.
+        from talon.jobs import CancelJobTool, JobStatusTool
+
+        jobs = Jobs(stores.jobs, max_per_chat=settings.subagents)
+        jobs.delegate, delegate.jobs = delegate, jobs
+        tools.add(JobStatusTool(jobs))
+        tools.add(CancelJobTool(jobs))
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
     from talon.control import Control
@@ -378,6 +388,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         approvers=settings.approver_ids(),
         scheduler=scheduler,
         control=control,
+        jobs=jobs,
         metrics=control.metrics,
     )
     if stores.shared:
@@ -388,6 +399,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     scheduler.attach(bridge)
+    if jobs is not None:
+        jobs.attach(bridge)
     channels = list(channels or [])
     webchat = None
     indexer = None

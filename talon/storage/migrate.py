@@ -75,7 +75,8 @@ def _read_sqlite(path: Path, *queries: str) -> list[list[tuple[Any, ...]]] | Non
 
 # The embedded SQLite stores this copies (besides the session logs and the attachments); the
 # search index (search.sqlite3) is not copied: the database indexes the lines itself.
-EMBEDDED_FILES = ("inbox.sqlite3", "access.sqlite3", "tasks.sqlite3", "control.sqlite3", "whatsapp.sqlite3")
+EMBEDDED_FILES = ("inbox.sqlite3", "access.sqlite3", "tasks.sqlite3", "control.sqlite3", "whatsapp.sqlite3",
+                  "jobs.sqlite3")
 
 
 async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport:
@@ -85,6 +86,7 @@ async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport
         await _sessions(data_dir / "sessions", db),
         await _access(data_dir / "access.sqlite3", db),
         await _tasks(data_dir / "tasks.sqlite3", db),
+        await _jobs(data_dir / "jobs.sqlite3", db),
         await _attachments(data_dir / "attachments", db, data_dir),
         await _control(data_dir / "control.sqlite3", db),
         await _whatsapp(data_dir / "whatsapp.sqlite3", db),
@@ -275,6 +277,22 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
         ("talon_approvals", "id = %s AND status = %s", [(r[0], r[13]) for r in approvals]),
         ("talon_approval_always", "channel = %s AND chat_id = %s AND tool = %s", [r[:3] for r in always])]
     await _verify(db, report, checks)
+    return report
+
+
+async def _jobs(path: Path, db: AsyncDatabase) -> StoreReport:
+    from talon.storage.jobs import JOB_COLUMNS
+
+    report = StoreReport("background jobs")
+    read = await asyncio.to_thread(_read_sqlite, path, f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created, id")
+    if read is None:
+        return report
+    (jobs,) = read
+    report.found = len(jobs)
+    marks = ", ".join(["%s"] * len(JOB_COLUMNS.split(",")))
+    report.copied += await _insert_all(
+        db, f"INSERT INTO talon_jobs ({JOB_COLUMNS}) VALUES ({marks}) ON CONFLICT DO NOTHING", jobs)
+    await _verify(db, report, [("talon_jobs", "id = %s", [(r[0],) for r in jobs])])
     return report
 
 

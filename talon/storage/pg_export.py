@@ -38,6 +38,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
                         ("talon_panel_days", "panel_days", "day")],
     "whatsapp.sqlite3": [("talon_wa_windows", "wa_windows", "chat_id"), ("talon_wa_pending", "wa_pending", "id"),
                          ("talon_wa_sent", "wa_sent", "sid"), ("talon_wa_tokens", "wa_tokens", "token")],
+    "jobs.sqlite3": [("talon_jobs", "jobs", "id")],
 }
 # Tables archived as files: the conversations (one JSONL file per thread, CURRENT, CHAT) and the
 # attachments (one file each, by sha256).
@@ -90,6 +91,10 @@ def _make_embedded(name: str, path: Path) -> None:
         from talon.storage.embedded.tasks import SqliteTaskStore
 
         SqliteTaskStore(path)._db.close()
+    elif name == "jobs.sqlite3":
+        from talon.storage.embedded.jobs import SqliteJobs
+
+        SqliteJobs(path)._db.close()
     elif name == "control.sqlite3":
         from talon.storage.embedded.control import open_control_db
         from talon.storage.embedded.panel import setup_panel
