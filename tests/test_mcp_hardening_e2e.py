@@ -29,6 +29,7 @@ from talon.agent.mcp_launch import Launcher
 from talon.agent.tools import ToolContext, ToolRegistry
 from talon.config import Limits
 from talon.content import ToolCall
+from tests.support.waiting import until
 
 TEST_SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 TOKEN = "123456:FAKE-telegram-token-for-the-walls-test"
@@ -46,17 +47,6 @@ def text(result: Any) -> str:
 def payload(result: Any) -> dict[str, Any]:
     body = text(result)
     return json.loads(body[body.index("{"):body.rindex("}") + 1])
-
-
-async def until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def manager_for(servers: dict[str, Any], **kwargs: Any) -> tuple[McpManager, ToolRegistry]:

@@ -22,7 +22,7 @@ __all__ = ["until", "until_sync"]
 POLL_S = 0.02
 
 
-async def until(check: Callable[[], T | Awaitable[T]], timeout: float, what: str = "the condition") -> T:
+async def until(check: Callable[[], T | Awaitable[T]], timeout: float = 30.0, what: str = "the condition") -> T:
     """Await until ``check()`` is true; return its value. ``AssertionError`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -36,7 +36,7 @@ async def until(check: Callable[[], T | Awaitable[T]], timeout: float, what: str
         await asyncio.sleep(POLL_S)
 
 
-def until_sync(check: Callable[[], T], timeout: float, what: str = "the condition") -> T:
+def until_sync(check: Callable[[], T], timeout: float = 30.0, what: str = "the condition") -> T:
     """``until`` for code outside an event loop (a test driving a process)."""
     deadline = time.monotonic() + timeout
     while True:
