@@ -362,6 +362,7 @@ async def _ticker(lateness: list[float], stop: asyncio.Event) -> None:
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.alone  # the event loop's lateness is measured: no other worker's load meanwhile
 @pytest.mark.parametrize("newline", [True, False], ids=["100MB-line", "endless-line"])
 async def test_a_100_mb_result_line_fails_the_call_restarts_the_server_and_never_stalls_the_loop(
         tmp_path: Path, newline: bool) -> None:
