@@ -4,14 +4,11 @@ fakes, with a model that streams slowly (chunks spread over seconds)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import psutil
 
 from talon.storage.sessions import ChatKey
 from talon.config import Settings
@@ -20,6 +17,7 @@ from tests.conftest import ALICE, make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.processes import running_with
 from tests.support.waiting import until
 
 if TYPE_CHECKING:
@@ -35,15 +33,6 @@ ANSWER = ("Tides come from the pull of the moon and, less, the sun. The water bu
           "are the big ones.")
 
 
-
-
-def running_command(command: str) -> bool:
-    """Whether any live process on the machine has ``command`` in its command line."""
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        with contextlib.suppress(psutil.Error):
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and command in " ".join(proc.info["cmdline"] or ()):
-                return True
-    return False
 
 
 async def drained(runtime: Runtime) -> bool:
@@ -289,7 +278,7 @@ async def test_stop_during_a_tool_kills_the_command_and_the_next_message_works(
     async with running(live_settings(tmp_path, tg, llm, TALON_SHELL_TOOL=True, TALON_APPROVAL="off")):
         tg.push_update(tg.text_message(ALICE, "run the long job", user_id=ALICE))
         await llm.wait_for_requests(1)
-        await until(lambda: running_command(command), 20, "the command to be running")
+        await until(lambda: running_with(command), 20, "the command to be running")
         asked = time.monotonic()
         tg.push_update(tg.text_message(ALICE, "/stop", user_id=ALICE))
         [stopped] = await tg.wait_for("sendMessage", to(ALICE), timeout=10)
@@ -298,7 +287,7 @@ async def test_stop_during_a_tool_kills_the_command_and_the_next_message_works(
         await tg.wait_for("sendMessage", to(ALICE), count=2, timeout=10)
         # Gone, sandbox and all (found anywhere on the machine, so an escaped process counts too):
         # nothing is left that could still touch the marker.
-        await until(lambda: not running_command(command), 10, "the command's processes to be gone")
+        await until(lambda: not running_with(command), 10, "the command's processes to be gone")
     assert stopped.params["text"] == "Stopped." and answered - asked < 1.0
     assert not marker.exists()  # the command was killed with the turn
     assert [c.params["text"] for c in tg.sent("sendMessage", ALICE)] == ["Stopped.", "Next answer."]
