@@ -189,10 +189,11 @@ async def test_git_server_with_workspace_sees_its_own_chat_only_and_stops_when_i
     assert "alice's private commit" in alice and "bob" not in alice
     assert "bob's private commit" in bob and "alice" not in bob
     assert "outside the allowed repository" in peek and "bob's private commit" not in peek
-    assert len(servers) == 2  # one process per chat, each given its own workspace
-    walls = list(servers.values())
-    assert any(f"--bind {roots['alice']} /workspace" in w for w in walls)
-    assert any(f"--bind {roots['bob']} /workspace" in w for w in walls)
+    # One sandbox per chat, each given its own workspace. (A chat's server may have been stopped
+    # as idle between its two messages on a busy machine, and started again in the same walls.)
+    bound = [[name for name, root in roots.items() if f"--bind {root} /workspace" in w] for w in servers.values()]
+    assert all(len(b) == 1 for b in bound), servers  # each server sees exactly one chat's workspace
+    assert sorted(b[0] for b in bound) in (["alice", "bob"], ["alice", "alice", "bob"]), servers
 
 
 # --- streamable HTTP ------------------------------------------------------------------------
