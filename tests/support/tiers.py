@@ -13,6 +13,11 @@ What is measured, and why (docs/development.md):
   wall time is checked too, against a bound ten times as generous (``UNIT_WALL_LIMIT_S``, 3 s): no
   unit test needs that long even on a loaded machine, and a test that waits that long is not a
   unit test.
+- Full collections (generation 2) are not counted: their cost grows with the heap the whole
+  process has built up (a worker that has run a thousand tests collects far more than a fresh
+  one), not with the test's own work, and made the same test cost 0.16 s or 0.33 s depending on
+  where it ran. Collections of the younger generations, which follow the test's own
+  allocations, are counted.
 - The first import of a library (Pillow, PyAV, a channel) is paid by whichever test imports it first,
   which is a matter of order and of how pytest-xdist shares the tests out. The conftest imports
   those libraries once per process before the first test (``WARM_IMPORTS``), so that each test
@@ -23,6 +28,7 @@ The hooks are imported by tests/conftest.py; tests/test_tier_check.py runs them 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import time
@@ -55,9 +61,30 @@ def warm_imports() -> None:
             pass
 
 
+class _FullCollections:
+    """The CPU time spent in generation-2 collections so far (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.process_time()
+        elif self._started is not None:
+            self.spent += time.process_time() - self._started
+            self._started = None
+
+
+_full = _FullCollections()
+gc.callbacks.append(_full)
+
+
 def _cpu() -> float:
     t = os.times()
-    return time.process_time() + t.children_user + t.children_system
+    return time.process_time() + t.children_user + t.children_system - _full.spent
 
 
 def _measured(item: pytest.Item) -> Generator[None, Any, Any]:
