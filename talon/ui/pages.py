@@ -43,6 +43,7 @@ def install(panel: "Panel") -> None:
     r("POST", "/ui/signout", panel.signout)
     r("GET", "/ui/static/{name}", panel.static, auth=False)
     r("GET", "/ui/chats", p.chats)
+    r("GET", "/ui/search", p.search)
     r("GET", "/ui/chats/{key}", p.chat)
     r("GET", "/ui/api/chats/{key}/messages", p.chat_messages, api=True)
     r("GET", "/ui/api/chats/{key}/events", p.chat_events, api=True)
@@ -99,6 +100,21 @@ class Pages:
         query = request.query.get("q", "")[:200]
         rows = await self.store.chats(query, limit=500)
         return self.panel.render(request, "chats.html", title="Chats", rows=rows, q=query)
+
+    async def search(self, request: web.Request) -> web.Response:
+        """Full-text search over every chat's stored messages (the operator's; a chat's own
+        ``/search`` and tool see only that chat). The query is words, never engine syntax."""
+        from talon.storage.search import MAX_LIMIT, query_words, snippet
+
+        query = request.query.get("q", "")[:200]
+        words = query_words(query)
+        sessions = self.runtime.sessions
+        enabled = sessions.search_enabled
+        hits = await sessions.search_all(query, MAX_LIMIT) if words and enabled else []
+        rows = [{"chat": h.chat, "when": h.at, "who": "assistant" if h.role == "assistant" else (h.sender or "user"),
+                 "text": snippet(h.text, words), "thread": h.thread} for h in hits if h.chat is not None]
+        return self.panel.render(request, "search.html", title="Search", q=query, words=" ".join(words), rows=rows,
+                                 enabled=enabled)
 
     async def _messages(self, key: ChatKey) -> list[Any]:
         return await self.runtime.sessions.load(key)
