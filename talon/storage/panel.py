@@ -118,8 +118,9 @@ class PanelStore(Protocol):
 
     async def audit_log(self, limit: int = 200) -> list[AuditEntry]: ...
 
-    async def note_messages(self, notes: list[ChatNote]) -> None:
-        """Add what arrived to the chat index, in one transaction (one connection)."""
+    async def note_messages(self, notes: list[ChatNote], answered: dict[str, int] | None = None) -> None:
+        """Add what arrived to the chat index, and ``answered`` (UTC day -> messages answered) to
+        the day counts, in one transaction (one connection)."""
         ...
 
     async def note_message(self, channel: str, chat_id: str, title: str, person: str, at: float) -> None: ...
@@ -134,7 +135,7 @@ class PanelStore(Protocol):
     async def chat_count(self) -> int: ...
 
     async def per_day(self, since: float) -> list[tuple[str, int]]:
-        """Messages received per UTC day (``YYYY-MM-DD``) from ``since`` on."""
+        """Messages answered per UTC day (``YYYY-MM-DD``) from ``since`` on."""
         ...
 
     # --- read-only views of the control tables ---------------------------------------------
@@ -226,7 +227,7 @@ class SqlPanelQueries(abc.ABC):
     async def note_message(self, channel: str, chat_id: str, title: str, person: str, at: float) -> None:
         await self.note_messages([ChatNote(channel, chat_id, title, [person] if person else [], at, 1)])
 
-    async def note_messages(self, notes: list[ChatNote]) -> None:
+    async def note_messages(self, notes: list[ChatNote], answered: dict[str, int] | None = None) -> None:
         statements: list[tuple[str, tuple[Any, ...]]] = []
         days: dict[str, int] = {}
         upsert = self._sql(
@@ -247,6 +248,11 @@ class SqlPanelQueries(abc.ABC):
         day_upsert = self._sql("INSERT INTO {days} (day, messages) VALUES (%s, %s) ON CONFLICT (day) DO UPDATE "
                                "SET messages = {days}.messages + EXCLUDED.messages")
         statements += [(day_upsert, (day, n)) for day, n in sorted(days.items())]
+        answer_upsert = self._sql("INSERT INTO {days} (day, messages, answered) VALUES (%s, 0, %s) ON CONFLICT (day) "
+                                  "DO UPDATE SET answered = {days}.answered + EXCLUDED.answered")
+        statements += [(answer_upsert, (day, n)) for day, n in sorted((answered or {}).items()) if n]
+        if not statements:
+            return
         await self._run_many(statements)
 
     def _chat_select(self) -> str:
@@ -278,7 +284,7 @@ class SqlPanelQueries(abc.ABC):
 
     async def per_day(self, since: float) -> list[tuple[str, int]]:
         first = time.strftime("%Y-%m-%d", time.gmtime(since))
-        rows = await self._all(self._sql("SELECT day, messages FROM {days} WHERE day >= %s ORDER BY day"), (first,))
+        rows = await self._all(self._sql("SELECT day, answered FROM {days} WHERE day >= %s ORDER BY day"), (first,))
         return [(str(r[0]), int(r[1])) for r in rows]
 
     async def pending_approvals(self, limit: int = 200) -> list[Approval]:

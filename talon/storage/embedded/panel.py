@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS panel_chats (
     last_at REAL NOT NULL, messages INTEGER NOT NULL, PRIMARY KEY (channel, chat_id)
 );
 CREATE INDEX IF NOT EXISTS panel_chats_last ON panel_chats (last_at);
-CREATE TABLE IF NOT EXISTS panel_days (day TEXT PRIMARY KEY, messages INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS panel_days (day TEXT PRIMARY KEY, messages INTEGER NOT NULL, answered INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS approvals_status ON approvals (status, created);
 """
 
@@ -58,6 +58,9 @@ INSERT INTO panel_usage_daily SELECT strftime('%Y-%m-%d', at, 'unixepoch'), chan
 
 def setup_panel(conn: sqlite3.Connection) -> None:
     conn.executescript(PANEL_SCHEMA)
+    if "answered" not in {str(r[1]) for r in conn.execute("PRAGMA table_info(panel_days)")}:
+        # A store made before the chart counted answers: its days so far show 0 answered.
+        conn.execute("ALTER TABLE panel_days ADD COLUMN answered INTEGER NOT NULL DEFAULT 0")
     made = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'panel_usage_daily'").fetchone()
     if made is None:  # the first start with the panel: the calls recorded so far are summed once
         conn.executescript(f"BEGIN; {ROLLUP_SCHEMA} COMMIT;")

@@ -241,6 +241,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX talon_jobs_chat ON talon_jobs (channel, conversation);
     """,
+    # 13: the panel's overview charts messages answered per day (the days so far: 0 answered).
+    """
+    ALTER TABLE talon_panel_days ADD COLUMN answered BIGINT NOT NULL DEFAULT 0;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
