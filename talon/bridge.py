@@ -546,9 +546,9 @@ class Bridge:
         elif outcome == "sent":
             await self._report(message, "failed" if failure else "delivered", failure)
             if ended == "answered":
-                for done in [message, *(joined.message for joined in running.absorbed)]:
+                for answered in [message, *(joined.message for joined in running.absorbed)]:
                     for observer in self.answer_observers:
-                        self._aside(_observed(observer, done))
+                        self._aside(_observed(observer, answered))
         return ended
 
     @contextlib.asynccontextmanager
