@@ -67,6 +67,18 @@ class ChatNote:
 
 
 @dataclass(frozen=True)
+class SentFile:
+    """A file the agent sent in a conversation, kept in the attachment store (the web chat's):
+    the reference its reply wrote (``path``) and the stored object it became."""
+
+    sha: str
+    mime: str
+    name: str
+    path: str
+    at: float
+
+
+@dataclass(frozen=True)
 class AuditEntry:
     at: float
     who: str
@@ -133,6 +145,14 @@ class PanelStore(Protocol):
     async def chat(self, channel: str, chat_id: str) -> ChatRow | None: ...
 
     async def chat_count(self) -> int: ...
+
+    async def note_sent(self, channel: str, chat_id: str, sent: SentFile) -> None:
+        """Remember a file the agent sent in a conversation (once per object and reference)."""
+        ...
+
+    async def sent_files(self, channel: str, chat_id: str, limit: int = 5000) -> list[SentFile]:
+        """The files the agent sent in a conversation, newest first."""
+        ...
 
     async def per_day(self, since: float) -> list[tuple[str, int]]:
         """Messages answered per UTC day (``YYYY-MM-DD``) from ``since`` on."""
@@ -277,6 +297,17 @@ class SqlPanelQueries(abc.ABC):
             return None
         r = rows[0]
         return ChatRow(r[0], r[1], r[2], r[3], float(r[4]), int(r[5]), int(r[6]))
+
+    async def note_sent(self, channel: str, chat_id: str, sent: SentFile) -> None:
+        await self._run(self._sql("INSERT INTO {sent} (channel, chat_id, sha, mime, name, path, at) "
+                                  "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (channel, chat_id, sha, path) "
+                                  "DO NOTHING"),
+                        (channel, chat_id, sent.sha, sent.mime, sent.name[:300], sent.path[:1000], sent.at))
+
+    async def sent_files(self, channel: str, chat_id: str, limit: int = 5000) -> list[SentFile]:
+        rows = await self._all(self._sql("SELECT sha, mime, name, path, at FROM {sent} WHERE channel = %s AND "
+                                         "chat_id = %s ORDER BY at DESC LIMIT %s"), (channel, chat_id, limit))
+        return [SentFile(str(r[0]), str(r[1]), str(r[2]), str(r[3]), float(r[4])) for r in rows]
 
     async def chat_count(self) -> int:
         rows = await self._all(self._sql("SELECT count(*) FROM {chats}"))

@@ -29,6 +29,10 @@ CREATE TABLE IF NOT EXISTS panel_chats (
     last_at REAL NOT NULL, messages INTEGER NOT NULL, PRIMARY KEY (channel, chat_id)
 );
 CREATE INDEX IF NOT EXISTS panel_chats_last ON panel_chats (last_at);
+CREATE TABLE IF NOT EXISTS panel_sent (
+    channel TEXT NOT NULL, chat_id TEXT NOT NULL, sha TEXT NOT NULL, mime TEXT NOT NULL, name TEXT NOT NULL,
+    path TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (channel, chat_id, sha, path)
+);
 CREATE TABLE IF NOT EXISTS panel_days (day TEXT PRIMARY KEY, messages INTEGER NOT NULL, answered INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS approvals_status ON approvals (status, created);
 """
@@ -68,7 +72,7 @@ def setup_panel(conn: sqlite3.Connection) -> None:
 
 class SqlitePanelStore(SqlPanelQueries):
     T = {"sessions": "panel_sessions", "links": "panel_links", "failures": "panel_failures",
-         "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "usage": "panel_usage_daily",
+         "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "sent": "panel_sent", "usage": "panel_usage_daily",
          "approvals": "approvals"}
     APPROVAL_COLUMNS = APPROVAL_COLUMNS
     FIND = "instr"
