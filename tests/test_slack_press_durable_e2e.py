@@ -67,7 +67,7 @@ def test_a_press_acknowledged_then_the_worker_killed_is_still_decided_and_the_re
         _until_200(slack, url, "event", slack.message_event(DM, ALICE, "run it", ts="1700000000.000001"), proc, log)
         slack.wait_for_sync("chat.postMessage", lambda c: bool(c.params.get("blocks")), timeout=60)
         [prompt] = [m for m in slack.bot_messages(DM) if m.blocks]
-        [approve] = [el["value"] for b in prompt.blocks if b.get("type") == "actions" for el in b["elements"]
+        [approve] = [el["value"] for b in prompt.blocks or [] if b.get("type") == "actions" for el in b["elements"]
                      if el["action_id"] == "talon_approval_approve"]
         # Hostile presses first: a made-up id, and a flood of actions naming it; then carol's.
         forged = slack.button_press(DM, prompt.ts, "talon_approval_approve", ALICE)
