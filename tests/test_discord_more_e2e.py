@@ -94,6 +94,10 @@ async def test_a_thread_made_while_offline_is_served_as_its_own_conversation_and
                                             mentions=(BOT_ID,))
         ghost["channel_id"] = str(missing)  # the look-up gets a 404
         await discord_fake.dispatch("MESSAGE_CREATE", ghost)
+        foreign = discord_fake.message_create(new_thread, ALICE, mention("from a server the bot is not in"),
+                                              mentions=(BOT_ID,))
+        foreign["guild_id"] = "999"  # not a direct message, whatever the cache lacks
+        await discord_fake.dispatch("MESSAGE_CREATE", foreign)
         await say(discord_fake, new_thread, ALICE, mention("does this work?"), mentions=(BOT_ID,))
         await discord_fake.wait_until(lambda: discord_fake.texts(new_thread), "the answer in the new thread")
         await say(discord_fake, new_thread, ALICE, mention("and again?"), mentions=(BOT_ID,))
@@ -103,7 +107,7 @@ async def test_a_thread_made_while_offline_is_served_as_its_own_conversation_and
     assert discord_fake.texts(new_thread) == ["In the new thread.", "Still here."]
     assert [m.text for m in thread if m.role == "assistant"] == ["In the new thread.", "Still here."]
     assert not discord_fake.bot_messages(stray_thread) and not discord_fake.bot_messages(GENERAL)
-    assert len(llm.requests) == 2  # neither the unlisted thread nor the missing channel made a turn
+    assert len(llm.requests) == 2  # neither the unlisted thread, the missing channel nor the foreign server made a turn
     assert "made offline" in str(llm.requests[0].json)  # the thread's name, from the look-up
     lookups = [c for c in discord_fake.calls if c.method == "GET" and c.path.endswith(f"/channels/{new_thread}")]
     assert len(lookups) == 1, discord_fake.summary()  # looked up once, then remembered

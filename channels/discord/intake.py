@@ -90,6 +90,12 @@ class Intake:
             return
         files = [RemoteFile(kind=kind_of(a), source=a.url, name=a.filename[:200], mime=a.content_type,  # type: ignore[arg-type]
                             size=a.size) for a in message.attachments]
+        if message.guild is None and getattr(message.channel, "guild_id", None) is not None:
+            # A server's message whose server the cache does not have (not yet, or not ours): never
+            # taken for a direct message.
+            log.warning("discord: a message from server %s, unknown here, ignored",
+                        getattr(message.channel, "guild_id", None))
+            return
         if message.guild is None:
             await self._direct(message, files, edited_at)
         else:
