@@ -113,3 +113,33 @@ async def test_a_press_that_cannot_be_decided_is_not_acknowledged() -> None:
     async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
         async with session.post(server.make_url("/slack/events"), data=body, headers=headers) as resp:
             assert resp.status == 503  # not acknowledged: Slack tells the person it failed
+
+
+async def test_over_socket_mode_a_press_is_decided_before_its_ack(tmp_path: Path) -> None:
+    from channels.slack import SlackChannel
+    from talon.config import Settings
+    from talon.runtime import build_runtime
+    from tests.fakes.slack import APP_TOKEN
+
+    async with FakeSlack() as slack, FakeOpenAI() as llm:
+        slack.add_channel(DM, "alice", kind="im")
+        slack.add_user(ALICE, "alice")
+        slack.add_user(CAROL, "carol")
+        llm.queue(FakeOpenAI.tool_call("shell", {"command": "echo socket-ran"}), "Done.")
+        env = {**_env(tmp_path, slack, llm, 0), "SLACK_APP_TOKEN": APP_TOKEN, "SLACK_SIGNING_SECRET": ""}
+        settings = Settings(_env_file=None, **env)  # type: ignore[arg-type]
+        runtime = build_runtime(settings, [SlackChannel(settings)])
+        await runtime.start()
+        try:
+            await slack.push_socket("event", slack.message_event(DM, ALICE, "run it"))
+            [prompt] = await slack.wait_until(lambda: [m for m in slack.bot_messages(DM) if m.blocks], "the prompt")
+            approvals = runtime.stores.approvals  # type: ignore[union-attr]
+            [pending] = await approvals.pending("slack", DM)
+            await slack.push_socket("interactive", slack.button_press(DM, prompt.ts, "talon_approval_deny", CAROL))
+            assert (await approvals.get(pending.id)).status == "pending"  # type: ignore[union-attr]
+            await slack.push_socket("interactive", slack.button_press(DM, prompt.ts, "talon_approval_approve", ALICE))
+            decided = await approvals.get(pending.id)  # read the moment the ack arrived
+            await slack.wait_until(lambda: any(m.text == "Done." for m in slack.bot_messages(DM)), "the answer")
+        finally:
+            await runtime.stop()
+    assert decided is not None and decided.status == "approved"
