@@ -51,6 +51,7 @@ from talon.storage.inbox import InboxItem, InboxStore
 if TYPE_CHECKING:  # channels depend on the bridge, not the other way round
     from talon.ports import BridgeHandle, Channel
     from talon.control import Control
+    from talon.jobs import Jobs
     from talon.scheduler import Scheduler
     from talon.speech.voice_replies import VoiceReplies
 
@@ -62,7 +63,7 @@ SHORT_REPLY_CHARS = 8000
 
 # Commands the bridge answers itself, without the model.
 COMMANDS = frozenset({"/start", "/help", "/new", "/status", "/stop", "/tasks", "/usage", "/approve", "/deny",
-                       "/approvals", "/search", "/skills", "/context"})
+                       "/approvals", "/search", "/skills", "/context", "/jobs"})
 
 Normalizer = Callable[[InboundMessage, str, list[InboundFile]], Awaitable[list[ContentBlock]]]
 """Turns a message's text and downloaded files into the content the agent sees."""
@@ -150,6 +151,8 @@ class Bridge:
     scheduler: "Scheduler | None" = None
     # Approvals, usage and caps (talon.control); None: none of them.
     control: "Control | None" = None
+    # Background delegations (talon.jobs): answers /jobs; None: none here.
+    jobs: "Jobs | None" = None
     metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
@@ -218,7 +221,7 @@ class Bridge:
                 self._enqueue(item, first=True)
             return True
         if (self.busy_mode == "interrupt" and running is not None and not command
-                and message.edited_at is None and message.scheduled is None):
+                and message.edited_at is None and message.scheduled is None and message.job is None):
             self._cancel(chat, "interrupt")
         self._enqueue(item)
         return True
@@ -416,6 +419,9 @@ class Bridge:
         channel = self.channels[message.channel]
         chat = conversation_key(message)
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
+        if message.job is not None:
+            await self._job_step(item, channel, chat, attempted=attempted)
+            return
         if not attempted:
             state = await self.inbox.begin_attempt(message.key)
             if state is None:
@@ -631,7 +637,7 @@ class Bridge:
             m = queued.message
             if admitted is not None and m.key not in admitted:
                 break  # its sender is at a cap: it keeps its place and gets its own turn
-            if command_of(m) or m.scheduled is not None:
+            if command_of(m) or m.scheduled is not None or m.job is not None:
                 break  # a command or a scheduled run keeps its place: it has its own turn
             if m.edited_at is not None and m.original_key in answering:
                 taken.append(queued)
@@ -757,8 +763,9 @@ class Bridge:
         """
         chat = conversation_key(message)
         if message.is_group:  # the answer goes to the message's topic, as a reply to it
+            own = message.scheduled is not None or message.job is not None  # a run or a job: a message of its own
             reply = dataclasses.replace(reply, thread_id=message.thread_id,
-                                        reply_to_message_id=None if message.scheduled else message.message_id)
+                                        reply_to_message_id=None if own else message.message_id)
         if message.scheduled is not None and reply.scheduled_task is None:
             # A channel that must ask leave to speak (WhatsApp's window) names the task in its reminder.
             reply = dataclasses.replace(reply, scheduled_task=message.scheduled.task_text or message.text)
@@ -872,7 +879,8 @@ class Bridge:
                     "/new starts a fresh conversation; /status shows the model and context use; "
                     "/context shows what fills the model's context; "
                     "/usage shows how much of the model you used; /stop stops what I am doing; "
-                    "/tasks lists scheduled tasks; /skills lists the skills I can load; "
+                    "/tasks lists scheduled tasks; /jobs lists background jobs; "
+                    "/skills lists the skills I can load; "
                     "/approvals lists the tools allowed without asking; "
                     "/search words finds earlier messages of this chat.")
         if word == "/new":
@@ -897,6 +905,10 @@ class Bridge:
             return await self.agent.skills_text(chat)
         if word == "/context":
             return await self.agent.context_text(chat)
+        if word == "/jobs":
+            if self.jobs is None:
+                return "Background jobs are not available here."
+            return await self.jobs.command(message)
         if word == "/tasks":
             if self.scheduler is None:
                 return "Scheduled tasks are not available here."
@@ -923,6 +935,105 @@ class Bridge:
             # A waiting approval takes these at once (see submit); here nothing was waiting.
             return "Nothing is waiting for approval in this chat."
         return None
+
+    # --- background jobs (talon.jobs) ---------------------------------------------------------
+    # Run a job's sub-agent in the chat's own queue instead of beside it (the shared inbox serves a
+    # chat's oldest pending message first, so there a running job holds the chat's queue).
+    jobs_inline = False
+
+    async def _job_step(self, item: InboxItem, channel: "Channel", chat: ChatKey, *, attempted: bool = False) -> None:
+        """A background job's message reached the head of its chat's queue: deliver its answer if it
+        has one, else start its sub-agent beside the chat's turns (the queue goes on at once)."""
+        message = item.message
+        jobs = self.jobs
+        job = await jobs.job_of(message) if jobs is not None else None
+        if jobs is None or job is None or job.delivered:
+            await self.inbox.mark_done(message.key)
+            return
+        from talon.storage.jobs import CANCELLED, FAILED, FINISHED
+
+        if job.status == CANCELLED:
+            await self.inbox.mark_done(message.key)
+            return
+        if job.id in jobs.active:
+            return  # already running on this worker
+        state = item if attempted else await self.inbox.begin_attempt(message.key)
+        if state is None:
+            return
+        item = dataclasses.replace(item, attempts=state.attempts, delivered_parts=state.delivered_parts,
+                                   live_message=state.live_message)
+        if job.status in FINISHED:
+            outcome = await self._deliver(channel, message, OutboundReply(text=jobs.result_message(job)), item=item)
+            if outcome != "pending":
+                await jobs.delivered(job)
+            return
+        if state.attempts > MAX_ATTEMPTS:
+            log.error("chat %s: background job %s was cut off %d times; reporting it failed", chat, job.id,
+                      state.attempts - 1)
+            failed = await jobs.set(job, FAILED, f"it was cut off {state.attempts - 1} times (Talon restarted while "
+                                                 "it ran); ask again if it is still wanted")
+            if failed is not None:
+                await self._job_answered(item, channel)
+            return
+        if state.attempts > 1:
+            log.warning("chat %s: background job %s was cut off by a restart; starting it again", chat, job.id)
+        if self.jobs_inline:
+            await self._job_child(item, channel, chat)
+        else:
+            self._aside(self._job_child(item, channel, chat))
+
+    async def _job_child(self, item: InboxItem, channel: "Channel", chat: ChatKey) -> None:
+        from talon.agent.hooks import guarding
+        from talon.storage.jobs import CANCELLED, FAILED, QUEUED, RUNNING
+
+        message = item.message
+        jobs = self.jobs
+        assert jobs is not None
+        job = await jobs.job_of(message)
+        if job is None:
+            return
+        job = await jobs.set(job, RUNNING, only_from=(QUEUED, RUNNING))
+        if job is None:  # cancelled meanwhile
+            await self.inbox.mark_done(message.key)
+            return
+        TURN_MESSAGE.set(message)  # the tools act for the person who asked, in their chat
+        hooks = self.control.hooks_for(message, channel, chat.chat_id) if self.control is not None else TurnHooks()
+        ctx = dataclasses.replace(self.agent.tool_context(chat), hooks=hooks)
+        try:
+            with guarding(hooks.guard):
+                status, text = await jobs.run_child(job, ctx)
+        except asyncio.CancelledError:
+            now = await jobs.job_of(message)
+            if now is None or now.status != CANCELLED or self._stopped:
+                await self._give_back_attempt(message.key)  # a stop is not the job's fault
+                raise  # shutting down: the message stays pending and the job starts again
+            await self._close_approvals(channel, chat, message)
+            await self.inbox.mark_done(message.key)
+            return
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # a cap reached, a tool crashing: the job failed, the chat is told
+            log.warning("chat %s: background job %s failed: %s", chat, job.id, exc)
+            status, text = FAILED, str(exc) or type(exc).__name__
+        if await jobs.set(job, status, text, only_from=(RUNNING,)) is None:
+            await self.inbox.mark_done(message.key)  # cancelled as it ended
+            return
+        log.info("chat %s: background job %s %s", chat, job.id, status)
+        await self._job_answered(item, channel)
+
+    async def _job_answered(self, item: InboxItem, channel: "Channel") -> None:
+        """A job ended: its answer goes into the chat's queue, to be sent in the chat's order (inline:
+        now, as its message is still at the head of the queue)."""
+        if not self.jobs_inline:
+            self._enqueue(dataclasses.replace(item, attempts=0))
+            return
+        assert self.jobs is not None
+        done = await self.jobs.job_of(item.message)
+        if done is not None:
+            outcome = await self._deliver(channel, item.message, OutboundReply(text=self.jobs.result_message(done)),
+                                          item=item)
+            if outcome != "pending":
+                await self.jobs.delivered(done)
 
     async def _report(self, message: InboundMessage, status: str, reason: str = "") -> None:
         """Tell the scheduler how a scheduled run's turn went; its store failing costs the record,

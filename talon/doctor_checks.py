@@ -187,7 +187,7 @@ def whatsapp_templates_row(settings: Settings) -> tuple[str, str]:
         if template is not None:
             named.append(f"{purpose} {template.sid}")
     if not any(n.startswith("reopen ") for n in named):
-        return ("whatsapp templates", "MISSING: no TALON_WHATSAPP_TEMPLATE_REOPEN: messages due outside WhatsApp's "
+        return ("whatsapp templates", "WARNING: no TALON_WHATSAPP_TEMPLATE_REOPEN: messages due outside WhatsApp's "
                 "24-hour window wait for the person to write, who is not told (docs/channels.md)"
                 + (f"; set: {', '.join(named)}" if named else ""))
     return "whatsapp templates", "ok: " + ", ".join(named)

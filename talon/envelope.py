@@ -48,6 +48,14 @@ class ScheduledRun(BaseModel):
     task_text: str = ""  # what the task says, as its owner wrote it ("" in runs queued before it was kept)
 
 
+class BackgroundJobRun(BaseModel):
+    """What makes an inbox message a background delegation (``talon.jobs``) rather than words of a
+    person: the bridge runs it as a sub-agent beside the chat's turns and delivers its answer as a
+    message of its own, in the chat's order."""
+
+    job_id: str
+
+
 class InboundMessage(BaseModel):
     channel: str
     chat_id: str
@@ -75,6 +83,8 @@ class InboundMessage(BaseModel):
     # Set when this is a run of a scheduled task (talon.scheduler): the text is the task's, the
     # sender its owner; it is answered like a message but replies to none.
     scheduled: ScheduledRun | None = None
+    # Set when this is a background delegation (talon.jobs): the sender is who asked for it.
+    job: BackgroundJobRun | None = None
 
     @property
     def is_group(self) -> bool:

@@ -48,6 +48,7 @@
     ├── MalformedWebhook (ValueError) a webhook body that is not what the platform sends
     ├── StreamStopped               a live view asks to stop showing this turn (the reply still goes)
     ├── ScheduleError               a scheduled task cannot be made as asked (when, zone, limits)
+    ├── JobError                    a background job cannot be started, found or cancelled as asked
     ├── StoreError                  a durable store could not do what was asked
     │   └── StoreUnavailable        the database did not answer in time, or refused to connect
     ├── PairingError                `talon pair`: no live request has that code
@@ -362,6 +363,10 @@ class StreamStopped(TalonError):
 
 class ScheduleError(TalonError):
     """A task cannot be scheduled as asked; ``str(exc)`` says why and what would work."""
+
+
+class JobError(TalonError):
+    """A background job request that cannot be done (talon.jobs); ``str(exc)`` says why."""
 
 
 class StoreError(TalonError):

@@ -29,6 +29,7 @@ from talon.config import Settings
 from talon.content import ContentBlock, ImageBlock, InboundFile
 from talon.errors import ConfigError, ScheduleError
 from talon.envelope import InboundMessage
+from talon.jobs import Jobs
 from talon.media import InboundContext, normalize_inbound
 from talon.media.received import ReceivedNote, received_notes
 from talon.scheduler import Scheduler, SchedulerSettings, scheduler_tools
@@ -145,6 +146,11 @@ class Runtime:
             # In the background: the channels start now, and the first voice note finds the
             # models loaded instead of paying for the load.
             self.warmup = asyncio.create_task(self.warm_speech(), name="speech-warmup")
+        elif self.transcriber is not None and self.transcriber.available:
+            # Without the warm-up: only the model's files, made once per installation (the
+            # bundled base is joined from its two packages), so the first voice note pays for
+            # loading the model and nothing more; no memory is kept.
+            self.warmup = asyncio.create_task(self.prepare_speech_files(), name="speech-files")
         if self.settings.speech_idle_minutes > 0 and (self.transcriber is not None or self.synthesizer is not None):
             self.speech_idle = asyncio.create_task(self.unload_idle_speech(self.settings.speech_idle_minutes * 60),
                                                    name="speech-idle")
@@ -193,6 +199,16 @@ class Runtime:
                 log.warning("warming the %s model failed: %s", name, exc)
             else:
                 log.info("%s model ready in %.1fs", name, time.monotonic() - started)
+
+    async def prepare_speech_files(self) -> None:
+        assert self.transcriber is not None
+        try:
+            await self.transcriber.prepare_files()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # shown again, with its reason, at the first voice note
+            log.warning("preparing the transcription model's files failed: %s", exc)
+        await asyncio.to_thread(give_memory_back)  # what the worker thread touched
 
     async def unload_idle_speech(self, idle_s: float) -> None:
         """Every so often, let go of Whisper and the voice when unused for ``idle_s``, and give
@@ -331,13 +347,22 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     )
     assert agent.tool_budget is not None
     tools.add(FindToolsTool(tools.specs, agent.tool_budget, lambda chat: agent.sent_tools.get(chat, frozenset())))
+    jobs: Jobs | None = None
     if settings.subagents_enabled:
         from talon.agent.tools.delegate import DelegateTool, SubAgentLimits
 
         child_model = (build_provider(settings, store, settings.subagent_model, local=local)
                        if settings.subagent_model and settings.subagent_model != settings.model else None)
-        tools.add(DelegateTool(agent, SubAgentLimits(settings.subagent_depth, settings.subagents,
-                                                     settings.subagent_timeout_s), provider=child_model))
+        delegate = DelegateTool(agent, SubAgentLimits(settings.subagent_depth, settings.subagents,
+                                                      settings.subagent_timeout_s), provider=child_model)
+        tools.add(delegate)
+        # Background delegation (talon.jobs): durable jobs through the inbox, /jobs in the chat.
+        from talon.jobs import CancelJobTool, JobStatusTool
+
+        jobs = Jobs(stores.jobs, max_per_chat=settings.subagents)
+        jobs.delegate, delegate.jobs = delegate, jobs
+        tools.add(JobStatusTool(jobs))
+        tools.add(CancelJobTool(jobs))
     inbox = stores.inbox
     transcriber = Transcriber.from_settings(settings)
     from talon.control import Control
@@ -363,6 +388,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
         approvers=settings.approver_ids(),
         scheduler=scheduler,
         control=control,
+        jobs=jobs,
         metrics=control.metrics,
     )
     if stores.shared:
@@ -373,6 +399,8 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
     else:
         bridge = Bridge(**bridge_kw)  # type: ignore[arg-type]
     scheduler.attach(bridge)
+    if jobs is not None:
+        jobs.attach(bridge)
     channels = list(channels or [])
     webchat = None
     indexer = None

@@ -43,6 +43,9 @@ class SharedBridge(Bridge):
     # scan (of any worker) again only after this long.
     retry_after_s: float = 30.0
 
+    # The shared inbox serves a chat's oldest pending message: a background job runs in its place.
+    jobs_inline = True
+
     def __post_init__(self) -> None:
         super().__post_init__()
         assert self.leases is not None and isinstance(self.inbox, SharedInbox)

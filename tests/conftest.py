@@ -3,11 +3,8 @@ and Talon settings pointed at them. Nothing here touches the internet."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +17,9 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.support.synapse import synapse  # noqa: F401  (a real Matrix homeserver, once per session)
+from tests.support.parallel import group_heavy_modules, heavy_first, run_dir
+from tests.support.parallel import pytest_runtest_protocol  # noqa: F401  (tests marked alone run alone)
+from tests.support.tiers import pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup  # noqa: F401
 
 if TYPE_CHECKING:
     from talon.runtime import Runtime
@@ -30,10 +30,9 @@ os.environ.setdefault("TALON_SPEECH_WARMUP", "false")
 
 # The bundled Whisper model is joined once per installation into $XDG_CACHE_HOME/talon/models.
 # The suite (and every Talon process it starts) uses a cache of its own, made for this run and
-# removed after it, so no run depends on what an earlier one left in the user's home.
-_CACHE = tempfile.mkdtemp(prefix="talon-test-cache-")
-os.environ["XDG_CACHE_HOME"] = _CACHE
-atexit.register(shutil.rmtree, _CACHE, True)
+# removed after it, so no run depends on what an earlier one left in the user's home; all the
+# pytest-xdist workers of a run share it (tests/support/parallel.py).
+os.environ["XDG_CACHE_HOME"] = str(run_dir() / "cache")
 
 TOKEN = "123456:TEST-token"
 ALICE = 111
@@ -122,7 +121,8 @@ async def running_telegram(settings: Settings, **channel_kw: object) -> AsyncIte
 # - `slow`: in-process, but Talon's runtime against the loopback fakes (the fake model server,
 #   Bot API, Twilio or web site fixtures), or a test named in _SLOW_TESTS (real timeouts, big media,
 #   scans of the whole source tree);
-# - `unit`: everything else; `pytest -m unit` runs in seconds.
+# - `unit`: everything else; `pytest -m unit` runs in seconds. A unit test that costs more than
+#   0.3 s of CPU (or waits 3 s) fails the tier check (tests/support/tiers.py): give it its tier here.
 # A name that no longer exists marks nothing.
 _E2E_FILES = frozenset({
     "test_cli_process.py", "test_console.py", "test_pg_stores.py", "test_migrate.py",
@@ -158,6 +158,7 @@ _SLOW_FIXTURES = frozenset({"llm", "tg", "twilio", "settings", "site", "slack", 
 # In-process tests that take a measurable time of their own (about 0.3 s or more alone): real
 # timeouts and retry waits, big images and video frames, whole-tree scans, fuzzers.
 _SLOW_TESTS = frozenset({
+    "test_every_embedded_store_file_and_table_is_archived_or_named_as_left_out",  # every store, a backup
     "test_a_slow_stream_longer_than_the_timeout_completes",
     "test_silence_past_the_timeout_fails_once_and_is_not_repeated",
     "test_anthropic_overloaded_is_retried_and_logged",
@@ -198,6 +199,12 @@ _SLOW_TESTS = frozenset({
     "test_on_whatsapp_too_a_chat_cannot_send_another_chats_file",
     "test_runtime_builds_the_agent_with_workspace_tools",
     "test_context_settings_reach_the_agent",
+    # 0.2 s of CPU or more: too near the unit tier's 0.3 s bound (tests/support/tiers.py)
+    "test_hostile_results",
+    "test_a_call_stopped_midway_keeps_what_the_server_said_and_counts_what_came",
+    # collects garbage: its CPU grows with the heap a worker has built up (0.16-0.33 s)
+    "test_the_memo_lets_go_of_messages_nothing_else_holds",
+    "test_money_caps_need_a_price_and_a_bad_zone_is_named",  # 0.32 s of CPU in a parallel run
 })
 
 
@@ -210,12 +217,16 @@ def _is_e2e(item: pytest.Item) -> bool:
     return callspec is not None and "postgres" in callspec.params.values()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("e2e") is not None or _is_e2e(item):
             item.add_marker(pytest.mark.e2e)
-        elif (getattr(item, "originalname", item.name) in _SLOW_TESTS
+        elif (item.get_closest_marker("slow") is not None
+              or getattr(item, "originalname", item.name) in _SLOW_TESTS
               or _SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)
         else:
             item.add_marker(pytest.mark.unit)
+    group_heavy_modules(items)
+    heavy_first(items)

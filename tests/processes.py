@@ -1,4 +1,5 @@
-"""A process and its descendants, measured: RSS, CPU time, and waiting until they go quiet.
+"""A process and its descendants, measured: RSS, CPU time, and waiting until they go quiet; and
+whether the processes of a command (found by a token in their command line) are still running.
 Shared by the tests and benchmarks that start Talon as a process (a process gone meanwhile
 counts 0)."""
 
@@ -9,7 +10,18 @@ import time
 
 import psutil
 
-__all__ = ["tree_cpu", "tree_rss", "wait_quiet"]
+__all__ = ["running_with", "tree_cpu", "tree_rss", "wait_quiet"]
+
+
+def running_with(token: str) -> bool:
+    """Whether any live process on the machine (not only this one's descendants: an escaped one
+    counts too) has ``token`` in its command line. Tests put a unique token in a command to find
+    its processes, and wait until none is left instead of sleeping for as long as it could run."""
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and token in " ".join(proc.info["cmdline"] or ()):
+                return True
+    return False
 
 
 def tree_rss(proc: psutil.Process) -> int:

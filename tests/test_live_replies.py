@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from talon.storage.sessions import ChatKey
 from talon.config import Settings
@@ -15,6 +17,11 @@ from tests.conftest import ALICE, make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.processes import running_with
+from tests.support.waiting import until
+
+if TYPE_CHECKING:
+    from talon.runtime import Runtime
 
 GROUP = -1001234567890
 BOT = "@talon_test_bot"
@@ -26,6 +33,10 @@ ANSWER = ("Tides come from the pull of the moon and, less, the sun. The water bu
           "are the big ones.")
 
 
+
+
+async def drained(runtime: Runtime) -> bool:
+    return await runtime.inbox.pending() == []
 
 
 def to(chat: int):  # noqa: ANN201 - a predicate for wait_for
@@ -122,7 +133,9 @@ async def test_a_429_stops_the_drafts_and_the_final_message_arrives_once(
     async with running(live_settings(tmp_path, tg, llm)):
         tg.push_update(tg.text_message(ALICE, "why are there tides?", user_id=ALICE))
         [final] = await tg.wait_for("sendMessage", to(ALICE), timeout=20)
-        await asyncio.sleep(0.5)
+        # the turn is over once its reaction is cleared: no draft can come after that
+        await tg.wait_for("setMessageReaction", lambda c: c.params.get("reaction") in ([], None, "[]"),
+                          timeout=5)
     attempts = tg.sent("sendMessageDraft", include_failed=True)
     refused = [c for c in attempts if c.status == 429]
     assert [c.status for c in attempts] == [200, 429], tg.summary()  # no draft after the 429
@@ -171,8 +184,7 @@ async def test_steer_hands_a_message_sent_during_a_tool_step_to_the_next_request
         await llm.wait_for_requests(1)
         tg.push_update(tg.text_message(ALICE, "answer in French please", user_id=ALICE))
         await tg.wait_for("sendMessage", to(ALICE), timeout=15)
-        await asyncio.sleep(0.3)
-        assert await runtime.inbox.pending() == []  # both messages are closed by the one reply
+        await until(lambda: drained(runtime), 10, "both messages closed by the one reply")
     assert len(llm.requests) == 2  # no third turn for the steered message
     second = llm.requests[1].json["messages"]
     assert [m["role"] for m in second[-3:]] == ["assistant", "tool", "user"]
@@ -217,8 +229,7 @@ async def test_interrupt_mode_stops_the_running_turn_and_answers_the_new_message
         llm.chunk_delay = 0.0
         tg.push_update(tg.text_message(ALICE, "actually, just the short version", user_id=ALICE))
         [reply] = await tg.wait_for("sendMessage", to(ALICE), timeout=10)
-        await asyncio.sleep(0.3)
-        assert await runtime.inbox.pending() == []
+        await until(lambda: drained(runtime), 10, "the inbox to be empty")
         session = await runtime.sessions.load(ChatKey("telegram", str(ALICE)))
     assert reply.params["text"] == "Here is the short version."
     assert len(tg.sent("sendMessage", ALICE)) == 1  # the stopped turn sent nothing of its own
@@ -261,19 +272,22 @@ def _wa_message(number: str) -> InboundMessage:
 async def test_stop_during_a_tool_kills_the_command_and_the_next_message_works(
         tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
     marker = tmp_path / "media_root" / "finished.txt"
-    llm.queue(FakeOpenAI.tool_call("shell", {"command": "sleep 2 && touch finished.txt", "timeout": 30}),
-              "Next answer.")
+    # A name of its own, so that the command's processes can be found wherever they run.
+    command = f"sleep 2 && touch finished.txt # {uuid.uuid4().hex}"
+    llm.queue(FakeOpenAI.tool_call("shell", {"command": command, "timeout": 30}), "Next answer.")
     async with running(live_settings(tmp_path, tg, llm, TALON_SHELL_TOOL=True, TALON_APPROVAL="off")):
         tg.push_update(tg.text_message(ALICE, "run the long job", user_id=ALICE))
         await llm.wait_for_requests(1)
-        await asyncio.sleep(0.8)  # the command is running now
+        await until(lambda: running_with(command), 20, "the command to be running")
         asked = time.monotonic()
         tg.push_update(tg.text_message(ALICE, "/stop", user_id=ALICE))
         [stopped] = await tg.wait_for("sendMessage", to(ALICE), timeout=10)
         answered = time.monotonic()
         tg.push_update(tg.text_message(ALICE, "something else", user_id=ALICE))
         await tg.wait_for("sendMessage", to(ALICE), count=2, timeout=10)
-        await asyncio.sleep(2.5)  # long enough for the command to have finished, had it lived
+        # Gone, sandbox and all (found anywhere on the machine, so an escaped process counts too):
+        # nothing is left that could still touch the marker.
+        await until(lambda: not running_with(command), 10, "the command's processes to be gone")
     assert stopped.params["text"] == "Stopped." and answered - asked < 1.0
     assert not marker.exists()  # the command was killed with the turn
     assert [c.params["text"] for c in tg.sent("sendMessage", ALICE)] == ["Stopped.", "Next answer."]
@@ -297,8 +311,7 @@ async def test_an_edit_while_its_turn_runs_reaches_the_next_model_step(
         await llm.wait_for_requests(1)
         tg.push_update(tg.edited_text_message(ALICE, update["message"]["message_id"], "plan a trip to Paris"))
         await tg.wait_for("sendMessage", to(ALICE), timeout=15)
-        await asyncio.sleep(0.3)
-        assert await runtime.inbox.pending() == []
+        await until(lambda: drained(runtime), 10, "the inbox to be empty")
     assert len(llm.requests) == 2  # the edit joined the turn (even in queue mode): no turn of its own
     last = llm.requests[1].json["messages"][-1]
     assert last["role"] == "user"

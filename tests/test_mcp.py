@@ -36,6 +36,7 @@ from tests.conftest import ALICE, BOB, make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, decode_data_url, image_urls, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.support.waiting import until
 
 TEST_SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 
@@ -82,17 +83,6 @@ def mcp_children(pattern: str) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return found
-
-
-async def until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def to(chat: int) -> Callable[[Any], bool]:

@@ -6,11 +6,8 @@ model."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from talon.agent.tools.mcp import mcp_tool_name
@@ -18,16 +15,10 @@ from tests.conftest import ALICE, make_settings, running_telegram
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.test_control_e2e import buttons, has_keyboard, tool_results
+from tests.support.waiting import until
 
 TEST_SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 LONG = "gated-" + "x" * 54  # 60 characters
-
-
-async def until(condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the MCP servers did not come up"
-        await asyncio.sleep(0.05)
 
 
 async def test_mcp_server_approval_matches_dotted_double_underscore_and_long_server_names(

@@ -29,6 +29,7 @@ from talon.agent.tools.mcp_launch import Launcher
 from talon.agent.tools.registry import ToolContext, ToolRegistry
 from talon.config import Limits
 from talon.content import ToolCall
+from tests.support.waiting import until
 
 TEST_SERVER = str(Path(__file__).with_name("mcp_test_server.py"))
 TOKEN = "123456:FAKE-telegram-token-for-the-walls-test"
@@ -46,17 +47,6 @@ def text(result: Any) -> str:
 def payload(result: Any) -> dict[str, Any]:
     body = text(result)
     return json.loads(body[body.index("{"):body.rindex("}") + 1])
-
-
-async def until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def manager_for(servers: dict[str, Any], **kwargs: Any) -> tuple[McpManager, ToolRegistry]:
@@ -372,6 +362,7 @@ async def _ticker(lateness: list[float], stop: asyncio.Event) -> None:
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.alone  # the event loop's lateness is measured: no other worker's load meanwhile
 @pytest.mark.parametrize("newline", [True, False], ids=["100MB-line", "endless-line"])
 async def test_a_100_mb_result_line_fails_the_call_restarts_the_server_and_never_stalls_the_loop(
         tmp_path: Path, newline: bool) -> None:

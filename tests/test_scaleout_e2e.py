@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import psycopg
+import pytest
 
 from tests.conftest import TOKEN
 from tests.fakes.openai_server import FakeOpenAI
@@ -28,6 +29,7 @@ def replies_by_chat(tg: FakeTelegram) -> dict[int, list[str]]:
     return out
 
 
+@pytest.mark.alone  # three Talon workers under a kill and retry deadlines: no other test's load beside it
 def test_three_workers_webhook_200_chats_one_killed(tmp_path: Path, pg_url: str) -> None:
     users = [FIRST_USER + i for i in range(CHATS)]
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI(delay=0.2) as llm:

@@ -21,6 +21,7 @@ from tests.conftest import ALICE, make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import Call, FakeTelegram
+from tests.support.waiting import until as wait_until
 
 FORUM = -1009876543210
 CAROL = 333
@@ -69,19 +70,6 @@ def agent(on_scheduled: Callable[[str], Any], tools: dict[str, Callable[[], Any]
                 return call()
         return f"echo: {text}"
     return respond
-
-
-async def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def ticks_pass(runtime: Runtime, n: int) -> None:

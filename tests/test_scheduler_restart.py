@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.scaleout_helpers import Cluster, base_env
 from tests.test_cli_process import start_talon, stop_talon
+from tests.support.waiting import until_sync as wait_until
 
 SCHEDULED = "[Scheduled task "
 
@@ -38,17 +39,6 @@ def env_for(tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI) -> dict[str, str]
 
 def texts_to(tg: FakeTelegram, chat: int) -> list[str]:
     return [str(c.params.get("text")) for c in tg.sent("sendMessage", chat)]
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def reminder_model(llm: FakeOpenAI, delay_s: float) -> list[float]:

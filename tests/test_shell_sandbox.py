@@ -27,6 +27,8 @@ from talon.runtime import build_runtime
 from tests.conftest import ALICE, make_settings, running_telegram
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
+from tests.processes import running_with
+from tests.support.waiting import until
 
 
 
@@ -88,13 +90,15 @@ async def test_a_timeout_kills_the_whole_sandbox_even_setsid_children(tmp_path: 
     ws = tmp_path / "ws"
     ws.mkdir()
     tools = workspace_tools(Workspace(ws), store=None, shell=True)
+    token = secrets.token_hex(8)  # in every process's command line: found wherever it runs
     started = time.monotonic()
-    error, out = await shell(tools, "setsid sh -c 'sleep 3; echo escaped > survivor.txt' & "
-                                    "nohup sh -c 'sleep 3; echo escaped > nohup.txt' >/dev/null 2>&1 & "
+    error, out = await shell(tools, f"setsid sh -c 'sleep 3; echo escaped > survivor.txt # {token}' & "
+                                    f"nohup sh -c 'sleep 3; echo escaped > nohup.txt # {token}' >/dev/null 2>&1 & "
                                     "sleep 60", timeout=1.0)
     assert error and "timed out after 1s" in out
     assert time.monotonic() - started < 30
-    time.sleep(4)  # the children would have written by now, had they outlived the sandbox
+    # None of them is left anywhere (an escaped one would run on, and write when its sleep ends).
+    await until(lambda: not running_with(token), 30, "the sandbox's processes to be gone")
     assert not (ws / "survivor.txt").exists() and not (ws / "nohup.txt").exists()
 
 
@@ -125,12 +129,13 @@ async def test_a_stopped_turn_takes_its_shell_command_with_it(tmp_path: Path) ->
     ws = tmp_path / "ws"
     ws.mkdir()
     tools = workspace_tools(Workspace(ws), store=None, shell=True)
-    call = asyncio.create_task(shell(tools, "sleep 2; echo still here > late.txt", timeout=60))
-    await asyncio.sleep(0.5)
+    token = secrets.token_hex(8)
+    call = asyncio.create_task(shell(tools, f"sleep 2; echo still here > late.txt # {token}", timeout=60))
+    await until(lambda: running_with(token), 30, "the command to run")
     call.cancel()  # what Bridge.stop does to a turn in flight on SIGTERM
     with pytest.raises(asyncio.CancelledError):
         await call
-    time.sleep(2.5)
+    await until(lambda: not running_with(token), 30, "the command's processes to be gone")
     assert not (ws / "late.txt").exists()
 
 

@@ -37,16 +37,9 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 from tests.test_cli_process import closed_port
+from tests.support.waiting import until_sync
 
 STOP_GRACE_S = Bridge.stop_grace_s
-
-
-def wait_until(condition, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -91,7 +84,7 @@ def test_run_stops_on_a_signal_while_the_bot_api_cannot_be_reached(tmp_path: Pat
         proc, log = talon(tmp_path, env, "run")
         try:
             # Retrying getMe with backoff: before the fix, the signal went unnoticed for ever.
-            wait_until(lambda: log.read_text().count("getMe failed at the Bot API") >= 2,
+            until_sync(lambda: log.read_text().count("getMe failed at the Bot API") >= 2, 60,
                        "two failed getMe attempts")
         finally:
             code = stopped_within_grace(proc, sig, log)
@@ -186,9 +179,9 @@ def test_run_stops_on_sigterm_while_waiting_for_the_database(tmp_path: Path, kin
                         TALON_DATABASE_URL=f"postgresql://talon@127.0.0.1:{port}/talon")
         proc, log = talon(tmp_path, env, "run")
         try:
-            wait_until(lambda: "settings: " in log.read_text(), "start-up to reach the stores")
+            until_sync(lambda: "settings: " in log.read_text(), 60, "start-up to reach the stores")
             if kind == "hung":
-                wait_until(lambda: hung_server.accepted, "a connection to the hung database")
+                until_sync(lambda: hung_server.accepted, 60, "a connection to the hung database")
         finally:
             code = stopped_within_grace(proc, signal.SIGTERM, log)
     text = log.read_text()

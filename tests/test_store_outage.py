@@ -29,6 +29,7 @@ from tests.conftest import ALICE, BOB
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.test_telegram_webhook import PATH, SECRET, wh_settings
+from tests.support.waiting import until as wait_for
 
 T = TypeVar("T")
 HEALTH_BOUND_S = 0.5
@@ -95,16 +96,6 @@ async def post_until_taken(url: str, update: dict[str, Any], statuses: list[int]
                 statuses.append(0)
             assert time.monotonic() < deadline, f"update {update['update_id']} was never taken"
             await asyncio.sleep(0.2)
-
-
-async def wait_for(check: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
 
 
 def replies_to(tg: FakeTelegram, chat: int) -> list[str]:

@@ -34,6 +34,7 @@ from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.test_scheduler_units import store  # noqa: F401  (the three task stores)
+from tests.support.waiting import until as wait_until
 
 NOW = 1_796_126_400.0  # Tue 1 Dec 2026 12:00 UTC
 GROUP = -1001234567890
@@ -254,17 +255,6 @@ def model_for(llm: FakeOpenAI, reply: Callable[[str], Any]) -> None:
             return "Done."
         return reply(last_user_text(request))
     llm.default_responder = respond
-
-
-async def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-    return result
 
 
 async def polls(runtime: Runtime, n: int) -> None:

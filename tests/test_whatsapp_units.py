@@ -65,7 +65,7 @@ def test_button_payloads() -> None:
 def test_the_doctor_names_the_templates_or_what_is_missing() -> None:
     s = Settings(_env_file=None, TALON_WHATSAPP_TEMPLATE_APPROVAL=SID)  # type: ignore[call-arg]
     name, value = whatsapp_templates_row(s)
-    assert name == "whatsapp templates" and value.startswith("MISSING") and f"approval {SID}" in value
+    assert name == "whatsapp templates" and value.startswith("WARNING") and f"approval {SID}" in value
     s = Settings(_env_file=None, TALON_WHATSAPP_TEMPLATE_REOPEN=SID)  # type: ignore[call-arg]
     assert whatsapp_templates_row(s)[1] == f"ok: reopen {SID}"
     s = Settings(_env_file=None, TALON_WHATSAPP_TEMPLATE_REOPEN="HXbad")  # type: ignore[call-arg]

@@ -217,7 +217,8 @@ class Intake:
             return
         if not files and not await self._group_command_allowed(msg, text):
             return
-        admin = not files and command_word(text, self.api.bot.username) == "/stop" and await self._is_admin(msg)
+        word = command_word(text, self.api.bot.username) if not files else ""
+        admin = word in ("/stop", "/jobs") and await self._is_admin(msg)
         await self._submit(msg, text, files, sender_admin=admin)
 
     async def _group_command_allowed(self, msg: TgMessage, text: str) -> bool:
@@ -254,7 +255,7 @@ class Intake:
         return False
 
     async def _is_admin(self, msg: TgMessage) -> bool:
-        """Whether the sender administers the group (for /stop); False when it cannot be told."""
+        """Whether the sender administers the group (for /stop and /jobs cancel); False when it cannot be told."""
         if anonymous_admin(msg):
             return True
         user = msg.from_user

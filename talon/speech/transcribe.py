@@ -57,6 +57,7 @@ never empty text.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import functools
 import hashlib
@@ -372,12 +373,35 @@ def _atomic_copy(sources: list[Path], dest: Path) -> None:
         with open(tmp, "wb") as out:
             for source in sources:
                 with open(source, "rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
+                    _copy_in_kernel(src, out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _copy_in_kernel(src: Any, out: Any) -> None:
+    """Append ``src`` to ``out`` with ``sendfile``: the bytes never pass through this process's
+    memory (joining happens at start, and must not grow Talon at rest); a plain copy where the
+    system has no sendfile for files."""
+    out.flush()
+    size = os.fstat(src.fileno()).st_size
+    offset = 0
+    try:
+        while offset < size:
+            sent = os.sendfile(out.fileno(), src.fileno(), offset, min(size - offset, 1 << 30))
+            if sent == 0:
+                break
+            offset += sent
+    except OSError as exc:
+        if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    if offset < size:
+        src.seek(offset)
+        shutil.copyfileobj(src, out, 1 << 20)
+    else:
+        out.seek(0, os.SEEK_END)
 
 
 @dataclass(frozen=True)
@@ -497,6 +521,10 @@ class SpeechBackend(ABC):
 
     def warm_up(self) -> None:
         """Load what is slow to load; a no-op for remote backends."""
+
+    def prepare_files(self) -> None:
+        """Make the model's files ready on disk without loading the model (the bundled base is
+        joined once per installation); a no-op where there is nothing to make."""
 
     def unload_if_idle(self, idle_s: float) -> bool:
         """Let go of a model unused for ``idle_s`` (True when one was let go); remote: nothing."""
@@ -661,9 +689,12 @@ class FasterWhisperBackend(_LocalBackend):
         # CTranslate2 serializes calls on one worker; match the transcriber's concurrency.
         self._num_workers = max(1, num_workers)
 
-    def _load(self) -> Any:
+    def prepare_files(self) -> None:
         if self._prepare is not None:
-            self.model_dir = self._prepare()
+            self.model_dir = self._prepare()  # a few stat calls once the model is joined
+
+    def _load(self) -> Any:
+        self.prepare_files()
         log.info("loading faster-whisper model from %s (%s)", self.model_dir, self.options)
         return _whisper_model_class()(
             str(self.model_dir),
@@ -783,6 +814,12 @@ class Transcriber:
         """Load the model now (at startup) instead of on the first voice note."""
         backend = self._require_backend()
         await self._offload(backend.warm_up)
+
+    async def prepare_files(self) -> None:
+        """Make the model's files ready on disk (no memory is kept): at start, so the first voice
+        note after an installation does not wait for the bundled model to be joined."""
+        backend = self._require_backend()
+        await self._offload(backend.prepare_files)
 
     async def transcribe(self, path: Path) -> Transcript:
         """The words spoken in the recording (or video) at ``path``.

@@ -7,11 +7,14 @@ per-chat workspaces: memory files, skills, files the agent made) under ``media/`
 where it came from. So an archive of an embedded Talon restores into PostgreSQL and back.
 
 Taken from an embedded Talon, running or not: each SQLite database through SQLite's online backup
-API (a consistent snapshot while writers go on), each session log up to its last complete line
-(a message being written is left out whole, never half in), the other files as they are. The
-search index is not archived: it is derived, and rebuilt on restore. From PostgreSQL: every table
-read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only transaction (one consistent
-snapshot of all of them) and written in the embedded layout; attachments chunk by chunk. Files go
+API (a consistent snapshot while writers go on; WhatsApp delivery claims and the panel's sign-ins
+are cleared in it), each
+session log up to its last complete line (a message being written is left out whole, never half
+in), the other files as they are. The search index is not archived (``EMBEDDED_NOT_ARCHIVED``): it
+is derived, and rebuilt on restore. From PostgreSQL: every table ``talon.storage.pg_export``
+declares archived, read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only
+transaction (one consistent snapshot of all of them) and written in the embedded layout;
+attachments chunk by chunk. Files go
 through a temporary file at most one at a time: memory stays flat whatever the size.
 
 ``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
@@ -55,6 +58,12 @@ _SKIP_NAMES = {"local_model.log"}
 _SKIP_SUFFIXES = ("-wal", "-shm", "-journal", ".tmp")
 _SKIP_DIRS = {"migrate-check"}
 _INDEX_PREFIX = "search.sqlite3"
+# Embedded store files that are not archived, and why (every other file of the data dir is;
+# tests/test_backup_coverage.py checks each store file the embedded stores make is one or the other).
+EMBEDDED_NOT_ARCHIVED = {
+    # The full-text index: derived from the conversations, rebuilt by every restore.
+    _INDEX_PREFIX: "search index (rebuilt on restore)",
+}
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes expected; 0 when unknown)
 
@@ -308,7 +317,7 @@ def _walk(root: Path) -> Iterator[tuple[Path, str]]:
 def _skip_data_file(rel: str, *, postgres: bool) -> bool:
     parts = rel.split("/")
     name = parts[-1]
-    if name in _SKIP_NAMES or name.startswith(_INDEX_PREFIX) or name.endswith(_SKIP_SUFFIXES):
+    if name in _SKIP_NAMES or name.startswith(tuple(EMBEDDED_NOT_ARCHIVED)) or name.endswith(_SKIP_SUFFIXES):
         return True
     if parts[0] in _SKIP_DIRS or parts[:2] == ["attachments", "tmp"]:
         return True
@@ -338,6 +347,16 @@ def _complete_lines_size(path: Path) -> int:
     return 0
 
 
+# What a snapshot of an embedded store leaves out, as in an archive of PostgreSQL
+# (talon.storage.pg_export.SKIPPED_COLUMNS): a worker's claim on delivering a chat's waiting
+# WhatsApp messages means nothing to the Talon that is restored.
+# Nor do the web panel's sign-ins (sessions, one-time links, failed attempts): a restored Talon
+# asks to sign in again. (table, statement) per file; a table an older file lacks is skipped.
+_SCRUB = {"whatsapp.sqlite3": [("wa_windows", "UPDATE wa_windows SET holder = NULL, until = NULL "
+                                              "WHERE holder IS NOT NULL")],
+          "control.sqlite3": [(t, f"DELETE FROM {t}") for t in ("panel_sessions", "panel_links", "panel_failures")]}
+
+
 def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
     """A consistent copy through SQLite's online backup API (writers are not stopped)."""
     src = sqlite3.connect(f"file:{src_path}?mode=ro", uri=True)
@@ -345,6 +364,11 @@ def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
         dst = sqlite3.connect(str(dst_path))
         try:
             src.backup(dst, pages=256)
+            with dst:
+                for table, statement in _SCRUB.get(src_path.name, []):
+                    if dst.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                   (table,)).fetchone() is not None:
+                        dst.execute(statement)
         finally:
             dst.close()
     finally:
@@ -488,11 +512,12 @@ def _extract(path: Path, manifest: Manifest, data_dir: Path, media_root: Path, p
             raise BackupError(f"{name} changed since the archive was verified: refused")
 
 
-# The tables a restore fills (and empties again when it fails), and those that must be empty.
-_FILLED_TABLES = ("talon_inbox", "talon_threads", "talon_session_lines", "talon_pairing_pending",
-                  "talon_pairing_replied", "talon_approved", "talon_attachment_chunks", "talon_attachments",
-                  "talon_tasks", "talon_task_runs", "talon_chat_zones", "talon_usage", "talon_usage_grants",
-                  "talon_approvals", "talon_approval_always")
+def _filled_tables() -> tuple[str, ...]:
+    """The tables a restore fills (and empties again when it fails): every table a backup of
+    PostgreSQL reads (``talon.storage.pg_export.ARCHIVED_TABLES``); all must be empty first."""
+    from talon.storage.pg_export import ARCHIVED_TABLES
+
+    return ARCHIVED_TABLES
 
 
 def _check_database_empty(url: str) -> None:
@@ -501,7 +526,7 @@ def _check_database_empty(url: str) -> None:
     with psycopg.connect(url, connect_timeout=10) as conn:
         have = {str(r[0]) for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
-        for table in _FILLED_TABLES:
+        for table in _filled_tables():
             if table in have and conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone() != (False,):
                 raise BackupError(f"the database already holds Talon data ({table} is not empty): a restore "
                                   "never writes over live data. Name a new, empty database.")
@@ -514,7 +539,9 @@ def _empty_database(url: str) -> None:
         with psycopg.connect(url, connect_timeout=10) as conn:
             have = {str(r[0]) for r in conn.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
-            tables = [t for t in _FILLED_TABLES if t in have]
+            from talon.storage.pg_export import DERIVED_TABLES
+
+            tables = [t for t in (*_filled_tables(), *DERIVED_TABLES) if t in have]
             if tables:
                 conn.execute(f"TRUNCATE {', '.join(tables)}")
     except Exception as exc:
@@ -526,8 +553,13 @@ def _into_database(data_dir: Path, url: str) -> None:
     stores from the data dir: it keeps the context files and the attachments (as the cache)."""
     import asyncio
 
-    from talon.storage.migrate import migrate_embedded
+    from talon.storage.migrate import EMBEDDED_FILES, migrate_embedded
     from talon.storage.postgres.db import AsyncDatabase
+
+    unknown = sorted(f.name for f in data_dir.glob("*.sqlite3") if f.name not in EMBEDDED_FILES)
+    if unknown:  # never removed below without having been copied
+        raise BackupError(f"the archive holds {unknown[0]}, a store this Talon cannot copy into a database: "
+                          "restore it without --database-url (or with the Talon that made it)")
 
     async def go() -> Any:
         db = AsyncDatabase(url, max_size=2)

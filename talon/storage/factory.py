@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.storage.sessions import SessionStore
 from talon.storage.approvals import ApprovalStore
 from talon.storage.sqlite import SqliteRunner
+from talon.storage.jobs import JobStore, MemoryJobs
 from talon.storage.tasks import TaskStore
 from talon.storage.usage import UsageStore
 from talon.storage.whatsapp import WhatsAppStore
@@ -61,6 +62,8 @@ class Stores:
     # With a database: the directories every worker must share (checked at start).
     shared_dirs: dict[str, Path] | None = None
     started: bool = False
+    # Background delegations (talon.jobs); the embedded store is TALON_DATA_DIR/jobs.sqlite3.
+    jobs: JobStore = field(default_factory=MemoryJobs)
 
     @property
     def shared(self) -> bool:
@@ -89,7 +92,7 @@ class Stores:
             await self.tasks.aclose()
         except Exception:
             log.exception("closing the task store failed")
-        for store in (self.inbox, self.gate, self.sessions, self.attachments, self.whatsapp):
+        for store in (self.jobs, self.inbox, self.gate, self.sessions, self.attachments, self.whatsapp):
             if store is None:
                 continue
             try:
@@ -141,6 +144,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         from talon.storage.embedded.inbox import SqliteInbox
         from talon.storage.embedded.sessions import JsonlSessions
         from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
+        from talon.storage.embedded.jobs import SqliteJobs
         from talon.storage.embedded.tasks import SqliteTaskStore
         from talon.storage.embedded.whatsapp import SqliteWhatsAppStore
         from talon.storage.embedded.panel import SqlitePanelStore
@@ -154,6 +158,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
             links=MemoryMediaLinks(),
             worker_id=worker,
             tasks=SqliteTaskStore(settings.data_dir / "tasks.sqlite3"),
+            jobs=SqliteJobs(settings.data_dir / "jobs.sqlite3"),
             usage=SqliteUsageStore(control),
             approvals=SqliteApprovalStore(control),
             control_db=control,
@@ -169,6 +174,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
     from talon.storage.postgres.leases import PgLeases
     from talon.storage.postgres.media_links import PgMediaLinks
     from talon.storage.postgres.sessions import PgSessions
+    from talon.storage.postgres.jobs import PgJobs
     from talon.storage.postgres.tasks import PgTaskStore
     from talon.storage.postgres.whatsapp import PgWhatsAppStore
     from talon.storage.postgres.panel import PgPanelStore
@@ -183,6 +189,7 @@ def open_stores(settings: Settings, *, check_dirs: bool = True) -> Stores:
         links=PgMediaLinks(db, attachments),
         worker_id=worker,
         tasks=PgTaskStore(db),
+        jobs=PgJobs(db),
         usage=PgUsageStore(db),
         approvals=PgApprovalStore(db),
         whatsapp=PgWhatsAppStore(db),

@@ -5,7 +5,8 @@ pending work carry over), the sessions (every thread of every chat, checkpoints 
 which thread is current), access (approvals, live pairing codes, the code-reply log), scheduled
 tasks (with their runs and each chat's time zone), control (model usage, grants, tool-call
 approvals), WhatsApp's state (each chat's window, the messages waiting for it in order, the sent
-messages' receipts and live approval-button tokens) and the attachments (streamed in chunks). Everything is keyed, so running it again copies only what is
+messages' receipts and live approval-button tokens), the web panel's audit log and chat index, and
+the attachments (streamed in chunks). Everything is keyed, so running it again copies only what is
 missing: the inbox by message key, session lines by (chat, thread, line number), attachments by
 sha256. Afterwards every item is checked on the database side: the inbox keys, a sha256 over each
 thread's lines, the access rows, and each attachment's bytes hashed again as read back.
@@ -72,6 +73,12 @@ def _read_sqlite(path: Path, *queries: str) -> list[list[tuple[Any, ...]]] | Non
         src.close()
 
 
+# The embedded SQLite stores this copies (besides the session logs and the attachments); the
+# search index (search.sqlite3) is not copied: the database indexes the lines itself.
+EMBEDDED_FILES = ("inbox.sqlite3", "access.sqlite3", "tasks.sqlite3", "control.sqlite3", "whatsapp.sqlite3",
+                  "jobs.sqlite3")
+
+
 async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport:
     await migrate_schema(db)
     return MigrationReport([
@@ -79,9 +86,11 @@ async def migrate_embedded(data_dir: Path, db: AsyncDatabase) -> MigrationReport
         await _sessions(data_dir / "sessions", db),
         await _access(data_dir / "access.sqlite3", db),
         await _tasks(data_dir / "tasks.sqlite3", db),
+        await _jobs(data_dir / "jobs.sqlite3", db),
         await _attachments(data_dir / "attachments", db, data_dir),
         await _control(data_dir / "control.sqlite3", db),
         await _whatsapp(data_dir / "whatsapp.sqlite3", db),
+        await _panel(data_dir / "control.sqlite3", db),
     ])
 
 
@@ -271,6 +280,22 @@ async def _control(path: Path, db: AsyncDatabase) -> StoreReport:
     return report
 
 
+async def _jobs(path: Path, db: AsyncDatabase) -> StoreReport:
+    from talon.storage.jobs import JOB_COLUMNS
+
+    report = StoreReport("background jobs")
+    read = await asyncio.to_thread(_read_sqlite, path, f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created, id")
+    if read is None:
+        return report
+    (jobs,) = read
+    report.found = len(jobs)
+    marks = ", ".join(["%s"] * len(JOB_COLUMNS.split(",")))
+    report.copied += await _insert_all(
+        db, f"INSERT INTO talon_jobs ({JOB_COLUMNS}) VALUES ({marks}) ON CONFLICT DO NOTHING", jobs)
+    await _verify(db, report, [("talon_jobs", "id = %s", [(r[0],) for r in jobs])])
+    return report
+
+
 async def _tasks(path: Path, db: AsyncDatabase) -> StoreReport:
     report = StoreReport("scheduled tasks (runs, zones)")
     read = await asyncio.to_thread(
@@ -328,6 +353,38 @@ async def _whatsapp(path: Path, db: AsyncDatabase) -> StoreReport:
         ("talon_wa_pending", "chat_id = %s AND created = %s AND payload = %s", [tuple(r) for r in pending]),
         ("talon_wa_sent", "sid = %s", [(r[0],) for r in sent]),
         ("talon_wa_tokens", "token = %s", [(r[0],) for r in tokens])])
+    return report
+
+
+async def _panel(path: Path, db: AsyncDatabase) -> StoreReport:
+    """The web panel's audit log and chat index (in control.sqlite3 once the panel has run). Its
+    sign-ins are not copied (a moved Talon asks to sign in again); its usage rollup is rebuilt by
+    the database's trigger as the usage rows are copied."""
+    report = StoreReport("web panel (audit log, chat index)")
+    names = await asyncio.to_thread(_read_sqlite, path, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    if names is None or ("panel_audit",) not in names[0]:
+        return report
+    read = await asyncio.to_thread(
+        _read_sqlite, path, "SELECT at, who, action, detail, address FROM panel_audit ORDER BY id",
+        "SELECT channel, chat_id, title, people, last_at, messages FROM panel_chats",
+        "SELECT day, messages FROM panel_days")
+    assert read is not None
+    audit, chats, days = read
+    report.found = len(audit) + len(chats) + len(days)
+    same = "at = %s AND who = %s AND action = %s AND detail = %s AND address = %s"
+    # No key of their own: an entry already copied (every column the same) is not copied again.
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_panel_audit (at, who, action, detail, address) SELECT %s::float8, %s::text, "
+            f"%s::text, %s::text, %s::text WHERE NOT EXISTS (SELECT 1 FROM talon_panel_audit WHERE {same})",
+        [(*r, *r) for r in audit])
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_panel_chats (channel, chat_id, title, people, last_at, messages) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", chats)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_panel_days (day, messages) VALUES (%s, %s) ON CONFLICT DO NOTHING", days)
+    await _verify(db, report, [("talon_panel_audit", same, [tuple(r) for r in audit]),
+                               ("talon_panel_chats", "channel = %s AND chat_id = %s", [r[:2] for r in chats]),
+                               ("talon_panel_days", "day = %s", [r[:1] for r in days])])
     return report
 
 

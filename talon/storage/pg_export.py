@@ -4,8 +4,11 @@ One REPEATABLE READ, read-only transaction: every table is read from the same sn
 ``COPY (SELECT ...) TO STDOUT (FORMAT BINARY)``, row by row. The SQLite stores are built in a
 scratch file with the embedded stores' own schemas, the session lines become one JSONL file per
 thread (numbered as in the database), the attachments one file each, chunk by chunk; each goes
-into the archive and is deleted before the next, so memory and scratch space stay small. Leases,
-media links and the schema's own table are not archived: they mean nothing to another deployment.
+into the archive and is deleted before the next, so memory and scratch space stay small.
+
+What is archived is declared here, table by table (``TABLES``, ``FILE_TABLES``), and so is what is
+not (``NOT_ARCHIVED``, ``SKIPPED_COLUMNS``): ``tests/test_backup_coverage.py`` lists every table the
+schema creates and fails for one that is in neither, so a new store cannot be left out unnoticed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
 
     from talon.storage.backup import _Writer
 
-# Embedded file -> (PostgreSQL table, SQLite table, order).
+# Embedded file -> (PostgreSQL table, SQLite table, order): these become the embedded store files.
 TABLES: dict[str, list[tuple[str, str, str]]] = {
     "inbox.sqlite3": [("talon_inbox", "inbox", "seq")],
     "access.sqlite3": [("talon_pairing_pending", "pending", "id"), ("talon_pairing_replied", "replied", "channel"),
@@ -30,8 +33,48 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
     "tasks.sqlite3": [("talon_tasks", "tasks", "id"), ("talon_task_runs", "task_runs", "task_id"),
                       ("talon_chat_zones", "chat_zones", "channel")],
     "control.sqlite3": [("talon_usage", "usage", "id"), ("talon_usage_grants", "usage_grants", "id"),
-                        ("talon_approvals", "approvals", "id"), ("talon_approval_always", "approval_always", "channel")],
+                        ("talon_approvals", "approvals", "id"), ("talon_approval_always", "approval_always", "channel"),
+                        ("talon_panel_audit", "panel_audit", "id"), ("talon_panel_chats", "panel_chats", "channel"),
+                        ("talon_panel_days", "panel_days", "day")],
+    "whatsapp.sqlite3": [("talon_wa_windows", "wa_windows", "chat_id"), ("talon_wa_pending", "wa_pending", "id"),
+                         ("talon_wa_sent", "wa_sent", "sid"), ("talon_wa_tokens", "wa_tokens", "token")],
+    "jobs.sqlite3": [("talon_jobs", "jobs", "id")],
 }
+# Tables archived as files: the conversations (one JSONL file per thread, CURRENT, CHAT) and the
+# attachments (one file each, by sha256).
+FILE_TABLES = ("talon_threads", "talon_session_lines", "talon_attachments", "talon_attachment_chunks")
+# Tables NOT archived, and why: each means something only to the running deployment it is in.
+NOT_ARCHIVED = {
+    # The schema version (the manifest carries it; the target database has its own) and the
+    # deployment's id, which marks the shared directories of THIS database's workers.
+    "talon_meta": "schema version and deployment id",
+    # Which worker holds which chat right now: a lease lapses within seconds of its worker's end.
+    "talon_leases": "live per-worker leases",
+    # Links Twilio fetches media by, valid for minutes: expired long before any restore.
+    "talon_media_links": "short-lived media links",
+    # The web panel's sign-ins: browser sessions, one-time sign-in links, failed sign-ins (rate
+    # limiting). A restored Talon asks to sign in again; a session ended since the backup cannot
+    # come back with it.
+    "talon_panel_sessions": "live panel sign-in sessions",
+    "talon_panel_links": "one-time panel sign-in links",
+    "talon_panel_failures": "failed panel sign-ins (rate limiting)",
+    # Usage summed per day: derived, rebuilt by the trigger on talon_usage as its rows are restored.
+    "talon_panel_usage_daily": "derived from talon_usage (rebuilt on restore)",
+}
+# Of those, the tables derived from archived ones while a restore fills them (emptied with them
+# when a restore fails, so a second try does not count twice).
+DERIVED_TABLES = ("talon_panel_usage_daily",)
+# The same tables in the embedded store files: a backup of PostgreSQL does not make them and a
+# restore into PostgreSQL does not copy them (the embedded snapshot clears the sign-ins, see
+# talon.storage.backup; the embedded rollup is rebuilt by its trigger as the usage rows are written).
+NOT_CARRIED = {"control.sqlite3": frozenset({"panel_sessions", "panel_links", "panel_failures", "panel_usage_daily"})}
+# Columns of archived tables that are not in the archive: a worker's claim on delivering a chat's
+# waiting WhatsApp messages (it lapses; the restored deployment's workers claim anew; ``talon
+# migrate`` and the embedded snapshot leave it out too), and the database's own number for a
+# pairing code (the embedded store keeps their order as rows written in that order).
+SKIPPED_COLUMNS = {"talon_wa_windows": frozenset({"holder", "until"}), "talon_pairing_pending": frozenset({"id"})}
+# Every table a backup of PostgreSQL reads, and a restore into PostgreSQL fills.
+ARCHIVED_TABLES = tuple(pg for tables in TABLES.values() for pg, _, _ in tables) + FILE_TABLES
 
 
 def _make_embedded(name: str, path: Path) -> None:
@@ -48,10 +91,29 @@ def _make_embedded(name: str, path: Path) -> None:
         from talon.storage.embedded.tasks import SqliteTaskStore
 
         SqliteTaskStore(path)._db.close()
-    else:
-        from talon.storage.embedded.control import open_control_db
+    elif name == "jobs.sqlite3":
+        from talon.storage.embedded.jobs import SqliteJobs
 
-        open_control_db(path).close()
+        SqliteJobs(path)._db.close()
+    elif name == "control.sqlite3":
+        from talon.storage.embedded.control import open_control_db
+        from talon.storage.embedded.panel import setup_panel
+
+        runner = open_control_db(path)
+        try:
+            runner.run_blocking(setup_panel)  # the panel's tables, and the usage rollup's trigger
+        finally:
+            runner.close()
+    elif name == "whatsapp.sqlite3":
+        from talon.storage.embedded.whatsapp import setup_schema
+
+        conn = sqlite3.connect(str(path))
+        try:
+            setup_schema(conn)
+        finally:
+            conn.close()
+    else:
+        raise ValueError(f"no embedded store is named {name}")
 
 
 def _pg_columns(conn: "psycopg.Connection[Any]", table: str) -> dict[str, str]:
@@ -87,7 +149,8 @@ def export_postgres(url: str, writer: "_Writer", scratch: Path) -> None:
                     for pg_table, lite_table, order in tables:
                         have = _pg_columns(conn, pg_table)
                         wanted = [str(r[1]) for r in lite.execute(f"PRAGMA table_info({lite_table})")]
-                        columns = [c for c in wanted if c in have]
+                        skipped = SKIPPED_COLUMNS.get(pg_table, frozenset())
+                        columns = [c for c in wanted if c in have and c not in skipped]
                         insert = (f"INSERT INTO {lite_table} ({', '.join(columns)}) "
                                   f"VALUES ({', '.join('?' * len(columns))})")
                         rows = _copy_rows(conn, f"SELECT {', '.join(columns)} FROM {pg_table} ORDER BY {order}",

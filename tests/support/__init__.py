@@ -1,1 +1,1 @@
-"""Helpers shared by test files and benchmarks (never imported from a test_*.py file)."""
+"""Helpers shared by test files and benchmarks (never imported from one test file into another)."""

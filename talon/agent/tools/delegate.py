@@ -20,6 +20,9 @@ tool is ``parallel``; ``talon.agent.loop``).
 The child's own messages are not kept in the chat's log: the parent gets its final answer and the
 files it wrote, which is what the parent's next step needs. A child cut off by a restart is
 reported to the resumed turn as such (``talon.agent.loop``), never started again unseen.
+
+``background=true`` makes it a durable background job instead (``talon.jobs``): the call returns
+the job's id at once, and the bridge runs the same child later, beside the chat's turns.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ class DelegateTool(Tool):
             "task": {"type": "string", "description": "The whole task, with every fact the sub-agent needs."},
             "tools": {"type": "array", "items": {"type": "string"},
                       "description": "Optional: only these of your tools (default: all of them)."},
+            "background": {"type": "boolean",
+                           "description": "Optional: run it as a background job. You get a job id at once and "
+                                          "should end your turn; its answer comes to the chat as a message of "
+                                          "its own when done (job_status, cancel_job)."},
         },
         "required": ["task"],
     }
@@ -85,6 +92,7 @@ class DelegateTool(Tool):
         self._slots: dict[Any, asyncio.Semaphore] = {}
         self._users: dict[Any, int] = {}
         self.running = 0  # children running now (all chats)
+        self.jobs: Any = None  # talon.jobs.Jobs: background delegation; None: not offered
 
     def time_limit(self, args: dict[str, Any], default: float) -> float:
         return self.limits.timeout_s + 30.0  # its own limit, plus a wait for a free slot
@@ -99,6 +107,8 @@ class DelegateTool(Tool):
         if ctx.depth >= self.limits.depth:
             raise ToolError(f"a sub-agent cannot delegate further (TALON_SUBAGENT_DEPTH={self.limits.depth})")
         names = self._tool_names(args.get("tools"), ctx.depth + 1)
+        if args.get("background") is True:
+            return await self._background(task.strip(), args.get("tools") or [], ctx)
         chat = ctx.chat
         slot = self._slots.setdefault(chat, asyncio.Semaphore(self.limits.at_once))
         self._users[chat] = self._users.get(chat, 0) + 1
@@ -120,6 +130,23 @@ class DelegateTool(Tool):
             self._users[chat] -= 1
             if not self._users[chat]:
                 del self._users[chat], self._slots[chat]
+
+    async def _background(self, task: str, tools: list[str], ctx: ToolContext) -> ToolResult:
+        from talon.envelope import TURN_MESSAGE
+        from talon.errors import JobError
+
+        message = TURN_MESSAGE.get()
+        if self.jobs is None or message is None or message.job is not None or ctx.depth > 0:
+            raise ToolError("background jobs can only be started by the chat's own agent")
+        try:
+            job = await self.jobs.start(message, task, tools)
+        except JobError as exc:
+            raise ToolError(str(exc)) from None
+        if ctx.hooks is not None and getattr(ctx.hooks, "notice", None) is not None:
+            await ctx.hooks.notice(f"↳ Background job {job.id}: {_one_line(task)}")
+        return ToolResult.text(f"Started background job {job.id}. Its answer will arrive in the chat as a message "
+                               "of its own when it is done; job_status and cancel_job take this id. End your turn "
+                               "now: tell the person briefly that the work runs in the background.")
 
     def _tool_names(self, wanted: object, depth: int) -> list[str]:
         tools = self.agent.tools.tools if self.agent.tools_available else {}

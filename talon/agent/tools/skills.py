@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-import yaml
 
 from talon.agent.context.tokens import CHARS_PER_TOKEN
 from talon.agent.tools.beneath import dir_beneath, open_file_beneath
@@ -68,8 +67,17 @@ _SPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 Origin = Literal["shared", "chat"]
-# yaml.safe_load's loader, in C (libyaml) where PyYAML was built with it.
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _yaml() -> Any:
+    """PyYAML, imported when a skill is first read (Talon at rest imports no more than it uses)."""
+    import yaml
+
+    return yaml
+
+
+def _loader() -> Any:
+    """yaml.safe_load's loader, in C (libyaml) where PyYAML was built with it."""
+    yaml = _yaml()
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # The shared directory is Talon's operator's, not the agent's: looked at at most once a second.
 SHARED_RECHECK_S = 1.0
 
@@ -105,15 +113,16 @@ def _no_aliases(text: str) -> None:
     work, so text with neither '&' nor '*' is not walked at all."""
     if "&" not in text and "*" not in text:
         return
+    yaml = _yaml()
     try:
-        for event in yaml.parse(text, Loader=_LOADER):
+        for event in yaml.parse(text, Loader=_loader()):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise SkillProblem("front matter uses YAML anchors or aliases, which skills may not")
     except yaml.YAMLError as exc:
         raise SkillProblem(f"front matter is not valid YAML ({_yaml_reason(exc)})") from None
 
 
-def _yaml_reason(exc: yaml.YAMLError) -> str:
+def _yaml_reason(exc: Exception) -> str:
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     mark = getattr(exc, "problem_mark", None)
     return f"{problem} at line {mark.line + 1}" if mark is not None else str(problem)
@@ -136,8 +145,9 @@ def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
         raise SkillProblem(f"front matter is longer than {MAX_FRONT_MATTER:,} characters")
     body = rest[end.end():].lstrip("\n")
     _no_aliases(head)
+    yaml = _yaml()
     try:
-        data = yaml.load(head, Loader=_LOADER)  # the safe loader: no tag builds an object
+        data = yaml.load(head, Loader=_loader())  # the safe loader: no tag builds an object
     except yaml.YAMLError as exc:
         raise SkillProblem(f"front matter is not valid YAML ({_yaml_reason(exc)})") from None
     if not isinstance(data, dict):

@@ -36,13 +36,14 @@ CREATE INDEX IF NOT EXISTS wa_tokens_approval ON wa_tokens (approval_id);
 SENT_KEEP_S = 30 * 86400
 
 
-def _setup(conn: sqlite3.Connection) -> None:
+def setup_schema(conn: sqlite3.Connection) -> None:
+    """Create the store's tables (if absent) on ``conn`` (also used to build a backup's copy)."""
     conn.executescript(_SCHEMA)
 
 
 class SqliteWhatsAppStore:
     def __init__(self, path: Path | str) -> None:
-        self.runner = SqliteRunner(path, _setup)
+        self.runner = SqliteRunner(path, setup_schema)
 
     async def close(self) -> None:
         await self.runner.aclose()

@@ -232,6 +232,15 @@ MIGRATIONS: tuple[str, ...] = (
         person, chat_id, model, sum(CASE WHEN extra_share THEN 0 ELSE 1 END), count(*), sum(input_tokens),
         sum(output_tokens), coalesce(sum(cost), 0) FROM talon_usage GROUP BY 1, 2, 3, 4, 5;
     """,
+    # 12: background delegations (talon.jobs, talon.storage.jobs): one row per job, read per chat.
+    """
+    CREATE TABLE talon_jobs (
+        id TEXT PRIMARY KEY, channel TEXT NOT NULL, conversation TEXT NOT NULL, owner_id TEXT NOT NULL,
+        task TEXT NOT NULL, tools TEXT NOT NULL, status TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
+        updated DOUBLE PRECISION NOT NULL, result TEXT NOT NULL, delivered INTEGER NOT NULL
+    );
+    CREATE INDEX talon_jobs_chat ON talon_jobs (channel, conversation);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
