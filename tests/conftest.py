@@ -130,6 +130,7 @@ _E2E_FILES = frozenset({
     "test_voice_replies.py", "test_typecheck.py", "test_startup.py", "test_live_crash.py",
     "test_tool_races.py", "test_agent_long_conversation.py", "test_mcp.py", "test_control_process.py",
     "test_scheduler_restart.py", "test_shell_sandbox.py", "test_console_stop.py", "test_local_model.py",
+    "test_jobs_restart.py",  # `talon run` as a process, killed and started again
 })
 _E2E_FIXTURES = frozenset({"pg_url", "pg_server", "transcriber", "synapse"})
 _E2E_TESTS = frozenset({
