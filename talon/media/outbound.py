@@ -41,8 +41,10 @@ import re
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
+from itertools import accumulate, repeat
+from operator import add as add_int, itemgetter
+from typing import TypeVar
+from collections.abc import Sequence
 
 from talon.render.markdown import code_spans
 
@@ -826,7 +828,12 @@ def _separator(text: str) -> str | None:
     return next((sep for sep in _SEPARATORS if sep not in text), None)
 
 
-def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[Range], first: int) -> list[Range]:
+_Removal = TypeVar("_Removal")
+
+
+def _finish(
+    sep: str | None, alts: list[str], paths: list[str], removals: Sequence[_Removal], first: int
+) -> Sequence[_Removal]:
     """Turn ``alts[first:]`` and ``paths[first:]`` (as written) into what is lifted: paths
     unescaped, those empty or remote dropped (with their removal), alt texts unescaped and their
     whitespace folded, joined by ``sep`` (``_separator`` of the text; None: one at a time).
@@ -834,7 +841,7 @@ def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[R
     raw_alts, raw_paths = alts[first:], paths[first:]
     del alts[first:], paths[first:]
     if sep is None or len(raw_paths) < 8:
-        kept: list[Range] = []
+        kept: list[_Removal] = []
         for alt, path, removal in zip(raw_alts, raw_paths, removals):
             if "\\" in path:
                 path = _unescape(path)
@@ -867,6 +874,91 @@ def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[R
     return removals
 
 
+# --- the whole reply at once ---------------------------------------------------------------
+#
+# When every run of text is a "simple run" (see _SIMPLE_RUN) once its code is masked, the reply's
+# images are found by one regex over one masked copy of the whole reply, whatever the number of
+# runs, paragraphs, escapes or code spans: no Python step per run or per candidate. The copy has
+# the same length (so offsets hold): code blocks and runs that can lift nothing become \x01 (they
+# are whole lines, and a simple image never spans a line break), each code span (only single
+# backticks, paired on one line: what the renderer's rule gives then) becomes \x01 (which no
+# destination and no blank between '(' and a destination may hold, so a tail stops at a span as
+# the segment parser's limit makes it), and each escape but ``\!`` becomes two \ue100 (no
+# bracket, no blank, no letter: a destination goes on through it as through an escape, and no
+# scheme is seen in it). Alt texts and paths are then taken from the reply itself, by offset, and
+# unescaped, folded and checked for schemes as the general case does (``_finish``).
+
+_MASK = "\x01"
+_ESCAPE_MASK = "\ue100\ue100"
+_LONE_SPAN = re.compile(r"(?<!`)`[^`\n]++`(?!`)")
+_MASKED_LOCAL = re.compile(
+    rf"(!\[([^\[\]\\`\n]*+)\]\(([ \t]*+)(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\))"
+)
+
+
+def _mask_span(m: re.Match[str]) -> str:
+    return _MASK * (m.end() - m.start())
+
+
+# A run of text (group 1), then a run of code (group "code"; none at the end): the
+# block structure as ``_BLOCKS`` reads it, one match per run of code, matched at line starts only.
+_CODE_RUN = re.compile(
+    rf"((?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))*+)"
+    rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)?"
+)
+# In a run of code, whatever could make or hide an image, open a code span or escape: \x01.
+_CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
+
+
+def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int]] | None:
+    """The reply's images found in one masked copy (see above): (alts and paths as written, and
+    where each image starts and stops); None when some run is not simple once masked (the run-by-run path then)."""
+    # [text, code or None, (the fence groups: 2), text, ...], in C; the code translated in C
+    # (only the last match, at the end, has no code).
+    split = _CODE_RUN.split(text)
+    stride = _CODE_RUN.groups + 1
+    codes = split[2::stride]
+    while codes and codes[-1] is None:
+        codes[-1] = ""
+    if None in codes:
+        return None  # (cannot happen: every match but the last ends with code)
+    chunks: list[str] = [""] * (2 * len(codes))
+    chunks[0::2] = split[1::stride]
+    chunks[1::2] = map(str.translate, codes, repeat(_CODE_MASK_ALL))
+    masked = "".join(chunks)
+    if len(masked) != len(text):
+        return None  # (cannot happen: the runs cover the text)
+    ticks, escapes = "`" in masked, "\\" in masked
+    if ticks and escapes:
+        return None  # (which escape or span comes first is the segment parser's to say)
+    if escapes:
+        if "\\!" in masked:
+            return None  # an escaped '!' has a reading of its own (see _image_pairs)
+        masked = _ESCAPE_BUT_BANG.sub(_ESCAPE_MASK, masked)
+        if "\\" in masked:
+            return None
+    elif ticks:
+        masked = _LONE_SPAN.sub(_mask_span, masked)
+        if "`" in masked:
+            return None
+    if not _SIMPLE_RUN.fullmatch(masked):
+        return None
+    parts = _MASKED_LOCAL.split(masked)
+    # [text, image, alt, blanks, path, text, ...]: the offsets from the lengths, summed in C
+    lengths: list[int] = [0] * (2 * (len(parts) // 5) + 1)
+    lengths[0::2] = map(len, parts[0::5])
+    lengths[1::2] = map(len, parts[1::5])
+    ends = list(accumulate(lengths))
+    starts, stops = ends[0:-1:2], ends[1::2]  # each image's
+    if not (ticks or escapes):  # (the text runs are as written: their alt texts and paths too)
+        return parts[2::5], parts[4::5], starts, stops
+    alt_starts = list(map(add_int, starts, repeat(2)))
+    alts = list(map(text.__getitem__, map(slice, alt_starts, map(add_int, alt_starts, map(len, parts[2::5])))))
+    path_starts = list(map(add_int, map(add_int, alt_starts, map(len, parts[2::5])), map(add_int, map(len, parts[3::5]), repeat(2))))
+    paths = list(map(text.__getitem__, map(slice, path_starts, map(add_int, path_starts, map(len, parts[4::5])))))
+    return alts, paths, starts, stops
+
+
 # --- entry point ----------------------------------------------------------------------------
 
 
@@ -892,7 +984,21 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     lifter = _Lifter(text, alts, paths, removals)
     fold = _SPACES.sub
     separator: str | None = ""  # (not looked for yet)
-    for run_start, run_end in _text_runs(text):
+    runs: list[Range] = []
+    whole = _lift_masked(text)
+    if whole is not None:
+        alts, paths, starts, stops = whole
+        # (the removals as indices: no tuple per image, so nothing for the collector to count)
+        kept = _finish(_separator(text), alts, paths, range(len(starts)), 0)
+        if not isinstance(kept, range):  # some were dropped (remote or empty once unescaped)
+            starts, stops = [starts[i] for i in kept], [stops[i] for i in kept]
+        if starts:
+            pieces.append(text[: starts[0]])
+            pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
+            pos = stops[-1]
+    else:
+        runs = _text_runs(text)
+    for run_start, run_end in runs:
         if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
                 and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
             # Its images, and the text between them, in one C call: [text, alt folded, alt, path,
