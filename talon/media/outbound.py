@@ -42,7 +42,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from operator import add as add_int, itemgetter
+from operator import itemgetter
 from typing import TypeVar
 from collections.abc import Sequence
 
@@ -889,15 +889,19 @@ def _finish(
 # unescaped, folded and checked for schemes as the general case does (``_finish``).
 
 _MASK = "\x01"
-_ESCAPE_MASK = "\ue100\ue100"
-_LONE_SPAN = re.compile(r"(?<!`)`[^`\n]++`(?!`)")
+# Masked escapes: "\ue100" then the character, or for a character the simple regexes read, its
+# stand-in (\ue100 + the character's code: no bracket, parenthesis, blank or letter).
+_ESC = "\ue100"
+_ESCAPE_TO_MARK = re.compile(r"\\([\"-/:-@\[-`{-~])")  # _PUNCT without '!'
+_ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`"}
+_UNMASK = str.maketrans({_ESC: "\\", **{v: k for k, v in _ESCAPE_STANDINS.items()}, _MASK: "`"})
+_OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
+# A code span of single backticks on one line holding no bracket (the renderer's rule gives the
+# same spans when every backtick of the run of text is in one of them).
+_LONE_SPAN = re.compile(r"(?<!`)`[^`\n\[\]]++`(?!`)")
 _MASKED_LOCAL = re.compile(
     rf"(!\[([^\[\]\\`\n]*+)\]\(([ \t]*+)(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\))"
 )
-
-
-def _mask_span(m: re.Match[str]) -> str:
-    return _MASK * (m.end() - m.start())
 
 
 # A run of text (group 1), then a run of code (group "code"; none at the end): the
@@ -931,16 +935,20 @@ def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int]]
     ticks, escapes = "`" in masked, "\\" in masked
     if ticks and escapes:
         return None  # (which escape or span comes first is the segment parser's to say)
+    if (ticks or escapes) and _OWN_MARKS.search(text) is not None:
+        return None  # (the reply holds the marks: they could not be told from its own text)
     if escapes:
         if "\\!" in masked:
             return None  # an escaped '!' has a reading of its own (see _image_pairs)
-        masked = _ESCAPE_BUT_BANG.sub(_ESCAPE_MASK, masked)
+        masked = _ESCAPE_TO_MARK.sub(_ESC + r"\1", masked)
         if "\\" in masked:
             return None
+        for ch, standin in _ESCAPE_STANDINS.items():
+            masked = masked.replace(_ESC + ch, _ESC + standin)
     elif ticks:
-        masked = _LONE_SPAN.sub(_mask_span, masked)
-        if "`" in masked:
+        if "`" in _LONE_SPAN.sub("", masked):
             return None
+        masked = masked.replace("`", _MASK)  # (a span's ends: no destination or blank goes on through them)
     if not _SIMPLE_RUN.fullmatch(masked):
         return None
     parts = _MASKED_LOCAL.split(masked)
@@ -949,14 +957,11 @@ def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int]]
     lengths[0::2] = map(len, parts[0::5])
     lengths[1::2] = map(len, parts[1::5])
     ends = list(accumulate(lengths))
-    starts, stops = ends[0:-1:2], ends[1::2]  # each image's
-    if not (ticks or escapes):  # (the text runs are as written: their alt texts and paths too)
-        return parts[2::5], parts[4::5], starts, stops
-    alt_starts = list(map(add_int, starts, repeat(2)))
-    alts = list(map(text.__getitem__, map(slice, alt_starts, map(add_int, alt_starts, map(len, parts[2::5])))))
-    path_starts = list(map(add_int, map(add_int, alt_starts, map(len, parts[2::5])), map(add_int, map(len, parts[3::5]), repeat(2))))
-    paths = list(map(text.__getitem__, map(slice, path_starts, map(add_int, path_starts, map(len, parts[4::5])))))
-    return alts, paths, starts, stops
+    alts, paths = parts[2::5], parts[4::5]
+    if ticks or escapes:  # their alt texts and paths as written (the marks put back, in C)
+        alts = list(map(str.translate, alts, repeat(_UNMASK)))
+        paths = list(map(str.translate, paths, repeat(_UNMASK)))
+    return alts, paths, ends[0:-1:2], ends[1::2]
 
 
 # --- entry point ----------------------------------------------------------------------------
