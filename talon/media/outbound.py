@@ -892,7 +892,7 @@ _MASK = "\x01"
 # Masked escapes: "\ue100" then the character, or for a character the simple regexes read, its
 # stand-in (\ue100 + the character's code: no bracket, parenthesis, blank or letter).
 _ESC = "\ue100"
-_ESCAPE_TO_MARK = re.compile(r"\\([\"-/:-@\[-`{-~])")  # _PUNCT without '!'
+_NOT_AN_ESCAPE = re.compile(r"\\(?![\"-/:-@\[-`{-~])")  # (no '!': those are refused first)
 _ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`"}
 _UNMASK = str.maketrans({_ESC: "\\", **{v: k for k, v in _ESCAPE_STANDINS.items()}, _MASK: "`"})
 _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
@@ -938,13 +938,16 @@ def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int]]
     if (ticks or escapes) and _OWN_MARKS.search(text) is not None:
         return None  # (the reply holds the marks: they could not be told from its own text)
     if escapes:
+        # Escapes in C: escaped backslashes first (pairs from the left, as a left-to-right reading
+        # takes them), then the characters the simple regexes read, then the rest.
+        masked = masked.replace("\\\\", _ESC + _ESCAPE_STANDINS["\\"])
+        for ch in "[]()`":
+            masked = masked.replace("\\" + ch, _ESC + _ESCAPE_STANDINS[ch])
         if "\\!" in masked:
             return None  # an escaped '!' has a reading of its own (see _image_pairs)
-        masked = _ESCAPE_TO_MARK.sub(_ESC + r"\1", masked)
-        if "\\" in masked:
-            return None
-        for ch, standin in _ESCAPE_STANDINS.items():
-            masked = masked.replace(_ESC + ch, _ESC + standin)
+        if _NOT_AN_ESCAPE.search(masked) is not None:
+            return None  # a backslash that escapes nothing
+        masked = masked.replace("\\", _ESC)
     elif ticks:
         if "`" in _LONE_SPAN.sub("", masked):
             return None
