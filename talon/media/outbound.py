@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import TypeVar
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from talon.render.markdown import code_spans
 
@@ -832,22 +832,23 @@ _Removal = TypeVar("_Removal")
 
 
 def _finish(
-    sep: str | None, alts: list[str], paths: list[str], removals: Sequence[_Removal], first: int
+    sep: str | None, alts: list[str], paths: list[str], removals: Sequence[_Removal], first: int,
+    escaped: bool = True,
 ) -> Sequence[_Removal]:
     """Turn ``alts[first:]`` and ``paths[first:]`` (as written) into what is lifted: paths
     unescaped, those empty or remote dropped (with their removal), alt texts unescaped and their
     whitespace folded, joined by ``sep`` (``_separator`` of the text; None: one at a time).
-    Returns the removals kept."""
+    Returns the removals kept. ``escaped``: False when they are already unescaped."""
     raw_alts, raw_paths = alts[first:], paths[first:]
     del alts[first:], paths[first:]
     if sep is None or len(raw_paths) < 8:
         kept: list[_Removal] = []
         for alt, path, removal in zip(raw_alts, raw_paths, removals):
-            if "\\" in path:
+            if escaped and "\\" in path:
                 path = _unescape(path)
             if not path.strip() or _REMOTE.match(path) is not None:
                 continue
-            if "\\" in alt:
+            if escaped and "\\" in alt:
                 alt = _unescape(alt)
             if not _PLAIN_ALT.fullmatch(alt):
                 alt = _SPACES.sub(" ", alt).strip()
@@ -856,7 +857,7 @@ def _finish(
             kept.append(removal)
         return kept
     joined = sep.join(raw_paths)
-    if "\\" in joined:
+    if escaped and "\\" in joined:
         joined = _unescape(joined)
     unescaped = joined.split(sep)
     if _DROPPED[sep].search(joined) is not None:  # (one search finds whether any path is dropped)
@@ -866,7 +867,7 @@ def _finish(
         raw_alts = [raw_alts[i] for i in keep]
         removals = [removals[i] for i in keep]
     joined = sep.join(raw_alts)
-    if "\\" in joined:
+    if escaped and "\\" in joined:
         joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
     joined = _SEPARATOR_SPACE[sep].sub(sep, _SPACES.sub(" ", joined)).strip(" ")
     alts += joined.split(sep) if raw_alts else []
@@ -894,7 +895,8 @@ _MASK = "\x01"
 _ESC = "\ue100"
 _NOT_AN_ESCAPE = re.compile(r"\\(?![\"-/:-@\[-`{-~])")  # (no '!': those are refused first)
 _ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`"}
-_UNMASK = str.maketrans({_ESC: "\\", **{v: k for k, v in _ESCAPE_STANDINS.items()}, _MASK: "`"})
+_UNMASK = str.maketrans({_MASK: "`"})
+_UNESCAPE = str.maketrans({_ESC: None, **{v: k for k, v in _ESCAPE_STANDINS.items()}})
 _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
 # A code span of single backticks on one line holding no bracket (the renderer's rule gives the
 # same spans when every backtick of the run of text is in one of them).
@@ -914,24 +916,37 @@ _CODE_RUN = re.compile(
 _CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
 
 
-def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int]] | None:
-    """The reply's images found in one masked copy (see above): (alts and paths as written, and
-    where each image starts and stops); None when some run is not simple once masked (the run-by-run path then)."""
+# Without a fence or an indented line, a reply holds no code block.
+_MAY_HOLD_CODE = re.compile(r"```|~~~|^ {0,3}+\t| {4}", re.MULTILINE)
+
+
+def _mask_code_runs(text: str) -> str | None:
+    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``."""
     # [text, code or None, (the fence groups: 2), text, ...], in C; the code translated in C
-    # (only the last match, at the end, has no code).
+    # (only the matches at the end have no code).
     split = _CODE_RUN.split(text)
     stride = _CODE_RUN.groups + 1
     codes = split[2::stride]
-    while codes and codes[-1] is None:
-        codes[-1] = ""
+    i = len(codes) - 1
+    while i >= 0 and codes[i] is None:
+        codes[i] = ""
+        i -= 1
     if None in codes:
-        return None  # (cannot happen: every match but the last ends with code)
+        return None  # (cannot happen: every match but those at the end ends with code)
     chunks: list[str] = [""] * (2 * len(codes))
     chunks[0::2] = split[1::stride]
     chunks[1::2] = map(str.translate, codes, repeat(_CODE_MASK_ALL))
     masked = "".join(chunks)
-    if len(masked) != len(text):
-        return None  # (cannot happen: the runs cover the text)
+    return masked if len(masked) == len(text) else None  # (the runs cover the text)
+
+
+def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int], bool] | None:
+    """The reply's images found in one masked copy (see above): (alts and paths, where each image
+    starts and stops, and whether alts and paths are still escaped); None when some run is not
+    simple once masked (the run-by-run path then)."""
+    masked = text if _MAY_HOLD_CODE.search(text) is None else _mask_code_runs(text)
+    if masked is None:
+        return None
     ticks, escapes = "`" in masked, "\\" in masked
     if ticks and escapes:
         return None  # (which escape or span comes first is the segment parser's to say)
@@ -961,10 +976,20 @@ def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int]]
     lengths[1::2] = map(len, parts[1::5])
     ends = list(accumulate(lengths))
     alts, paths = parts[2::5], parts[4::5]
-    if ticks or escapes:  # their alt texts and paths as written (the marks put back, in C)
-        alts = list(map(str.translate, alts, repeat(_UNMASK)))
-        paths = list(map(str.translate, paths, repeat(_UNMASK)))
-    return alts, paths, ends[0:-1:2], ends[1::2]
+    if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
+        alts, paths = _translated(alts, _UNESCAPE, text), _translated(paths, _UNESCAPE, text)
+    elif ticks:  # as written: the spans' backticks put back
+        alts = _translated(alts, _UNMASK, text)
+    return alts, paths, ends[0:-1:2], ends[1::2], not escapes
+
+
+def _translated(strings: list[str], table: Mapping[int, object], text: str) -> list[str]:
+    """``[s.translate(table) for s in strings]``, joined by a separator ``text`` does not hold
+    (one translate), else one at a time (still C)."""
+    sep = _separator(text)
+    if sep is None or len(strings) < 2:
+        return list(map(str.translate, strings, repeat(table)))
+    return sep.join(strings).translate(table).split(sep)
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -995,9 +1020,9 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     runs: list[Range] = []
     whole = _lift_masked(text)
     if whole is not None:
-        alts, paths, starts, stops = whole
+        alts, paths, starts, stops, escaped = whole
         # (the removals as indices: no tuple per image, so nothing for the collector to count)
-        kept = _finish(_separator(text), alts, paths, range(len(starts)), 0)
+        kept = _finish(_separator(text), alts, paths, range(len(starts)), 0, escaped)
         if not isinstance(kept, range):  # some were dropped (remote or empty once unescaped)
             starts, stops = [starts[i] for i in kept], [stops[i] for i in kept]
         if starts:
