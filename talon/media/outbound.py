@@ -43,8 +43,8 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import itemgetter
-from typing import TypeVar
-from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+from collections.abc import Sequence
 
 from talon.render.markdown import code_spans
 
@@ -916,10 +916,6 @@ _CODE_RUN = re.compile(
 _CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
 
 
-# Without a fence or an indented line, a reply holds no code block.
-_MAY_HOLD_CODE = re.compile(r"```|~~~|^ {0,3}+\t| {4}", re.MULTILINE)
-
-
 def _mask_code_runs(text: str) -> str | None:
     """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``."""
     # [text, code or None, (the fence groups: 2), text, ...], in C; the code translated in C
@@ -944,13 +940,15 @@ def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int],
     """The reply's images found in one masked copy (see above): (alts and paths, where each image
     starts and stops, and whether alts and paths are still escaped); None when some run is not
     simple once masked (the run-by-run path then)."""
-    masked = text if _MAY_HOLD_CODE.search(text) is None else _mask_code_runs(text)
+    # (without a fence or an indented line, a reply holds no code block)
+    no_code = "```" not in text and "~~~" not in text and "    " not in text and "\t" not in text
+    masked = text if no_code else _mask_code_runs(text)
     if masked is None:
         return None
     ticks, escapes = "`" in masked, "\\" in masked
     if ticks and escapes:
         return None  # (which escape or span comes first is the segment parser's to say)
-    if (ticks or escapes) and _OWN_MARKS.search(text) is not None:
+    if (ticks or escapes) and ("\x01" in text or not text.isascii() and _OWN_MARKS.search(text)):
         return None  # (the reply holds the marks: they could not be told from its own text)
     if escapes:
         # Escapes in C: escaped backslashes first (pairs from the left, as a left-to-right reading
@@ -983,7 +981,7 @@ def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int],
     return alts, paths, ends[0:-1:2], ends[1::2], not escapes
 
 
-def _translated(strings: list[str], table: Mapping[int, object], text: str) -> list[str]:
+def _translated(strings: list[str], table: dict[int, Any], text: str) -> list[str]:
     """``[s.translate(table) for s in strings]``, joined by a separator ``text`` does not hold
     (one translate), else one at a time (still C)."""
     sep = _separator(text)
