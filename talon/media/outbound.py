@@ -42,7 +42,7 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from operator import itemgetter
+from operator import itemgetter, sub
 from typing import Any, TypeVar
 from collections.abc import Sequence
 
@@ -916,13 +916,17 @@ _CODE_RUN = re.compile(
 _CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
 
 
-def _mask_code_runs(text: str) -> str | None:
-    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``."""
+_Blocks = list[tuple[list[int], list[str]]]
+
+
+def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
+    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``;
+    ``blocks`` gets where each run of text ends and the runs, for ``_runs_from_blocks``."""
     # [text, code or None, (the fence groups: 2), text, ...], in C; the code translated in C
     # (only the matches at the end have no code).
     split = _CODE_RUN.split(text)
     stride = _CODE_RUN.groups + 1
-    codes = split[2::stride]
+    texts, codes = split[1::stride], split[2::stride]
     i = len(codes) - 1
     while i >= 0 and codes[i] is None:
         codes[i] = ""
@@ -930,19 +934,31 @@ def _mask_code_runs(text: str) -> str | None:
     if None in codes:
         return None  # (cannot happen: every match but those at the end ends with code)
     chunks: list[str] = [""] * (2 * len(codes))
-    chunks[0::2] = split[1::stride]
+    chunks[0::2] = texts
+    chunks[1::2] = codes
+    ends = list(accumulate(map(len, chunks)))
+    if not ends or ends[-1] != len(text):
+        return None  # (cannot happen: the runs cover the text)
+    blocks.append((ends[0::2], texts))
     chunks[1::2] = map(str.translate, codes, repeat(_CODE_MASK_ALL))
-    masked = "".join(chunks)
-    return masked if len(masked) == len(text) else None  # (the runs cover the text)
+    return "".join(chunks)
 
 
-def _lift_masked(text: str) -> tuple[list[str], list[str], list[int], list[int], bool] | None:
+def _runs_from_blocks(blocks: _Blocks) -> list[Range]:
+    """What ``_text_runs`` gives, from what ``_mask_code_runs`` found (no second scan)."""
+    run_ends, texts = blocks[0]
+    return [(start, end) for start, end, run in zip(map(sub, run_ends, map(len, texts)), run_ends, texts)
+            if "![" in run and "](" in run]
+
+
+def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list[int], list[int], bool] | None:
     """The reply's images found in one masked copy (see above): (alts and paths, where each image
     starts and stops, and whether alts and paths are still escaped); None when some run is not
-    simple once masked (the run-by-run path then)."""
+    simple once masked (the run-by-run path then; ``blocks`` gets the runs of text if they were
+    found on the way)."""
     # (without a fence or an indented line, a reply holds no code block)
     no_code = "```" not in text and "~~~" not in text and "    " not in text and "\t" not in text
-    masked = text if no_code else _mask_code_runs(text)
+    masked = text if no_code else _mask_code_runs(text, blocks)
     if masked is None:
         return None
     ticks, escapes = "`" in masked, "\\" in masked
@@ -1016,7 +1032,8 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     fold = _SPACES.sub
     separator: str | None = ""  # (not looked for yet)
     runs: list[Range] = []
-    whole = _lift_masked(text)
+    blocks: _Blocks = []
+    whole = _lift_masked(text, blocks)
     if whole is not None:
         alts, paths, starts, stops, escaped = whole
         # (the removals as indices: no tuple per image, so nothing for the collector to count)
@@ -1028,7 +1045,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
             pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
             pos = stops[-1]
     else:
-        runs = _text_runs(text)
+        runs = _runs_from_blocks(blocks) if blocks else _text_runs(text)
     for run_start, run_end in runs:
         if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
                 and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
