@@ -19,7 +19,12 @@ Rules, in the order they are applied:
 
 Hostile input is expected (a model can be made to emit anything, and a streamed reply is read again
 at every update), so every pass is linear in the length of the text and does its per-line,
-per-bracket and per-reference work in C where it can: the block structure is one regex of
+per-bracket and per-reference work in C where it can. When every run of text is simple once
+masked, the whole reply is read at once: one copy of it in which code blocks, code spans of single
+backticks and escapes are replaced by same-length marks is split by one regex into its images and
+the text between them, whatever the number of runs, paragraphs or escapes (the marks undone by one
+``translate``); otherwise the run-by-run path below takes the runs of text that copy found. There
+the block structure is one regex of
 possessive quantifiers (no backtracking) that takes runs of fences, blank lines and paragraphs
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
 lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
