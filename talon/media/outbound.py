@@ -967,6 +967,8 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
     if masked is None:
         return None
     ticks, escapes = "`" in masked, "\\" in masked
+    if no_code and not (ticks or escapes):
+        return None  # (the run-by-run path reads such a reply as one run, in one split: faster)
     if ticks and escapes:
         return None  # (which escape or span comes first is the segment parser's to say)
     if (ticks or escapes) and ("\x01" in text or not text.isascii() and _OWN_MARKS.search(text)):
