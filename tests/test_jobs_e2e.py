@@ -241,7 +241,7 @@ async def test_with_postgresql_a_job_runs_and_answers_once(
     llm.queue(FakeOpenAI.reply("Started.", [FakeOpenAI.tool_call("delegate", {"task": "Tally the votes.", "background": True})]),
               "12 votes for, 3 against.")
     async with running(settings) as runtime:
-        assert runtime.bridge.jobs_inline  # the shared bridge: the job runs in its chat's place
+        assert runtime.bridge.jobs_inline  # the shared bridge: the job runs in a lane of its own
         tg.push_update(tg.text_message(ALICE, "tally later", user_id=ALICE))
         await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
         listing = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Finished"))
