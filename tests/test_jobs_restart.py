@@ -21,8 +21,6 @@ from tests.conftest import ALICE, TOKEN, settings_env
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 
-pytestmark = pytest.mark.e2e  # `talon run` as real processes
-
 
 @pytest.fixture
 def fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
@@ -72,7 +70,8 @@ def test_a_job_cut_off_by_a_sigkill_is_run_again_and_answered_once(
             await asyncio.sleep(0.05)
         return "never read"
 
-    llm.queue(FakeOpenAI.reply("Started.", [FakeOpenAI.tool_call("delegate", {"task": "Survey the archive.", "background": True})]), held)
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Survey the archive.", "background": True})]), held)
     env = settings_env(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off",
                        TALON_MODEL_DISCOVERY="false", TALON_TRANSCRIBER="off")
     proc, first = start(tmp_path, env, "first.log")

@@ -39,7 +39,8 @@ async def test_the_turn_ends_after_the_step_that_started_a_job_without_another_m
         FakeOpenAI.tool_call("write_file", {"path": "todo.txt", "content": "proofread\n"})]), child)
     async with running(settings) as runtime:
         tg.push_update(tg.text_message(ALICE, "proofread my notes later, and note it", user_id=ALICE))
-        [reply] = await tg.wait_for("sendMessage", lambda c: _to_alice(c) and "Started background job" in c.params["text"])
+        [reply] = await tg.wait_for("sendMessage",
+                                    lambda c: _to_alice(c) and "Started background job" in c.params["text"])
         await llm.wait_for_requests(2)
         assert _child(llm.requests[1])
         jobs = runtime.bridge.jobs
