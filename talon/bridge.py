@@ -25,7 +25,7 @@ from talon.bounded import BoundedMap
 from talon.storage.sessions import ChatKey
 from talon.config import Limits
 from talon.content import ContentBlock, InboundFile, Message, TextBlock
-from talon.envelope import TURN_MESSAGE, InboundMessage, OutboundReply
+from talon.envelope import TURN_MESSAGE, BackgroundJobRun, InboundMessage, OutboundReply
 from talon.errors import (
     AuthRejected,
     CapReached,
@@ -943,13 +943,16 @@ class Bridge:
         return None
 
     # --- background jobs (talon.jobs) ---------------------------------------------------------
-    # Run a job's sub-agent in the chat's own queue instead of beside it (the shared inbox serves a
-    # chat's oldest pending message first, so there a running job holds the chat's queue).
+    # Run a job's sub-agent in the place of its message instead of beside it, and hand its answer
+    # to the chat's queue as a message of its own (``BackgroundJobRun.answer``): the shared bridge,
+    # whose inbox gives a job's run a lane (and lease) of its own (``talon.storage.inbox.inbox_lane``).
     jobs_inline = False
 
     async def _job_step(self, item: InboxItem, channel: "Channel", chat: ChatKey, *, attempted: bool = False) -> None:
-        """A background job's message reached the head of its chat's queue: deliver its answer if it
-        has one, else start its sub-agent beside the chat's turns (the queue goes on at once)."""
+        """A background job's message reached the head of its queue: deliver its answer if it has
+        one, else start its sub-agent beside the chat's turns (the queue goes on at once), or with
+        ``jobs_inline`` in its place (the shared inbox's job lane) and hand the answer to the chat's
+        queue as a message of its own."""
         message = item.message
         jobs = self.jobs
         job = await jobs.job_of(message) if jobs is not None else None
@@ -958,8 +961,12 @@ class Bridge:
             return
         from talon.storage.jobs import CANCELLED, FAILED, FINISHED
 
-        if job.status == CANCELLED:
+        answer = message.job is not None and message.job.answer  # the message delivering its answer
+        if job.status == CANCELLED or (answer and job.status not in FINISHED):
             await self.inbox.mark_done(message.key)
+            return
+        if self.jobs_inline and not answer and job.status in FINISHED:
+            await self._job_answered(item, channel)  # ended before its answer was handed over
             return
         if job.id in jobs.active:
             return  # already running on this worker
@@ -1033,13 +1040,16 @@ class Bridge:
         if not self.jobs_inline:
             self._enqueue(dataclasses.replace(item, attempts=0))
             return
-        assert self.jobs is not None
-        done = await self.jobs.job_of(item.message)
-        if done is not None:
-            outcome = await self._deliver(channel, item.message, OutboundReply(text=self.jobs.result_message(done)),
-                                          item=item)
-            if outcome != "pending":
-                await self.jobs.delivered(done)
+        # The answer goes into the chat's queue as a message of its own (its key makes a second
+        # hand-over after a crash a duplicate), then the job's message is closed.
+        run = item.message
+        assert run.job is not None
+        answer = run.model_copy(update={"message_id": f"{run.message_id}-answer",
+                                        "job": BackgroundJobRun(job_id=run.job.job_id, answer=True)})
+        added = await self.inbox.add(answer)
+        if added is not None:
+            self._queue_ordinary(added)
+        await self.inbox.mark_done(run.key)
 
     async def _report(self, message: InboundMessage, status: str, reason: str = "") -> None:
         """Tell the scheduler how a scheduled run's turn went; its store failing costs the record,

@@ -54,6 +54,9 @@ class BackgroundJobRun(BaseModel):
     message of its own, in the chat's order."""
 
     job_id: str
+    # The message that delivers the job's answer, in the chat's order (the shared bridge runs the
+    # job itself from a message in a lane of its own; ``talon.storage.inbox.inbox_lane``).
+    answer: bool = False
 
 
 class InboundMessage(BaseModel):

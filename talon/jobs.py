@@ -3,13 +3,15 @@
 The tool call stores a job record (``talon.storage.jobs``) and hands the bridge an inbox message
 (``InboundMessage.job``, key ``job-<id>``) through ``submit``, the same door a person's message
 and a scheduled run come through, so the inbox keeps it across a crash. The tool returns at once
-with the job's id; the turn goes on and ends as usual.
+with the job's id, and the agent loop ends the turn after that step (``talon.agent.loop``).
 
 The bridge runs the job's sub-agent beside the chat's turns (the chat keeps talking meanwhile;
 ``/stop`` stops the chat's turn, never a job) with the hooks of the person who asked: their caps and
 usage, approvals asked in the chat. When it ends, its answer is stored on the record and the same
 inbox message goes back into the chat's queue, where it is delivered as a message of its own, in
-the chat's order (after the reply being written, if any). A restart while it runs finds the
+the chat's order (after the reply being written, if any). With many workers (``talon.scaleout``)
+the job runs from a lane of its own in the shared inbox and its answer is a new message of the
+chat's lane (``key job-<id>-answer``; ``talon.storage.inbox.inbox_lane``). A restart while it runs finds the
 message pending: the job is started again from its task (counted as an attempt; after
 ``MAX_ATTEMPTS`` it is reported to the chat as failed), never lost silently. A finished job whose
 message had not reached the chat is delivered then.

@@ -14,6 +14,10 @@ A worker that dies (SIGKILL, power) loses its chats when their leases expire
 (``TALON_LEASE_SECONDS``); other workers carry on from the inbox. A message whose reply was sent
 but not yet recorded when the worker died is answered again: that send-then-record window is the
 only source of duplicates (see docs/decisions.md).
+
+The unit of order and lease is the message's lane (``talon.storage.inbox.inbox_lane``): its chat,
+except for a background job's run, which has a lane (and lease) of its own, so a running job never
+holds its chat; the job's answer comes back as a message of the chat's lane.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from talon.storage.sessions import ChatKey
 from talon.bridge import Bridge, command_of, conversation_key
 from talon.envelope import InboundMessage
 from talon.errors import StoreUnavailable
-from talon.storage.inbox import InboxItem, SharedInbox
+from talon.storage.inbox import InboxItem, SharedInbox, inbox_lane
 from talon.storage.leases import Leases, chat_lease
 
 log = logging.getLogger(__name__)
@@ -43,7 +47,9 @@ class SharedBridge(Bridge):
     # scan (of any worker) again only after this long.
     retry_after_s: float = 30.0
 
-    # The shared inbox serves a chat's oldest pending message: a background job runs in its place.
+    # A background job runs in the place of its run's message, in a lane of its own in the shared
+    # inbox (``inbox_lane``: its own lease, so the chat goes on meanwhile); its answer is a message
+    # of the chat's lane, delivered in the chat's order.
     jobs_inline = True
 
     def __post_init__(self) -> None:
@@ -67,7 +73,7 @@ class SharedBridge(Bridge):
 
     # --- intake ---------------------------------------------------------------------------
     async def submit(self, message: InboundMessage) -> bool:
-        chat = ChatKey(message.channel, message.chat_id)
+        chat = ChatKey(message.channel, inbox_lane(message))
         # A yes/no that may answer a waiting approval is not taken as the chat's next turn until
         # the approvals said nothing waits for it (``_queue_ordinary``).
         claim = self._reply_choice(message) is None and self._may_claim(chat)
@@ -98,13 +104,13 @@ class SharedBridge(Bridge):
         if command == "/stop":
             self._stop(message)
         elif (self.busy_mode == "interrupt" and not command and message.edited_at is None
-              and message.scheduled is None):
+              and message.scheduled is None and message.job is None):
             self._cancel(conversation_key(message), "interrupt")
         return True
 
     def _queue_ordinary(self, item: InboxItem) -> None:
         # Pending in the shared inbox: this worker serves the chat if its lease is free.
-        self._aside(self._claim(ChatKey(item.message.channel, item.message.chat_id)))
+        self._aside(self._claim(ChatKey(item.message.channel, inbox_lane(item.message))))
 
     async def recover(self) -> int:
         """Nothing to queue here: pending messages are found by the scan once channels start."""
@@ -206,7 +212,7 @@ class SharedBridge(Bridge):
         return self._released.pop(chat, False)
 
     async def _finish(self, message: InboundMessage, delivered_parts: int) -> None:
-        chat = ChatKey(message.channel, message.chat_id)
+        chat = ChatKey(message.channel, inbox_lane(message))
         if self._workers.get(chat) is not asyncio.current_task():
             await super()._finish(message, delivered_parts)
             return

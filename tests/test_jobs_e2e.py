@@ -47,16 +47,16 @@ async def test_a_background_job_answers_in_a_message_of_its_own_after_the_turn(
         await asyncio.wait_for(release.wait(), 60)
         return "Report: 42 widgets counted."
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Count the widgets in the store room.", "background": True}),
-              "I started a background job; I will tell you when it is done.",
+    llm.queue(FakeOpenAI.reply("I started a background job; I will tell you when it is done.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Count the widgets in the store room.", "background": True})]),
               child,
               "Still here: hello!")
     async with running(settings) as runtime:
         tg.push_update(tg.text_message(ALICE, "my locker code is 4417-SECRET; count the widgets later",
                                        user_id=ALICE))
         await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "started a background job" in c.params["text"])
-        await llm.wait_for_requests(3)  # the job's sub-agent is working (held) ...
-        assert is_child(llm.requests[2])
+        await llm.wait_for_requests(2)  # the job's sub-agent is working (held) ...
+        assert is_child(llm.requests[1])
         # ... while the turn that started it has ended, and the chat goes on meanwhile.
         listing = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Background jobs"))
         found = re.findall(r"• ([0-9a-f]{8}): 'Count the widgets in the store room\.' · running", listing)
@@ -91,12 +91,12 @@ async def test_a_chat_cannot_see_or_cancel_another_chats_job(
         await asyncio.wait_for(release.wait(), 60)
         return "Alice's private findings."
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Dig through Alice's notes.", "background": True}),
-              "Started.", child)
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Dig through Alice's notes.", "background": True})]), child)
     async with running(settings) as runtime:
         tg.push_update(tg.text_message(ALICE, "dig later", user_id=ALICE))
         await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and c.params["text"] == "Started.")
-        await llm.wait_for_requests(3)
+        await llm.wait_for_requests(2)
         jobs = runtime.bridge.jobs
         assert jobs is not None
         [job_id] = list(jobs.active)
@@ -127,10 +127,11 @@ async def test_jobs_cancel_stops_a_running_job_and_nothing_is_sent(
         await never.wait()
         return "too late"
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "think for ever", "background": True}), "Started.", stuck)
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "think for ever", "background": True})]), stuck)
     async with running(settings) as runtime:
         tg.push_update(tg.text_message(ALICE, "go", user_id=ALICE))
-        await llm.wait_for_requests(3)
+        await llm.wait_for_requests(2)
         jobs = runtime.bridge.jobs
         assert jobs is not None
         [job_id] = list(jobs.active)
@@ -156,11 +157,12 @@ async def test_more_jobs_than_talon_subagents_are_refused(
         await never.wait()
         return "too late"
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "first job", "background": True}), "Started one.", stuck,
+    llm.queue(FakeOpenAI.reply("Started one.", [
+            FakeOpenAI.tool_call("delegate", {"task": "first job", "background": True})]), stuck,
               FakeOpenAI.tool_call("delegate", {"task": "second job", "background": True}), "Could not.")
     async with running(settings):
         tg.push_update(tg.text_message(ALICE, "go", user_id=ALICE))
-        await llm.wait_for_requests(3)
+        await llm.wait_for_requests(2)
         await said(tg, ALICE, "another", lambda t: t == "Could not.")
         never.set()
     [result] = [m["content"] for m in llm.requests[-1].json["messages"] if m["role"] == "tool"][-1:]
@@ -171,8 +173,8 @@ async def test_a_jobs_risky_call_asks_in_the_chat_and_its_calls_are_the_persons_
         tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path) -> None:
     settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_SHELL_TOOL=True,
                              TALON_TELEGRAM_STREAMING="off")  # the default approvals: the shell asks
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "make job.txt with the shell", "background": True}),
-              "Started.",
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "make job.txt with the shell", "background": True})]),
               FakeOpenAI.tool_call("shell", {"command": "echo job > job.txt"}),
               "Made job.txt.")
     made = settings.workspace_dir("telegram", str(ALICE)) / "job.txt"
@@ -187,7 +189,7 @@ async def test_a_jobs_risky_call_asks_in_the_chat_and_its_calls_are_the_persons_
         await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
         usage = await said(tg, ALICE, "/usage", lambda t: "model calls" in t)
     assert made.read_text() == "job\n"
-    assert "in 4 model calls" in usage, usage  # the turn's two and the job's two
+    assert "in 3 model calls" in usage, usage  # the turn's one (it ends after starting the job) and the job's two
 
 
 async def test_a_job_cut_off_too_often_is_reported_to_the_chat_as_failed(
@@ -225,7 +227,8 @@ async def test_in_a_group_the_jobs_answer_is_a_message_of_its_own_not_a_reply(
     group, carol = -1001234567890, 333
     settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_ALLOWED_CHATS=str(group),
                              TALON_TELEGRAM_STREAMING="off")
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Find a hotel.", "background": True}), "On it.",
+    llm.queue(FakeOpenAI.reply("On it.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Find a hotel.", "background": True})]),
               "The Harbour Inn has rooms.")
     async with running(settings):
         tg.push_update(tg.text_message(group, "@talon_test_bot find us a hotel later", user_id=carol,
@@ -241,10 +244,11 @@ async def test_with_postgresql_a_job_runs_and_answers_once(
         tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, pg_url: str) -> None:
     settings = make_settings(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off",
                              TALON_DATABASE_URL=pg_url)
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Tally the votes.", "background": True}), "Started.",
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Tally the votes.", "background": True})]),
               "12 votes for, 3 against.")
     async with running(settings) as runtime:
-        assert runtime.bridge.jobs_inline  # the shared bridge: the job runs in its chat's place
+        assert runtime.bridge.jobs_inline  # the shared bridge: the job runs in a lane of its own
         tg.push_update(tg.text_message(ALICE, "tally later", user_id=ALICE))
         await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "finished" in c.params["text"])
         listing = await said(tg, ALICE, "/jobs", lambda t: t.startswith("Finished"))
@@ -265,7 +269,8 @@ async def test_a_job_over_talon_subagent_timeout_is_reported_failed(
         await never.wait()
         return "too late"
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "think for ever", "background": True}), "Started.", stuck)
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "think for ever", "background": True})]), stuck)
     async with running(settings):
         tg.push_update(tg.text_message(ALICE, "go", user_id=ALICE))
         [sent] = await tg.wait_for("sendMessage", lambda c: to(ALICE)(c) and "failed" in c.params["text"])
@@ -289,10 +294,11 @@ async def test_in_a_group_only_the_starter_an_admin_or_an_approver_cancels_a_job
         return tg.text_message(group, text, user_id=user, username=name.lower(), first_name=name,
                                chat_type="supergroup", chat_title="Trip planning")
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Plan the route.", "background": True}), "On it.", stuck)
+    llm.queue(FakeOpenAI.reply("On it.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Plan the route.", "background": True})]), stuck)
     async with running(settings) as runtime:
         tg.push_update(says(carol, "Carol", "@talon_test_bot plan the route later"))
-        await llm.wait_for_requests(3)
+        await llm.wait_for_requests(2)
         jobs = runtime.bridge.jobs
         assert jobs is not None
         [job_id] = list(jobs.active)
@@ -320,10 +326,11 @@ async def test_job_status_tells_the_model_running_then_the_answer(
     def ask_status(body: dict[str, Any]) -> Any:
         return FakeOpenAI.reply(tool_calls=[FakeOpenAI.tool_call("job_status", {"id": ids[0]})])
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Count the bottles.", "background": True}), "Started.", child)
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Count the bottles.", "background": True})]), child)
     async with running(settings) as runtime:
         tg.push_update(tg.text_message(ALICE, "count later", user_id=ALICE))
-        await llm.wait_for_requests(3)
+        await llm.wait_for_requests(2)
         assert runtime.bridge.jobs is not None
         ids.extend(runtime.bridge.jobs.active)
         llm.queue(ask_status, "It is still running.")

@@ -70,15 +70,15 @@ def test_a_job_cut_off_by_a_sigkill_is_run_again_and_answered_once(
             await asyncio.sleep(0.05)
         return "never read"
 
-    llm.queue(FakeOpenAI.tool_call("delegate", {"task": "Survey the archive.", "background": True}),
-              "Started.", held)
+    llm.queue(FakeOpenAI.reply("Started.", [
+            FakeOpenAI.tool_call("delegate", {"task": "Survey the archive.", "background": True})]), held)
     env = settings_env(tmp_path, tg.base_url, llm.base_url, TALON_TELEGRAM_STREAMING="off",
                        TALON_MODEL_DISCOVERY="false", TALON_TRANSCRIBER="off")
     proc, first = start(tmp_path, env, "first.log")
     try:
         tg.push_update(tg.text_message(ALICE, "survey the archive in the background", user_id=ALICE))
         tg.wait_for_sync("sendMessage", lambda c: c.params.get("text") == "Started.", timeout=60)
-        wait_until(lambda: len(llm.requests) >= 3 and is_child(llm.requests[2].json), 30, "the job's sub-agent")
+        wait_until(lambda: len(llm.requests) >= 2 and is_child(llm.requests[1].json), 30, "the job's sub-agent")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

@@ -5,6 +5,10 @@ that is run again after a crash therefore resumes instead of starting over: the 
 not added twice, tool calls already answered are not run again, and a reply that was already
 produced is returned as is (so the user is never answered twice for one message).
 
+A step whose tool calls started a background job (``delegate(..., background=true)``) is the
+turn's last: its other tool calls run and are recorded, then the turn ends without another model
+request, answered with that step's text or a line naming the job.
+
 Each model call sends what the context pipeline makes of the log (see ``talon.agent.context.pipeline``),
 under the budget the model profile sets. If the provider still refuses the request as too long,
 the newest tool results are clipped and the call is retried once; if it is refused again the
@@ -140,6 +144,21 @@ class ModelSlot:
 def _why(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:200] + ("…" if len(text) > 200 else "")
+
+
+BACKGROUND_JOB = "background_job"  # a tool result's meta: the id of the background job the call started
+
+
+def _jobs_started(history: list[Message], start: int) -> list[str]:
+    """The background jobs the turn's latest step started (empty if it started none, or if that
+    step's tool calls are not all answered yet)."""
+    last = next((i for i in range(len(history) - 1, start, -1) if history[i].role == "assistant"), None)
+    if last is None or not history[last].tool_calls:
+        return []
+    results = [m for m in history[last + 1:] if m.role == "tool"]
+    if not {c.id for c in history[last].tool_calls} <= {m.tool_call_id for m in results}:
+        return []
+    return [str(m.meta[BACKGROUND_JOB]) for m in results if m.meta.get(BACKGROUND_JOB)]
 
 
 def _wire(messages: list[Message], copies: DerivedCache | None = None) -> list[Message]:
@@ -881,6 +900,9 @@ class Agent:
         while True:
             await self._answer_pending_tool_calls(chat, history, start, turn_id, produced, hooks,
                                                   resumed=steps == 0)
+            jobs = _jobs_started(history, start)
+            if jobs:
+                return await self._end_for_jobs(chat, history, turn_id, jobs, steps, usage, produced)
             if steps >= self.max_steps:
                 words = (f"I stopped after {steps} steps without finishing (the step limit is "
                          f"{self.max_steps}). Tell me how to continue.")
@@ -923,6 +945,23 @@ class Agent:
                     log.info("chat %s: the reply was cut off at the %s-token limit", chat, meta["cut_off"])
                     text += cut_off_note(int(str(meta["cut_off"])))
                 return TurnResult(text=text, steps=steps, usage=usage, messages=produced)
+
+    async def _end_for_jobs(self, chat: ChatKey, history: list[Message], turn_id: str, jobs: list[str],
+                            steps: int, usage: Usage | None, produced: list[Message]) -> TurnResult:
+        """End the turn after a step that started background jobs (``delegate(..., background=true)``):
+        no further model request. The person is answered with the model's text of that step, or a
+        line naming the job(s); the log gets that line, as Talon's note (the step's own text is
+        already in the log with its tool calls)."""
+        step = next(m for m in reversed(history) if m.role == "assistant")
+        names = ", ".join(jobs)
+        line = (f"Started background job{'s' if len(jobs) > 1 else ''} {names}; the answer will arrive here as "
+                "a message of its own when it is done (/jobs shows it meanwhile).")
+        final = Message.assistant(line, turn_id=turn_id, final=True, background_jobs=jobs, **{TALON_NOTICE: line})
+        await self._append(chat, final)
+        history.append(final)
+        produced.append(final)
+        log.info("chat %s: turn %s ends after starting background job(s) %s", chat, turn_id, names)
+        return TurnResult(text=step.text.strip() or line, steps=steps, usage=usage, messages=produced)
 
     async def _keep_question(self, chat: ChatKey) -> None:
         """Write the turn's user message if it is not yet, as the turn ends without an answer.
@@ -994,7 +1033,8 @@ class Agent:
                     content=result.content,
                     tool_call_id=call.id,
                     tool_name=call.name,
-                    meta={"turn_id": turn_id, **({"error": True} if result.is_error else {})},
+                    meta={"turn_id": turn_id, **({"error": True} if result.is_error else {}),
+                          **({BACKGROUND_JOB: result.job} if result.job and not result.is_error else {})},
                 )
                 await self._append(chat, message)
                 history.append(message)

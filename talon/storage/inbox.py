@@ -75,6 +75,16 @@ class InboxStore(Protocol):
     async def close(self) -> None: ...
 
 
+def inbox_lane(message: InboundMessage) -> str:
+    """The ordering key of a message in the shared inbox (``SharedInbox``): its chat, whose pending
+    messages are served one at a time, oldest first, by the worker holding the chat's lease. A
+    background job's run (``talon.jobs``) has a lane of its own, so a running job never holds the
+    chat's lease; the message delivering its answer (``BackgroundJobRun.answer``) is in the chat's."""
+    if message.job is not None and not message.job.answer:
+        return f"{message.chat_id}/job:{message.job.job_id}"
+    return message.chat_id
+
+
 @runtime_checkable
 class SharedInbox(InboxStore, Protocol):
     """An inbox many workers share; a chat is served by the worker holding its lease."""

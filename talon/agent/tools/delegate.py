@@ -22,7 +22,8 @@ files it wrote, which is what the parent's next step needs. A child cut off by a
 reported to the resumed turn as such (``talon.agent.loop``), never started again unseen.
 
 ``background=true`` makes it a durable background job instead (``talon.jobs``): the call returns
-the job's id at once, and the bridge runs the same child later, beside the chat's turns.
+the job's id at once (``ToolResult.job``), the agent loop ends the turn after that step, and the
+bridge runs the same child later, beside the chat's turns.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class DelegateTool(Tool):
                       "description": "Optional: only these of your tools (default: all of them)."},
             "background": {"type": "boolean",
                            "description": "Optional: run it as a background job. You get a job id at once and "
-                                          "should end your turn; its answer comes to the chat as a message of "
+                                          "your turn ends after this step; its answer comes to the chat as a message of "
                                           "its own when done (job_status, cancel_job)."},
         },
         "required": ["task"],
@@ -144,9 +145,10 @@ class DelegateTool(Tool):
             raise ToolError(str(exc)) from None
         if ctx.hooks is not None and getattr(ctx.hooks, "notice", None) is not None:
             await ctx.hooks.notice(f"↳ Background job {job.id}: {_one_line(task)}")
-        return ToolResult.text(f"Started background job {job.id}. Its answer will arrive in the chat as a message "
-                               "of its own when it is done; job_status and cancel_job take this id. End your turn "
-                               "now: tell the person briefly that the work runs in the background.")
+        started = ToolResult.text(f"Started background job {job.id}. Its answer will arrive in the chat as a "
+                                  "message of its own when it is done; job_status and cancel_job take this id. "
+                                  "This turn ends after this step.")
+        return replace(started, job=job.id)  # the agent loop ends the turn after this step
 
     def _tool_names(self, wanted: object, depth: int) -> list[str]:
         tools = self.agent.tools.tools if self.agent.tools_available else {}

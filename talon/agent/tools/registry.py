@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 class ToolResult:
     content: list[ContentBlock]
     is_error: bool = False
+    # The id of the background job this call started (``delegate(..., background=true)``): the
+    # agent loop ends the turn after the step (``talon.agent.loop``).
+    job: str | None = None
 
     @classmethod
     def text(cls, text: str, *, is_error: bool = False) -> "ToolResult":

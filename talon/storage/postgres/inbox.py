@@ -1,12 +1,14 @@
 """The durable inbox in PostgreSQL: dedup by message key across every worker, arrival order by
-``seq`` (a sequence), and per-chat reads for the worker that holds the chat's lease."""
+``seq`` (a sequence), and per-chat reads for the worker that holds the chat's lease. The
+``chat_id`` column holds the message's lane (``inbox_lane``): its chat, or a background job's own
+lane for the job's run."""
 
 from __future__ import annotations
 
 import time
 
 from talon.envelope import InboundMessage
-from talon.storage.inbox import INBOX_COLUMNS, InboxItem, item_from_row
+from talon.storage.inbox import INBOX_COLUMNS, InboxItem, inbox_lane, item_from_row
 from talon.storage.postgres.db import AsyncDatabase
 from talon.storage.postgres.leases import ACQUIRE
 
@@ -26,7 +28,7 @@ class PgInbox:
         row = await self.db.fetchone(
             "INSERT INTO talon_inbox (key, channel, chat_id, payload, created) VALUES (%s, %s, %s, %s, %s) "
             "ON CONFLICT (key) DO NOTHING RETURNING seq",
-            (message.key, message.channel, message.chat_id, message.model_dump_json(), time.time()))
+            (message.key, message.channel, inbox_lane(message), message.model_dump_json(), time.time()))
         if row is None:
             return None
         return InboxItem(seq=int(row[0]), message=message, attempts=0, delivered_parts=0)
@@ -40,7 +42,7 @@ class PgInbox:
             "  VALUES (%s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING RETURNING seq), "
             f"leased AS ({ACQUIRE}) "
             "SELECT (SELECT seq FROM added), EXISTS (SELECT 1 FROM leased)",
-            (message.key, message.channel, message.chat_id, message.model_dump_json(), time.time(),
+            (message.key, message.channel, inbox_lane(message), message.model_dump_json(), time.time(),
              lease, holder, ttl_s))
         assert row is not None
         seq, leased = row
