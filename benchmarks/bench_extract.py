@@ -156,6 +156,9 @@ def hostile_inputs(size: int = MB) -> dict[str, str]:
         "'```\\n```\\n![a\\\\]](b.png)\\n' * N (runs)": fill("```\n```\n![a\\]](b.png)\n"),
         "'![a\\\\]](b.png)\\n\\n' * N (paragraphs)": fill("![a\\]](b.png)\n\n"),
         "'`x` ![a](b.png)\\n\\n' * N (paragraphs)": fill("`x` ![a](b.png)\n\n"),
+        # the whole-reply path refused at the very end (issue 28, part 4, third pass)
+        "runs, then one nested image (refused late)": fill("```\n```\n![a](b.png)\n") + "![[a](b)](c.png)",
+        "escapes in paragraphs, then one escaped '!'": fill("![a\\]](b.png)\n\n") + "\\![a](b.png)",
         # mixes
         "mix of hostile tokens": _soup(size, 28, _HOSTILE_TOKENS),
         "mix of brackets and bangs": _soup(size, 29, ["![", "[", "]", "(", ")", "a", " "]),

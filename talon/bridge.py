@@ -166,6 +166,8 @@ class Bridge:
         # Told of every new message once the inbox has it (the web panel's chat index), in the
         # background: a slow or failing observer never holds a message up.
         self.observers: list[Callable[[InboundMessage], Awaitable[None]]] = []
+        # Told of every message answered (the agent's reply delivered), the same way.
+        self.answer_observers: list[Callable[[InboundMessage], Awaitable[None]]] = []
         # Channels whose messages may be handled now. A chat's worker starts only once its channel
         # has started: a message recovered at start-up must not be downloaded or answered
         # through a channel whose clients do not exist yet.
@@ -543,6 +545,10 @@ class Bridge:
             await self._report(message, "failed", f"delivery refused: {refused}")
         elif outcome == "sent":
             await self._report(message, "failed" if failure else "delivered", failure)
+            if ended == "answered":
+                for answered in [message, *(joined.message for joined in running.absorbed)]:
+                    for observer in self.answer_observers:
+                        self._aside(_observed(observer, answered))
         return ended
 
     @contextlib.asynccontextmanager

@@ -409,6 +409,7 @@ def build_runtime(settings: Settings, channels: list["Channel"] | None = None, *
 
         indexer = ChatIndexer(stores.panel)
         bridge.observers.append(indexer.observe)
+        bridge.answer_observers.append(indexer.observe_answer)
         from talon.ui import ui_enabled
 
         if http is not None and ui_enabled(settings, http_runs=True):

@@ -130,6 +130,7 @@ _E2E_FILES = frozenset({
     "test_voice_replies.py", "test_typecheck.py", "test_startup.py", "test_live_crash.py",
     "test_tool_races.py", "test_agent_long_conversation.py", "test_mcp.py", "test_control_process.py",
     "test_scheduler_restart.py", "test_shell_sandbox.py", "test_console_stop.py", "test_local_model.py",
+    "test_jobs_restart.py",  # `talon run` as a process, killed and started again
 })
 _E2E_FIXTURES = frozenset({"pg_url", "pg_server", "transcriber", "synapse"})
 _E2E_TESTS = frozenset({
@@ -195,6 +196,10 @@ _SLOW_TESTS = frozenset({
     "test_a_backup_while_messages_arrive_holds_whole_messages",
     "test_export_names_every_message_and_keeps_everything",
     "test_time_per_mb_at_4_mb_stays_that_of_1_mb",  # the extractor at 1 MB and 4 MB, best of several
+    # a whole runtime built (and, for WhatsApp, run against the Twilio fake): 0.35 to 1.2 s each
+    "test_on_whatsapp_too_a_chat_cannot_send_another_chats_file",
+    "test_runtime_builds_the_agent_with_workspace_tools",
+    "test_context_settings_reach_the_agent",
     # 0.2 s of CPU or more: too near the unit tier's 0.3 s bound (tests/support/tiers.py)
     "test_hostile_results",
     "test_a_call_stopped_midway_keeps_what_the_server_said_and_counts_what_came",

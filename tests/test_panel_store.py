@@ -94,7 +94,12 @@ async def test_audit_chat_index_and_the_views_of_usage_and_approvals(stores: tup
     assert await panel.chats("nobody") == []
     assert (await panel.chat("telegram", "111")).tokens == 1200
     assert await panel.chat_count() == 2
-    assert sum(n for _, n in await panel.per_day(now - 86400)) == 4
+    # The chart counts messages answered, not received: four received, none answered yet.
+    assert sum(n for _, n in await panel.per_day(now - 86400)) == 0
+    today = time.strftime("%Y-%m-%d", time.gmtime(now))
+    await panel.note_messages([], {today: 3})
+    await panel.note_messages([], {today: 1})
+    assert await panel.per_day(now - 86400) == [(today, 4)]
     people = await panel.usage_by("person", 0)
     assert [(r.key, r.tokens) for r in people] == [("telegram:111", 1200), ("telegram:222", 55)]
     assert [r.key for r in await panel.usage_by("model", 0)] == ["m1", "m2"]

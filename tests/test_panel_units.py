@@ -22,7 +22,7 @@ class Recorder:
         self.batches: list[list[ChatNote]] = []
         self.fail = fail
 
-    async def note_messages(self, notes: list[ChatNote]) -> None:
+    async def note_messages(self, notes: list[ChatNote], answered: dict[str, int] | None = None) -> None:
         if self.fail:
             self.fail -= 1
             raise OSError("database away")

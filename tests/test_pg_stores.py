@@ -67,7 +67,7 @@ async def test_schema_from_empty_and_from_the_previous_version(pg_url: str) -> N
         await database.execute("INSERT INTO talon_inbox (key, channel, chat_id, payload, created) "
                                "VALUES ('k', 'telegram', '1', '{}', 0)")
         assert await migrate_schema(database) == (1, SCHEMA_VERSION)
-        assert await schema_version(database) == SCHEMA_VERSION == 12
+        assert await schema_version(database) == SCHEMA_VERSION == 14
         assert await database.fetchone("SELECT count(*) FROM talon_inbox") == (1,)
         assert await database.fetchone("SELECT to_regclass('talon_leases') IS NOT NULL") == (True,)
         assert await migrate_schema(database) == (SCHEMA_VERSION, SCHEMA_VERSION)  # nothing left to do

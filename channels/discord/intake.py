@@ -8,7 +8,11 @@ handed to the bridge.
   its messages, or is a ``!command``/``/command``; other messages are chatter for the next turn.
   Administrators are members with the Administrator or Manage Server permission.
 - **Threads** (and forum posts) are their own conversations: ``chat_id`` is the parent channel,
-  ``thread_id`` the thread, as a Telegram topic; replies go into the thread.
+  ``thread_id`` the thread, as a Telegram topic; replies go into the thread. A message in a
+  channel discord.py's cache does not know (a thread made while no worker held the gateway, or
+  one the gateway never announced) arrives on a partial channel: it is looked up once over REST
+  (``GET /channels/{id}``, remembered), so it is served as the thread of its parent, not ignored.
+  A look-up that fails, or names another server, leaves the message unserved.
 - **Files**: attachments (images, audio, voice messages, video, documents) by their CDN URL,
   fetched during the turn (``downloads.py``).
 - **Never a turn**: the bot's own messages, other bots' and webhooks', system messages (joins,
@@ -64,6 +68,8 @@ class Intake:
         self._bridge: BridgeHandle | None = None
         self.sent: BoundedMap[str, bool] = BoundedMap("discord_sent")  # the bot's own message ids
         self._unlisted_logged: BoundedMap[str, bool] = BoundedMap("discord_unlisted")
+        # channels the cache did not know, looked up once: id -> (parent id or None, name)
+        self._looked_up: BoundedMap[str, tuple[str | None, str | None]] = BoundedMap("discord_channels")
 
     def bind(self, bridge: BridgeHandle) -> None:
         self._bridge = bridge
@@ -84,16 +90,49 @@ class Intake:
             return
         files = [RemoteFile(kind=kind_of(a), source=a.url, name=a.filename[:200], mime=a.content_type,  # type: ignore[arg-type]
                             size=a.size) for a in message.attachments]
+        if message.guild is None and getattr(message.channel, "guild_id", None) is not None:
+            # A server's message whose server the cache does not have (not yet, or not ours): never
+            # taken for a direct message.
+            log.warning("discord: a message from server %s, unknown here, ignored",
+                        getattr(message.channel, "guild_id", None))
+            return
         if message.guild is None:
             await self._direct(message, files, edited_at)
         else:
             await self._channel(message, files, edited_at)
 
-    def _where(self, message: discord.Message) -> tuple[str, str | None]:
+    async def _where(self, message: discord.Message) -> tuple[str, str | None, str | None]:
+        """(channel, thread or None, the thread's or channel's name)."""
         channel = message.channel
         if isinstance(channel, discord.Thread):
-            return str(channel.parent_id), str(channel.id)
-        return str(channel.id), None
+            return str(channel.parent_id), str(channel.id), channel.name
+        if isinstance(channel, discord.PartialMessageable) and message.guild is not None:
+            key = str(channel.id)
+            known = self._looked_up.get(key)
+            if known is None:
+                known = await self._look_up(channel.id, message.guild.id)
+                if known is None:
+                    return key, None, None
+                self._looked_up[key] = known
+            parent, name = known
+            return (parent, key, name) if parent is not None else (key, None, name)
+        return str(channel.id), None, getattr(channel, "name", None)
+
+    async def _look_up(self, channel_id: int, guild_id: int) -> tuple[str | None, str | None] | None:
+        """A channel the cache does not know (a thread made while offline), over REST."""
+        try:
+            found = await self.api.once("channel look-up", lambda: self.api.client.fetch_channel(channel_id))
+        except Exception as exc:
+            log.warning("discord: a message in channel %s, which the gateway never announced, could not be placed "
+                        "(%s); not served", channel_id, exc)
+            return None
+        found_guild = getattr(getattr(found, "guild", None), "id", None)
+        if found_guild != guild_id:
+            log.warning("discord: channel %s is not in the server its message came from; not served", channel_id)
+            return None
+        if isinstance(found, discord.Thread):
+            return str(found.parent_id), found.name
+        return None, getattr(found, "name", None)
 
     async def _direct(self, message: discord.Message, files: list[RemoteFile], edited_at: str | None) -> None:
         user = str(message.author.id)
@@ -114,7 +153,7 @@ class Intake:
             files=files, edited_at=edited_at))
 
     async def _channel(self, message: discord.Message, files: list[RemoteFile], edited_at: str | None) -> None:
-        chat, thread = self._where(message)
+        chat, thread, place_name = await self._where(message)
         if not self.serves_channel(chat):
             if chat not in self._unlisted_logged:
                 self._unlisted_logged[chat] = True
@@ -137,8 +176,9 @@ class Intake:
         author = message.author
         perms = author.guild_permissions if isinstance(author, discord.Member) else None
         admin = perms is not None and (perms.administrator or perms.manage_guild)
-        channel_name = getattr(message.channel, "name", None)
-        parent = getattr(message.channel, "parent", None)
+        channel_name = getattr(message.channel, "name", None) or place_name
+        parent = getattr(message.channel, "parent", None) or (
+            message.guild.get_channel(int(chat)) if message.guild is not None and chat.isdigit() else None)
         await self.bridge.submit(InboundMessage(
             channel=CHANNEL, chat_id=chat, sender_id=str(author.id), message_id=str(message.id),
             text=command_text(text), sender_name=name, sender_username=author.name, files=files, chat_type="group",

@@ -16,6 +16,7 @@ buttons are shown and the call is refused (``ApprovalNotShown``): nothing is app
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from talon.errors import ApprovalNotShown, DeliveryError
@@ -85,32 +86,53 @@ class ApprovalPrompts:
         await self.api.call(channel, "settle approval", lambda: self.api.client.chat_update(
             channel=channel, ts=prompt, text=escape(text), blocks=[]))
 
-    async def on_action(self, payload: dict[str, Any]) -> None:
-        """A ``block_actions`` interaction (already verified as Slack's)."""
+    async def on_action(self, payload: dict[str, Any]) -> Callable[[], Awaitable[None]] | None:
+        """A ``block_actions`` interaction (already verified as Slack's). The decision is made here,
+        in the store, before Slack is answered (a worker that dies after its 200 has still decided);
+        what is returned shows the outcome and runs after the answer. An error here (the store is
+        away) propagates: the request is not acknowledged and Slack shows the person it failed."""
         user = payload.get("user") or {}
         person = user.get("id") if isinstance(user, dict) else None
         actions = payload.get("actions") or []
         channel = (payload.get("channel") or {}).get("id") or (payload.get("container") or {}).get("channel_id")
         if not isinstance(person, str) or not isinstance(channel, str) or self._bridge is None:
-            return
+            return None
         control = self._bridge.control
-        for action in actions if isinstance(actions, list) else []:
+        shows: list[Callable[[], Awaitable[None]]] = []
+        for action in actions[:5] if isinstance(actions, list) else []:
             if not isinstance(action, dict):
                 continue
             action_id = str(action.get("action_id", ""))
             choice = CHOICES.get(action_id.removeprefix(ACTION_PREFIX)) if action_id.startswith(ACTION_PREFIX) else None
             approval_id = action.get("value")
-            if choice is None or not isinstance(approval_id, str) or control is None:
+            if choice is None or not isinstance(approval_id, str) or control is None or len(approval_id) > 200:
                 continue
             name, admin = await self.people.person(person)
             answer = await control.approvals.answer(approval_id, choice, CHANNEL, person, name,
                                                     admin=admin and not channel.startswith("D"))
-            if answer.outcome == "decided" and answer.approval is not None:
+            shows.append(self._show(answer, approval_id, person, name, channel))
+        if not shows:
+            return None
+
+        async def show_all() -> None:
+            for show in shows:
+                await show()
+        return show_all
+
+    def _show(self, answer: Any, approval_id: str, person: str, name: str,
+              channel: str) -> Callable[[], Awaitable[None]]:
+        async def show() -> None:
+            control = self._bridge.control if self._bridge is not None else None
+            if control is None or answer.approval is None:
+                return
+            if answer.outcome == "decided" or (answer.outcome == "already" and answer.approval.status != "pending"):
+                # "already": a press on a prompt whose outcome was never shown (its worker died
+                # between deciding and showing it) shows it now.
                 await control.approvals.settle(self, answer.approval)
             elif answer.outcome == "refused":
-                thread = answer.approval.thread_id if answer.approval is not None else None
                 log.info("slack: approval %s: %s may not answer it", approval_id, person)
                 try:
-                    await self.delivery.notice(channel, f"{name}: {answer.note}", thread_ts=thread)
+                    await self.delivery.notice(channel, f"{name}: {answer.note}", thread_ts=answer.approval.thread_id)
                 except DeliveryError as exc:
                     log.warning("slack: could not tell %s their press was refused: %s", person, exc)
+        return show

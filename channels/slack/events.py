@@ -14,7 +14,9 @@
 
 Nothing lost: an event is acknowledged (HTTP 200, or the envelope's ack) only after the message
 is in the durable inbox; Slack redelivers what was not acknowledged, and the inbox drops the copy.
-A button press is answered at once and handled after (the person can press again).
+A button press is decided (in the approvals store) before it is acknowledged, and its outcome
+shown after; a press that could not be decided is not acknowledged (Slack shows the person it
+failed, and they press again).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ MAX_BODY_BYTES = 512 * 1024
 
 OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 OnForm = Callable[[dict[str, str]], Awaitable[None]]
+OnAction = Callable[[dict[str, Any]], Awaitable[Callable[[], Awaitable[None]] | None]]
 
 
 class Verifier:
@@ -53,7 +56,7 @@ class Verifier:
 class Dispatch:
     """What arrives, by either door: events, button presses, slash commands."""
 
-    def __init__(self, *, on_event: OnEvent, on_action: OnEvent, on_command: OnForm) -> None:
+    def __init__(self, *, on_event: OnEvent, on_action: OnAction, on_command: OnForm) -> None:
         self.on_event = on_event
         self.on_action = on_action
         self.on_command = on_command
@@ -66,18 +69,23 @@ class Dispatch:
         self.received += 1
         await self.on_event(envelope["event"])
 
-    def interaction(self, payload: dict[str, Any]) -> None:
+    async def interaction(self, payload: dict[str, Any]) -> None:
+        """A button press: decided (in the store) before this returns, so before Slack is answered;
+        showing the outcome runs after. Raises when it could not be decided (not acknowledged)."""
         if payload.get("type") != "block_actions":
             return
-        task = asyncio.create_task(self._press(payload))
+        show = await self.on_action(payload)
+        if show is None:
+            return
+        task = asyncio.create_task(self._show(show))
         self._pressing.add(task)
         task.add_done_callback(self._pressing.discard)
 
-    async def _press(self, payload: dict[str, Any]) -> None:
+    async def _show(self, show: Callable[[], Awaitable[None]]) -> None:
         try:
-            await self.on_action(payload)
-        except Exception:  # a press that fails is logged; the person may press again
-            log.exception("slack: handling a button press failed")
+            await show()
+        except Exception:  # the decision holds; a press on the prompt again shows it
+            log.exception("slack: showing a button press's outcome failed")
 
     async def command(self, form: dict[str, str]) -> None:
         await self.on_command(form)
@@ -127,7 +135,11 @@ class HttpDoor:
             except ValueError:
                 return web.Response(status=400, text="malformed payload")
             if isinstance(payload, dict):
-                self.dispatch.interaction(payload)
+                try:
+                    await self.dispatch.interaction(payload)
+                except Exception:
+                    log.exception("slack: a button press could not be decided; not acknowledged")
+                    return web.Response(status=503, text="could not record the press; press again")
             return web.Response(status=200)
         if "command" in form:
             await self.dispatch.command(form)
@@ -154,7 +166,7 @@ class SocketDoor:
             if request.type == "events_api":
                 await self.dispatch.event(payload)
             elif request.type == "interactive":
-                self.dispatch.interaction(payload)
+                await self.dispatch.interaction(payload)
             elif request.type == "slash_commands":
                 await self.dispatch.command({k: str(v) for k, v in payload.items()})
         except Exception:

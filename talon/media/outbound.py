@@ -19,7 +19,12 @@ Rules, in the order they are applied:
 
 Hostile input is expected (a model can be made to emit anything, and a streamed reply is read again
 at every update), so every pass is linear in the length of the text and does its per-line,
-per-bracket and per-reference work in C where it can: the block structure is one regex of
+per-bracket and per-reference work in C where it can. When every run of text is simple once
+masked, the whole reply is read at once: one copy of it in which code blocks, code spans of single
+backticks and escapes are replaced by same-length marks is split by one regex into its images and
+the text between them, whatever the number of runs, paragraphs or escapes (the marks undone by one
+``translate``); otherwise the run-by-run path below takes the runs of text that copy found. There
+the block structure is one regex of
 possessive quantifiers (no backtracking) that takes runs of fences, blank lines and paragraphs
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
 lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
@@ -41,8 +46,10 @@ import re
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
+from itertools import accumulate, repeat
+from operator import itemgetter, sub
+from typing import Any, TypeVar
+from collections.abc import Sequence
 
 from talon.render.markdown import code_spans
 
@@ -826,21 +833,27 @@ def _separator(text: str) -> str | None:
     return next((sep for sep in _SEPARATORS if sep not in text), None)
 
 
-def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[Range], first: int) -> list[Range]:
+_Removal = TypeVar("_Removal")
+
+
+def _finish(
+    sep: str | None, alts: list[str], paths: list[str], removals: Sequence[_Removal], first: int,
+    escaped: bool = True,
+) -> Sequence[_Removal]:
     """Turn ``alts[first:]`` and ``paths[first:]`` (as written) into what is lifted: paths
     unescaped, those empty or remote dropped (with their removal), alt texts unescaped and their
     whitespace folded, joined by ``sep`` (``_separator`` of the text; None: one at a time).
-    Returns the removals kept."""
+    Returns the removals kept. ``escaped``: False when they are already unescaped."""
     raw_alts, raw_paths = alts[first:], paths[first:]
     del alts[first:], paths[first:]
     if sep is None or len(raw_paths) < 8:
-        kept: list[Range] = []
+        kept: list[_Removal] = []
         for alt, path, removal in zip(raw_alts, raw_paths, removals):
-            if "\\" in path:
+            if escaped and "\\" in path:
                 path = _unescape(path)
             if not path.strip() or _REMOTE.match(path) is not None:
                 continue
-            if "\\" in alt:
+            if escaped and "\\" in alt:
                 alt = _unescape(alt)
             if not _PLAIN_ALT.fullmatch(alt):
                 alt = _SPACES.sub(" ", alt).strip()
@@ -849,7 +862,7 @@ def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[R
             kept.append(removal)
         return kept
     joined = sep.join(raw_paths)
-    if "\\" in joined:
+    if escaped and "\\" in joined:
         joined = _unescape(joined)
     unescaped = joined.split(sep)
     if _DROPPED[sep].search(joined) is not None:  # (one search finds whether any path is dropped)
@@ -859,12 +872,145 @@ def _finish(sep: str | None, alts: list[str], paths: list[str], removals: list[R
         raw_alts = [raw_alts[i] for i in keep]
         removals = [removals[i] for i in keep]
     joined = sep.join(raw_alts)
-    if "\\" in joined:
+    if escaped and "\\" in joined:
         joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
     joined = _SEPARATOR_SPACE[sep].sub(sep, _SPACES.sub(" ", joined)).strip(" ")
     alts += joined.split(sep) if raw_alts else []
     paths += unescaped
     return removals
+
+
+# --- the whole reply at once ---------------------------------------------------------------
+#
+# When every run of text is a "simple run" (see _SIMPLE_RUN) once its code is masked, the reply's
+# images are found by one regex over one masked copy of the whole reply, whatever the number of
+# runs, paragraphs, escapes or code spans: no Python step per run or per candidate. The copy has
+# the same length (so offsets hold): code blocks and runs that can lift nothing become \x01 (they
+# are whole lines, and a simple image never spans a line break), each code span (only single
+# backticks, paired on one line: what the renderer's rule gives then) becomes \x01 (which no
+# destination and no blank between '(' and a destination may hold, so a tail stops at a span as
+# the segment parser's limit makes it), and each escape but ``\!`` becomes two \ue100 (no
+# bracket, no blank, no letter: a destination goes on through it as through an escape, and no
+# scheme is seen in it). Alt texts and paths are then taken from the reply itself, by offset, and
+# unescaped, folded and checked for schemes as the general case does (``_finish``).
+
+_MASK = "\x01"
+# Masked escapes: "\ue100" then the character, or for a character the simple regexes read, its
+# stand-in (\ue100 + the character's code: no bracket, parenthesis, blank or letter).
+_ESC = "\ue100"
+_NOT_AN_ESCAPE = re.compile(r"\\(?![\"-/:-@\[-`{-~])")  # (no '!': those are refused first)
+_ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`"}
+_UNMASK = str.maketrans({_MASK: "`"})
+_UNESCAPE = str.maketrans({_ESC: None, **{v: k for k, v in _ESCAPE_STANDINS.items()}})
+_OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
+# A code span of single backticks on one line holding no bracket (the renderer's rule gives the
+# same spans when every backtick of the run of text is in one of them).
+_LONE_SPAN = re.compile(r"(?<!`)`[^`\n\[\]]++`(?!`)")
+_MASKED_LOCAL = re.compile(
+    rf"(!\[([^\[\]\\`\n]*+)\]\(([ \t]*+)(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\))"
+)
+
+
+# A run of text (group 1), then a run of code (group "code"; none at the end): the
+# block structure as ``_BLOCKS`` reads it, one match per run of code, matched at line starts only.
+_CODE_RUN = re.compile(
+    rf"((?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))*+)"
+    rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)?"
+)
+# In a run of code, whatever could make or hide an image, open a code span or escape: \x01.
+_CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
+
+
+_Blocks = list[tuple[list[int], list[str]]]
+
+
+def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
+    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``;
+    ``blocks`` gets where each run of text ends and the runs, for ``_runs_from_blocks``."""
+    # [text, code or None, (the fence groups: 2), text, ...], in C; the code translated in C
+    # (only the matches at the end have no code).
+    split = _CODE_RUN.split(text)
+    stride = _CODE_RUN.groups + 1
+    texts, codes = split[1::stride], split[2::stride]
+    i = len(codes) - 1
+    while i >= 0 and codes[i] is None:
+        codes[i] = ""
+        i -= 1
+    if None in codes:
+        return None  # (cannot happen: every match but those at the end ends with code)
+    chunks: list[str] = [""] * (2 * len(codes))
+    chunks[0::2] = texts
+    chunks[1::2] = codes
+    ends = list(accumulate(map(len, chunks)))
+    if not ends or ends[-1] != len(text):
+        return None  # (cannot happen: the runs cover the text)
+    blocks.append((ends[0::2], texts))
+    chunks[1::2] = map(str.translate, codes, repeat(_CODE_MASK_ALL))
+    return "".join(chunks)
+
+
+def _runs_from_blocks(blocks: _Blocks) -> list[Range]:
+    """What ``_text_runs`` gives, from what ``_mask_code_runs`` found (no second scan)."""
+    run_ends, texts = blocks[0]
+    return [(start, end) for start, end, run in zip(map(sub, run_ends, map(len, texts)), run_ends, texts)
+            if "![" in run and "](" in run]
+
+
+def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list[int], list[int], bool] | None:
+    """The reply's images found in one masked copy (see above): (alts and paths, where each image
+    starts and stops, and whether alts and paths are still escaped); None when some run is not
+    simple once masked (the run-by-run path then; ``blocks`` gets the runs of text if they were
+    found on the way)."""
+    # (without a fence or an indented line, a reply holds no code block)
+    no_code = "```" not in text and "~~~" not in text and "    " not in text and "\t" not in text
+    masked = text if no_code else _mask_code_runs(text, blocks)
+    if masked is None:
+        return None
+    ticks, escapes = "`" in masked, "\\" in masked
+    if no_code and not (ticks or escapes):
+        return None  # (the run-by-run path reads such a reply as one run, in one split: faster)
+    if ticks and escapes:
+        return None  # (which escape or span comes first is the segment parser's to say)
+    if (ticks or escapes) and ("\x01" in text or not text.isascii() and _OWN_MARKS.search(text)):
+        return None  # (the reply holds the marks: they could not be told from its own text)
+    if escapes:
+        # Escapes in C: escaped backslashes first (pairs from the left, as a left-to-right reading
+        # takes them), then the characters the simple regexes read, then the rest.
+        masked = masked.replace("\\\\", _ESC + _ESCAPE_STANDINS["\\"])
+        for ch in "[]()`":
+            masked = masked.replace("\\" + ch, _ESC + _ESCAPE_STANDINS[ch])
+        if "\\!" in masked:
+            return None  # an escaped '!' has a reading of its own (see _image_pairs)
+        if _NOT_AN_ESCAPE.search(masked) is not None:
+            return None  # a backslash that escapes nothing
+        masked = masked.replace("\\", _ESC)
+    elif ticks:
+        if "`" in _LONE_SPAN.sub("", masked):
+            return None
+        masked = masked.replace("`", _MASK)  # (a span's ends: no destination or blank goes on through them)
+    if not _SIMPLE_RUN.fullmatch(masked):
+        return None
+    parts = _MASKED_LOCAL.split(masked)
+    # [text, image, alt, blanks, path, text, ...]: the offsets from the lengths, summed in C
+    lengths: list[int] = [0] * (2 * (len(parts) // 5) + 1)
+    lengths[0::2] = map(len, parts[0::5])
+    lengths[1::2] = map(len, parts[1::5])
+    ends = list(accumulate(lengths))
+    alts, paths = parts[2::5], parts[4::5]
+    if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
+        alts, paths = _translated(alts, _UNESCAPE, text), _translated(paths, _UNESCAPE, text)
+    elif ticks:  # as written: the spans' backticks put back
+        alts = _translated(alts, _UNMASK, text)
+    return alts, paths, ends[0:-1:2], ends[1::2], not escapes
+
+
+def _translated(strings: list[str], table: dict[int, Any], text: str) -> list[str]:
+    """``[s.translate(table) for s in strings]``, joined by a separator ``text`` does not hold
+    (one translate), else one at a time (still C)."""
+    sep = _separator(text)
+    if sep is None or len(strings) < 2:
+        return list(map(str.translate, strings, repeat(table)))
+    return sep.join(strings).translate(table).split(sep)
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -892,7 +1038,22 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     lifter = _Lifter(text, alts, paths, removals)
     fold = _SPACES.sub
     separator: str | None = ""  # (not looked for yet)
-    for run_start, run_end in _text_runs(text):
+    runs: list[Range] = []
+    blocks: _Blocks = []
+    whole = _lift_masked(text, blocks)
+    if whole is not None:
+        alts, paths, starts, stops, escaped = whole
+        # (the removals as indices: no tuple per image, so nothing for the collector to count)
+        kept = _finish(_separator(text), alts, paths, range(len(starts)), 0, escaped)
+        if not isinstance(kept, range):  # some were dropped (remote or empty once unescaped)
+            starts, stops = [starts[i] for i in kept], [stops[i] for i in kept]
+        if starts:
+            pieces.append(text[: starts[0]])
+            pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
+            pos = stops[-1]
+    else:
+        runs = _runs_from_blocks(blocks) if blocks else _text_runs(text)
+    for run_start, run_end in runs:
         if (text.find("`", run_start, run_end) < 0 and text.find("\\", run_start, run_end) < 0
                 and _SIMPLE_RUN.fullmatch(text, run_start, run_end)):
             # Its images, and the text between them, in one C call: [text, alt folded, alt, path,

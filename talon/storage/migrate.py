@@ -73,6 +73,16 @@ def _read_sqlite(path: Path, *queries: str) -> list[list[tuple[Any, ...]]] | Non
         src.close()
 
 
+def _has_table(path: Path, table: str) -> bool:
+    rows = _read_sqlite(path, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    return rows is not None and (table,) in rows[0]
+
+
+def _has_column(path: Path, table: str, column: str) -> bool:
+    rows = _read_sqlite(path, f"PRAGMA table_info({table})")
+    return rows is not None and any(str(r[1]) == column for r in rows[0])
+
+
 # The embedded SQLite stores this copies (besides the session logs and the attachments); the
 # search index (search.sqlite3) is not copied: the database indexes the lines itself.
 EMBEDDED_FILES = ("inbox.sqlite3", "access.sqlite3", "tasks.sqlite3", "control.sqlite3", "whatsapp.sqlite3",
@@ -367,10 +377,15 @@ async def _panel(path: Path, db: AsyncDatabase) -> StoreReport:
     read = await asyncio.to_thread(
         _read_sqlite, path, "SELECT at, who, action, detail, address FROM panel_audit ORDER BY id",
         "SELECT channel, chat_id, title, people, last_at, messages FROM panel_chats",
-        "SELECT day, messages FROM panel_days")
+        "SELECT day, messages, answered FROM panel_days"
+        if _has_column(path, "panel_days", "answered") else "SELECT day, messages, 0 FROM panel_days")
     assert read is not None
     audit, chats, days = read
-    report.found = len(audit) + len(chats) + len(days)
+    sent_read = await asyncio.to_thread(
+        _read_sqlite, path, "SELECT channel, chat_id, sha, mime, name, path, at FROM panel_sent") \
+        if _has_table(path, "panel_sent") else None
+    sent = sent_read[0] if sent_read else []
+    report.found = len(audit) + len(chats) + len(days) + len(sent)
     same = "at = %s AND who = %s AND action = %s AND detail = %s AND address = %s"
     # No key of their own: an entry already copied (every column the same) is not copied again.
     report.copied += await _insert_all(
@@ -381,8 +396,13 @@ async def _panel(path: Path, db: AsyncDatabase) -> StoreReport:
         db, "INSERT INTO talon_panel_chats (channel, chat_id, title, people, last_at, messages) "
             "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", chats)
     report.copied += await _insert_all(
-        db, "INSERT INTO talon_panel_days (day, messages) VALUES (%s, %s) ON CONFLICT DO NOTHING", days)
+        db, "INSERT INTO talon_panel_days (day, messages, answered) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", days)
+    report.copied += await _insert_all(
+        db, "INSERT INTO talon_panel_sent (channel, chat_id, sha, mime, name, path, at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING", sent)
     await _verify(db, report, [("talon_panel_audit", same, [tuple(r) for r in audit]),
+                               ("talon_panel_sent", "channel = %s AND chat_id = %s AND sha = %s AND path = %s",
+                                [(r[0], r[1], r[2], r[5]) for r in sent]),
                                ("talon_panel_chats", "channel = %s AND chat_id = %s", [r[:2] for r in chats]),
                                ("talon_panel_days", "day = %s", [r[:1] for r in days])])
     return report

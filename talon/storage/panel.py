@@ -67,6 +67,18 @@ class ChatNote:
 
 
 @dataclass(frozen=True)
+class SentFile:
+    """A file the agent sent in a conversation, kept in the attachment store (the web chat's):
+    the reference its reply wrote (``path``) and the stored object it became."""
+
+    sha: str
+    mime: str
+    name: str
+    path: str
+    at: float
+
+
+@dataclass(frozen=True)
 class AuditEntry:
     at: float
     who: str
@@ -118,8 +130,9 @@ class PanelStore(Protocol):
 
     async def audit_log(self, limit: int = 200) -> list[AuditEntry]: ...
 
-    async def note_messages(self, notes: list[ChatNote]) -> None:
-        """Add what arrived to the chat index, in one transaction (one connection)."""
+    async def note_messages(self, notes: list[ChatNote], answered: dict[str, int] | None = None) -> None:
+        """Add what arrived to the chat index, and ``answered`` (UTC day -> messages answered) to
+        the day counts, in one transaction (one connection)."""
         ...
 
     async def note_message(self, channel: str, chat_id: str, title: str, person: str, at: float) -> None: ...
@@ -133,8 +146,16 @@ class PanelStore(Protocol):
 
     async def chat_count(self) -> int: ...
 
+    async def note_sent(self, channel: str, chat_id: str, sent: SentFile) -> None:
+        """Remember a file the agent sent in a conversation (once per object and reference)."""
+        ...
+
+    async def sent_files(self, channel: str, chat_id: str, limit: int = 5000) -> list[SentFile]:
+        """The files the agent sent in a conversation, newest first."""
+        ...
+
     async def per_day(self, since: float) -> list[tuple[str, int]]:
-        """Messages received per UTC day (``YYYY-MM-DD``) from ``since`` on."""
+        """Messages answered per UTC day (``YYYY-MM-DD``) from ``since`` on."""
         ...
 
     # --- read-only views of the control tables ---------------------------------------------
@@ -226,7 +247,7 @@ class SqlPanelQueries(abc.ABC):
     async def note_message(self, channel: str, chat_id: str, title: str, person: str, at: float) -> None:
         await self.note_messages([ChatNote(channel, chat_id, title, [person] if person else [], at, 1)])
 
-    async def note_messages(self, notes: list[ChatNote]) -> None:
+    async def note_messages(self, notes: list[ChatNote], answered: dict[str, int] | None = None) -> None:
         statements: list[tuple[str, tuple[Any, ...]]] = []
         days: dict[str, int] = {}
         upsert = self._sql(
@@ -247,6 +268,11 @@ class SqlPanelQueries(abc.ABC):
         day_upsert = self._sql("INSERT INTO {days} (day, messages) VALUES (%s, %s) ON CONFLICT (day) DO UPDATE "
                                "SET messages = {days}.messages + EXCLUDED.messages")
         statements += [(day_upsert, (day, n)) for day, n in sorted(days.items())]
+        answer_upsert = self._sql("INSERT INTO {days} (day, messages, answered) VALUES (%s, 0, %s) ON CONFLICT (day) "
+                                  "DO UPDATE SET answered = {days}.answered + EXCLUDED.answered")
+        statements += [(answer_upsert, (day, n)) for day, n in sorted((answered or {}).items()) if n]
+        if not statements:
+            return
         await self._run_many(statements)
 
     def _chat_select(self) -> str:
@@ -272,13 +298,24 @@ class SqlPanelQueries(abc.ABC):
         r = rows[0]
         return ChatRow(r[0], r[1], r[2], r[3], float(r[4]), int(r[5]), int(r[6]))
 
+    async def note_sent(self, channel: str, chat_id: str, sent: SentFile) -> None:
+        await self._run(self._sql("INSERT INTO {sent} (channel, chat_id, sha, mime, name, path, at) "
+                                  "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (channel, chat_id, sha, path) "
+                                  "DO NOTHING"),
+                        (channel, chat_id, sent.sha, sent.mime, sent.name[:300], sent.path[:1000], sent.at))
+
+    async def sent_files(self, channel: str, chat_id: str, limit: int = 5000) -> list[SentFile]:
+        rows = await self._all(self._sql("SELECT sha, mime, name, path, at FROM {sent} WHERE channel = %s AND "
+                                         "chat_id = %s ORDER BY at DESC LIMIT %s"), (channel, chat_id, limit))
+        return [SentFile(str(r[0]), str(r[1]), str(r[2]), str(r[3]), float(r[4])) for r in rows]
+
     async def chat_count(self) -> int:
         rows = await self._all(self._sql("SELECT count(*) FROM {chats}"))
         return int(rows[0][0]) if rows else 0
 
     async def per_day(self, since: float) -> list[tuple[str, int]]:
         first = time.strftime("%Y-%m-%d", time.gmtime(since))
-        rows = await self._all(self._sql("SELECT day, messages FROM {days} WHERE day >= %s ORDER BY day"), (first,))
+        rows = await self._all(self._sql("SELECT day, answered FROM {days} WHERE day >= %s ORDER BY day"), (first,))
         return [(str(r[0]), int(r[1])) for r in rows]
 
     async def pending_approvals(self, limit: int = 200) -> list[Approval]:

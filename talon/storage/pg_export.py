@@ -35,7 +35,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
     "control.sqlite3": [("talon_usage", "usage", "id"), ("talon_usage_grants", "usage_grants", "id"),
                         ("talon_approvals", "approvals", "id"), ("talon_approval_always", "approval_always", "channel"),
                         ("talon_panel_audit", "panel_audit", "id"), ("talon_panel_chats", "panel_chats", "channel"),
-                        ("talon_panel_days", "panel_days", "day")],
+                        ("talon_panel_days", "panel_days", "day"), ("talon_panel_sent", "panel_sent", "at")],
     "whatsapp.sqlite3": [("talon_wa_windows", "wa_windows", "chat_id"), ("talon_wa_pending", "wa_pending", "id"),
                          ("talon_wa_sent", "wa_sent", "sid"), ("talon_wa_tokens", "wa_tokens", "token")],
     "jobs.sqlite3": [("talon_jobs", "jobs", "id")],

@@ -92,6 +92,7 @@ class SearchHit:
     role: str
     sender: str
     text: str
+    chat: ChatKey | None = None  # set by the all-chats search (the panel's), never by a chat's own
 
     def describe(self, words: list[str] | None = None) -> str:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.at)) if self.at else "undated"
@@ -142,5 +143,16 @@ def memory_search(chat: ChatKey, logs: dict[tuple[ChatKey, str], list[Message]],
             if all(w in found for w in words):
                 hits.append(SearchHit(thread, message.at, message.role, str(message.meta.get("sender") or ""),
                                       text))
+    hits.sort(key=lambda h: h.at or 0.0, reverse=True)
+    return hits[:limit]
+
+
+def memory_search_all(logs: dict[tuple[ChatKey, str], list[Message]], words: list[str],
+                      limit: int) -> list[SearchHit]:
+    """Every chat's messages holding all the words (the operator's search in the panel)."""
+    hits: list[SearchHit] = []
+    for chat in {key for key, _ in logs}:
+        hits += [SearchHit(h.thread, h.at, h.role, h.sender, h.text, chat)
+                 for h in memory_search(chat, logs, words, limit)]
     hits.sort(key=lambda h: h.at or 0.0, reverse=True)
     return hits[:limit]

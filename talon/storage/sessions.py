@@ -135,6 +135,10 @@ class SessionStore(Protocol):
         """The chat's stored messages (every thread) holding all the words of ``query``, newest
         first. The query is words, never syntax (``talon.storage.search.query_words``)."""
 
+    async def search_all(self, query: str, limit: int = 10) -> "list[SearchHit]":
+        """Every chat's stored messages holding all the words, newest first, each hit naming its
+        chat: the operator's search in the web panel, never a chat's own tool or command."""
+
     async def close(self) -> None: ...
 
 
@@ -183,6 +187,15 @@ class MemorySessions(SessionFiles):
         logs = {key: [Message.from_json(line) for line in lines] for key, lines in self._logs.items()
                 if key[0] == chat}
         return memory_search(chat, logs, words, clamp_limit(limit))
+
+    async def search_all(self, query: str, limit: int = 10) -> "list[SearchHit]":
+        from talon.storage.search import clamp_limit, memory_search_all, query_words
+
+        words = query_words(query)
+        if not words:
+            return []
+        logs = {key: [Message.from_json(line) for line in lines] for key, lines in self._logs.items()}
+        return memory_search_all(logs, words, clamp_limit(limit))
 
     async def close(self) -> None:
         pass

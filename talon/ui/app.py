@@ -84,6 +84,7 @@ class Panel:
         self.env.filters.update(when=views.when, ago=views.ago, number=views.number, chat_url=views.chat_url,
                                 money=views.money)
         self.webchat: Any = None  # talon.ui.webchat.WebChat, when the panel serves one
+        self.pages: Any = None  # talon.ui.pages.Pages, once installed
         self.failure_delay_s = FAILURE_DELAY_S
         self.closing = asyncio.Event()  # set when Talon stops: live streams end
 

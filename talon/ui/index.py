@@ -1,5 +1,8 @@
 """The chat index the panel lists conversations from: one row per conversation (title, people,
-last activity, messages received), kept up to date from the bridge (``Bridge.observers``).
+last activity, messages received), kept up to date from the bridge (``Bridge.observers``), and
+the messages answered per UTC day the overview charts (``Bridge.answer_observers``: a message
+counts once the agent's reply to it is delivered; a failed turn's apology, a command's reply or
+a scheduled task's run does not).
 
 Noting a message costs no I/O: it is added to a small map in memory, and the map is written once
 a second in one transaction (``ChatIndexer.flush``), so a busy worker pays one statement batch per
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from talon.envelope import InboundMessage
 from talon.storage.panel import ChatNote, PanelStore
@@ -40,6 +44,7 @@ class ChatIndexer:
         self.store = store
         self.flush_s = flush_s
         self.pending: dict[tuple[str, str], ChatNote] = {}
+        self.answered: dict[str, int] = {}  # UTC day -> messages answered, not yet written
         self._task: asyncio.Task[None] | None = None
 
     async def observe(self, message: InboundMessage) -> None:
@@ -57,6 +62,13 @@ class ChatIndexer:
         note.last_at = max(note.last_at, message.received_at)
         note.messages += 1
 
+    async def observe_answer(self, message: InboundMessage) -> None:
+        """A bridge answer observer: one more message answered today (no I/O here)."""
+        if message.scheduled is not None:
+            return
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        self.answered[day] = self.answered.get(day, 0) + 1
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="chat-index")
@@ -68,19 +80,22 @@ class ChatIndexer:
 
     async def flush(self) -> None:
         batch, self.pending = self.pending, {}
-        if not batch:
+        answered, self.answered = self.answered, {}
+        if not batch and not answered:
             return
         try:
-            await self.store.note_messages(list(batch.values()))
+            await self.store.note_messages(list(batch.values()), answered)
         except asyncio.CancelledError:
-            self._merge(batch)
+            self._merge(batch, answered)
             raise
         except Exception as exc:
             log.warning("chat index: %d conversation(s) not written (%s: %s); trying again", len(batch),
                         type(exc).__name__, exc)
-            self._merge(batch)
+            self._merge(batch, answered)
 
-    def _merge(self, batch: dict[tuple[str, str], ChatNote]) -> None:
+    def _merge(self, batch: dict[tuple[str, str], ChatNote], answered: dict[str, int] | None = None) -> None:
+        for day, n in (answered or {}).items():
+            self.answered[day] = self.answered.get(day, 0) + n
         for key, old in batch.items():
             new = self.pending.get(key)
             if new is None:

@@ -33,6 +33,7 @@ LIVE_MAX_S = 300.0  # a stream ends after this long (the browser reconnects): no
 
 def install(panel: "Panel") -> None:
     p = Pages(panel)
+    panel.pages = p
     r = panel.route
     r("GET", "/ui", p.to_root, auth=False)
     r("GET", "/ui/", p.overview)
@@ -43,10 +44,12 @@ def install(panel: "Panel") -> None:
     r("POST", "/ui/signout", panel.signout)
     r("GET", "/ui/static/{name}", panel.static, auth=False)
     r("GET", "/ui/chats", p.chats)
+    r("GET", "/ui/search", p.search)
     r("GET", "/ui/chats/{key}", p.chat)
     r("GET", "/ui/api/chats/{key}/messages", p.chat_messages, api=True)
     r("GET", "/ui/api/chats/{key}/events", p.chat_events, api=True)
     r("GET", "/ui/attachments/{key}/{sha}", p.attachment, api=True)
+    r("GET", "/ui/files/{key}", p.workspace_file, api=True)
     r("GET", "/ui/approvals", p.approvals)
     r("POST", "/ui/approvals/{id}", p.decide)
     r("GET", "/ui/tasks", p.tasks)
@@ -100,26 +103,50 @@ class Pages:
         rows = await self.store.chats(query, limit=500)
         return self.panel.render(request, "chats.html", title="Chats", rows=rows, q=query)
 
+    async def search(self, request: web.Request) -> web.Response:
+        """Full-text search over every chat's stored messages (the operator's; a chat's own
+        ``/search`` and tool see only that chat). The query is words, never engine syntax."""
+        from talon.storage.search import MAX_LIMIT, query_words, snippet
+
+        query = request.query.get("q", "")[:200]
+        words = query_words(query)
+        sessions = self.runtime.sessions
+        enabled = sessions.search_enabled
+        hits = await sessions.search_all(query, MAX_LIMIT) if words and enabled else []
+        rows = [{"chat": h.chat, "when": h.at, "who": "assistant" if h.role == "assistant" else (h.sender or "user"),
+                 "text": snippet(h.text, words), "thread": h.thread} for h in hits if h.chat is not None]
+        return self.panel.render(request, "search.html", title="Search", q=query, words=" ".join(words), rows=rows,
+                                 enabled=enabled)
+
     async def _messages(self, key: ChatKey) -> list[Any]:
         return await self.runtime.sessions.load(key)
 
+    async def stored_sent(self, key: ChatKey) -> dict[str, tuple[str, str]]:
+        """Reference path -> (sha256, mime) of the files the agent sent here that are in the
+        attachment store (the web chat's; newest wins when a path was sent more than once)."""
+        sent = await self.store.sent_files(key.channel, key.chat_id)
+        stored: dict[str, tuple[str, str]] = {}
+        for f in sent:  # newest first
+            stored.setdefault(f.path, (f.sha, f.mime))
+        return stored
+
     async def chat(self, request: web.Request) -> web.Response:
         key = self.panel.chat_key(request)
-        row = await self.store.chat(key.channel, key.chat_id)
-        messages = await self._messages(key)
+        row, messages, stored = await asyncio.gather(self.store.chat(key.channel, key.chat_id),
+                                                     self._messages(key), self.stored_sent(key))
         if row is None and not messages:
             raise web.HTTPNotFound(text="no such chat")
         return self.panel.render(request, "chat.html", title=row.title if row and row.title else str(key),
-                                 key=key, row=row, messages=views.shown_messages(messages), count=len(messages),
-                                 base=views.chat_url(key))
+                                 key=key, row=row, messages=views.shown_messages(messages, stored=stored),
+                                 count=len(messages), base=views.chat_url(key))
 
     async def chat_messages(self, request: web.Request) -> web.Response:
         """The messages after ``after`` as an HTML fragment (the live page appends them)."""
         key = self.panel.chat_key(request)
         after = _int(request.query.get("after"), 0)
-        messages = await self._messages(key)
+        messages, stored = await asyncio.gather(self._messages(key), self.stored_sent(key))
         page = self.panel.env.get_template("messages.html").render(
-            messages=views.shown_messages(messages, first=after), base=views.chat_url(key))
+            messages=views.shown_messages(messages, first=after, stored=stored), base=views.chat_url(key))
         response = web.Response(text=page, content_type="text/html")
         response.headers["X-Talon-Count"] = str(len(messages))
         return response
@@ -159,8 +186,7 @@ class Pages:
         except Exception:
             raise web.HTTPNotFound(text="no such attachment") from None
         refs = views.referenced(await self._messages(key))
-        if self.panel.webchat is not None and key.channel == self.panel.webchat.name:
-            refs.update(await self.panel.webchat.referenced(key))
+        refs.update({f.sha: f.mime for f in await self.store.sent_files(key.channel, key.chat_id)})
         if sha not in refs:
             raise web.HTTPNotFound(text="no such attachment in this chat")
         unreadable = web.Response(status=503, text="the attachment could not be read; try again\n",
@@ -181,6 +207,40 @@ class Pages:
         response.headers["Content-Disposition"] = "inline" if inline else f'attachment; filename="{sha[:16]}"'
         response.headers["Cache-Control"] = "private, no-cache"
         response.headers["ETag"] = tag
+        response.headers["Content-Security-Policy"] = "default-src 'none'; sandbox"
+        return response
+
+    async def workspace_file(self, request: web.Request) -> web.StreamResponse:
+        """A file the agent sent in a conversation (``![alt](path)`` in a reply), from the chat's
+        workspace: to a signed-in session, only for a path a reply of this chat refers to, and
+        only a regular file inside the workspace (``talon.media.paths``: no ``..``, no URL, no
+        symlink or hard link out of it, not replaced while opened), always as a download."""
+        from talon.errors import MediaPathError
+        from talon.media.paths import open_checked_media
+
+        key = self.panel.chat_key(request)
+        path = request.query.get("path", "")
+        if not path or len(path) > 1000 or path not in views.sent_paths(await self._messages(key)):
+            raise web.HTTPNotFound(text="no such file in this chat's replies")
+        root = self.runtime.settings.workspace_dir(key.channel, key.chat_id)
+        limit = self.runtime.settings.telegram_upload_max_bytes
+
+        def read() -> tuple[str, bytes]:
+            with open_checked_media(path, root) as opened:
+                if opened.size > limit:
+                    raise MediaPathError(f"{opened.name!r} is larger than {limit:,} bytes")
+                return opened.name, opened.file.read(limit + 1)[:limit]
+
+        try:
+            name, data = await asyncio.to_thread(read)
+        except (MediaPathError, OSError) as exc:
+            log.warning("ui: file %r of %s not served: %s", path[:200], key, exc)
+            raise web.HTTPNotFound(text="the file is not in this chat's workspace (moved, removed or refused)") \
+                from None
+        await self.panel.audit(request, "file download", f"{key}: {name}")
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:120] or "file"
+        response = web.Response(body=data, content_type="application/octet-stream")
+        response.headers["Content-Disposition"] = f'attachment; filename="{safe}"'
         response.headers["Content-Security-Policy"] = "default-src 'none'; sandbox"
         return response
 

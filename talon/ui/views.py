@@ -61,6 +61,9 @@ class Shown:
     images: list[dict[str, object]] = field(default_factory=list)  # {sha, mime, width, height, name}
     audio: list[dict[str, object]] = field(default_factory=list)  # {sha, transcript, duration}
     files: list[dict[str, object]] = field(default_factory=list)  # {sha, name, mime, bytes}
+    # Files the agent's reply referenced (``![alt](path)``): {sha, name, mime} when the web chat
+    # stored them, else {path, name} to fetch from the chat's workspace.
+    sent: list[dict[str, object]] = field(default_factory=list)
     tool_calls: list[dict[str, str]] = field(default_factory=list)  # {name, arguments}
     tool_name: str = ""
     summary: bool = False
@@ -84,7 +87,41 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit:,} more characters)"
 
 
-def shown_messages(messages: list[Message], first: int = 0) -> list[Shown]:
+def _sent_refs(text: str, item: Shown, stored: dict[str, tuple[str, str]]) -> str:
+    """The reply's text without its file references, and those files on ``item.sent``."""
+    from talon.media.outbound import extract_markdown_media
+
+    if "![" not in text:
+        return text
+    rest, refs = extract_markdown_media(text)
+    for ref in refs:
+        name = ref.path.replace("\\", "/").rsplit("/", 1)[-1] or ref.path
+        known = stored.get(ref.path)
+        if known is not None:
+            item.sent.append({"sha": known[0], "mime": known[1], "name": name, "path": ref.path})
+        else:
+            item.sent.append({"sha": "", "mime": "", "name": name, "path": ref.path})
+    return rest
+
+
+def sent_paths(messages: list[Message]) -> set[str]:
+    """Every file reference (``![alt](path)``, as written) in the assistant's replies: what a
+    chat's page may fetch from its workspace."""
+    from talon.media.outbound import extract_markdown_media
+
+    paths: set[str] = set()
+    for message in messages:
+        if message.role != "assistant":
+            continue
+        for block in message.content:
+            if isinstance(block, TextBlock) and "![" in block.text:
+                paths.update(ref.path for ref in extract_markdown_media(block.text)[1])
+    return paths
+
+
+def shown_messages(messages: list[Message], first: int = 0,
+                   stored: dict[str, tuple[str, str]] | None = None) -> list[Shown]:
+    """``stored``: reference path -> (sha256, mime) of files the web chat put in the attachment store."""
     out = []
     for n, message in enumerate(messages[first:], first):
         item = Shown(index=n, role=message.role, tool_name=message.tool_name or "",
@@ -108,6 +145,8 @@ def shown_messages(messages: list[Message], first: int = 0) -> list[Shown]:
         if message.role == "user":
             text, heard = _transcripts(text)
             item.audio.extend(heard)
+        elif message.role == "assistant":
+            text = _sent_refs(text, item, stored or {})
         item.text = _clip(text, limit)
         for call in message.tool_calls:
             try:

@@ -11,7 +11,9 @@ what the bytes decode to (fully, with Pillow, off the event loop), at most
 ``TALON_UI_MESSAGE_MAX_BYTES`` per message, ``TALON_UI_IMAGE_MAX_PIXELS`` per image. A refusal is
 a structured JSON error (``{"error", "file"}``, status 413 or 415 or 422) and nothing reaches the
 store or the model. Accepted images go into the attachment store (content-addressed) before the
-message is submitted; the message carries only their sha256.
+message is submitted; the message carries only their sha256. Files the agent sends go into the
+same store, and the panel store remembers them (``PanelStore.note_sent``: the reply's reference,
+the object's sha256), so any worker serves them and a reload shows them.
 
 Live text is shown by the worker that runs the turn; with many workers the page shows the answer
 once it is in the session store (it reloads the history when a turn ends or every few seconds).
@@ -174,7 +176,6 @@ class WebChat(Channel):
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
         self._seq = 0
         self._changed = asyncio.Event()
-        self._sent: dict[str, str] = {}  # sha256 -> mime of files the agent sent here (served with the chat)
         self.running = False
         self.closing = asyncio.Event()  # Talon stops: the live streams end
 
@@ -250,7 +251,12 @@ class WebChat(Channel):
         except (MediaPathError, OSError, ValueError) as exc:
             log.warning("web chat: not attaching %r: %s", ref.path, exc)
             return {"type": "notice", "text": f"{ref.path}: not attached ({exc})"}
-        self._sent[str(event["sha"])] = str(event["mime"])
+        panel = getattr(self, "panel", None)
+        if panel is not None:  # remembered in the stores: a reload, or another worker, shows it
+            from talon.storage.panel import SentFile
+
+            await panel.store.note_sent(CHANNEL, CONVERSATION, SentFile(str(event["sha"]), str(event["mime"]),
+                                                                        str(event["name"]), ref.path, time.time()))
         return event
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
@@ -261,9 +267,6 @@ class WebChat(Channel):
             return InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size,
                                notice="the image is no longer in the attachment store")
         return InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size, ref=ref)
-
-    async def referenced(self, key: ChatKey) -> dict[str, str]:
-        return dict(self._sent) if key == ChatKey(CHANNEL, CONVERSATION) else {}
 
     # --- the routes ----------------------------------------------------------------------------
     def install(self, panel: "Panel") -> None:
@@ -277,7 +280,9 @@ class WebChat(Channel):
 
         key = ChatKey(CHANNEL, CONVERSATION)
         messages = await self.sessions.load(key)
-        return self.panel.render(request, "webchat.html", title="Chat", messages=views.shown_messages(messages),
+        stored = await self.panel.pages.stored_sent(key)
+        return self.panel.render(request, "webchat.html", title="Chat",
+                                 messages=views.shown_messages(messages, stored=stored),
                                  base=views.chat_url(key), count=len(messages), seq=self._seq, limits=self.limits)
 
     async def send(self, request: web.Request) -> web.Response:

@@ -402,6 +402,8 @@ class FakeDiscord(LoopbackServer):
         channel_id = int(parts[1])
         if channel_id not in self.channels:
             raise _Refuse(404, 10003, "Unknown Channel")
+        if parts[2:] == [] and method == "GET":
+            return 200, dict(self.channels[channel_id])
         if parts[2:] == ["typing"] and method == "POST":
             return 204, None
         if parts[2:] == ["messages"] and method == "POST":

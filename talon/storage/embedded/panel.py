@@ -29,7 +29,11 @@ CREATE TABLE IF NOT EXISTS panel_chats (
     last_at REAL NOT NULL, messages INTEGER NOT NULL, PRIMARY KEY (channel, chat_id)
 );
 CREATE INDEX IF NOT EXISTS panel_chats_last ON panel_chats (last_at);
-CREATE TABLE IF NOT EXISTS panel_days (day TEXT PRIMARY KEY, messages INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS panel_sent (
+    channel TEXT NOT NULL, chat_id TEXT NOT NULL, sha TEXT NOT NULL, mime TEXT NOT NULL, name TEXT NOT NULL,
+    path TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (channel, chat_id, sha, path)
+);
+CREATE TABLE IF NOT EXISTS panel_days (day TEXT PRIMARY KEY, messages INTEGER NOT NULL, answered INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS approvals_status ON approvals (status, created);
 """
 
@@ -58,6 +62,9 @@ INSERT INTO panel_usage_daily SELECT strftime('%Y-%m-%d', at, 'unixepoch'), chan
 
 def setup_panel(conn: sqlite3.Connection) -> None:
     conn.executescript(PANEL_SCHEMA)
+    if "answered" not in {str(r[1]) for r in conn.execute("PRAGMA table_info(panel_days)")}:
+        # A store made before the chart counted answers: its days so far show 0 answered.
+        conn.execute("ALTER TABLE panel_days ADD COLUMN answered INTEGER NOT NULL DEFAULT 0")
     made = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'panel_usage_daily'").fetchone()
     if made is None:  # the first start with the panel: the calls recorded so far are summed once
         conn.executescript(f"BEGIN; {ROLLUP_SCHEMA} COMMIT;")
@@ -65,7 +72,7 @@ def setup_panel(conn: sqlite3.Connection) -> None:
 
 class SqlitePanelStore(SqlPanelQueries):
     T = {"sessions": "panel_sessions", "links": "panel_links", "failures": "panel_failures",
-         "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "usage": "panel_usage_daily",
+         "audit": "panel_audit", "chats": "panel_chats", "days": "panel_days", "sent": "panel_sent", "usage": "panel_usage_daily",
          "approvals": "approvals"}
     APPROVAL_COLUMNS = APPROVAL_COLUMNS
     FIND = "instr"

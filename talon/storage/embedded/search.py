@@ -60,6 +60,11 @@ def fts_match(chat: ChatKey, words: list[str]) -> str:
     return " AND ".join(terms)
 
 
+def fts_match_all(words: list[str]) -> str:
+    """The FTS5 expression for plain words in any chat: every word a quoted phrase in ``body``."""
+    return " AND ".join('body : "' + w.replace('"', '""') + '"' for w in words)
+
+
 class SearchIndex:
     """The index, owned by one thread (the sessions' file thread, or a command-line tool)."""
 
@@ -217,6 +222,21 @@ class SearchIndex:
         hits = [SearchHit(str(t), at, str(role), str(sender), str(body)) for t, at, role, sender, body in rows]
         hits.sort(key=lambda h: h.at or 0.0, reverse=True)
         return hits[:limit]
+
+    def search_all(self, words: list[str], limit: int) -> list[SearchHit]:
+        """Every word, in any chat, newest indexed first (what is pending is written first); each
+        hit names its chat. The words are quoted phrases, never FTS5 syntax (``fts_match_all``)."""
+        if not words:
+            return []
+        self.flush()
+        rows = self._conn.execute(
+            "SELECT l.chat, l.thread, l.at, l.role, l.sender, f.body FROM fts f JOIN lines l ON l.id = f.rowid "
+            "WHERE fts MATCH ? ORDER BY l.at DESC LIMIT ?", (fts_match_all(words), limit)).fetchall()
+        hits = []
+        for chat, thread, at, role, sender, body in rows:
+            channel, _, chat_id = str(chat).partition(":")
+            hits.append(SearchHit(str(thread), at, str(role), str(sender), str(body), ChatKey(channel, chat_id)))
+        return hits
 
     def count(self) -> int:
         self.flush()

@@ -217,6 +217,12 @@ class JsonlSessions(SessionFiles):
             return []
         return await self._run(lambda: index.search(chat, words, clamp_limit(limit), self.chat_dir(chat)))
 
+    async def search_all(self, query: str, limit: int = 10) -> list[SearchHit]:
+        words, index = query_words(query), self.index
+        if not words or index is None:
+            return []
+        return await self._run(lambda: index.search_all(words, clamp_limit(limit)))
+
     async def close(self) -> None:
         index = self.index
         if index is not None:  # its last batch is written on the file thread, after the appends

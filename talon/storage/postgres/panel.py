@@ -13,7 +13,7 @@ from talon.storage.postgres.db import AsyncDatabase
 
 class PgPanelStore(SqlPanelQueries):
     T = {"sessions": "talon_panel_sessions", "links": "talon_panel_links", "failures": "talon_panel_failures",
-         "audit": "talon_panel_audit", "chats": "talon_panel_chats", "days": "talon_panel_days",
+         "audit": "talon_panel_audit", "chats": "talon_panel_chats", "days": "talon_panel_days", "sent": "talon_panel_sent",
          "usage": "talon_panel_usage_daily", "approvals": "talon_approvals"}
     APPROVAL_COLUMNS = APPROVAL_COLUMNS
     FIND = "strpos"

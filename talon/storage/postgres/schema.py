@@ -241,6 +241,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX talon_jobs_chat ON talon_jobs (channel, conversation);
     """,
+    # 13: the panel's overview charts messages answered per day (the days so far: 0 answered).
+    """
+    ALTER TABLE talon_panel_days ADD COLUMN answered BIGINT NOT NULL DEFAULT 0;
+    """,
+    # 14: files the agent sent in the web chat, kept in the attachment store (any worker serves them).
+    """
+    CREATE TABLE talon_panel_sent (
+        channel TEXT NOT NULL, chat_id TEXT NOT NULL, sha TEXT NOT NULL, mime TEXT NOT NULL, name TEXT NOT NULL,
+        path TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (channel, chat_id, sha, path)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -138,6 +138,21 @@ class PgSessions(SessionFiles):
             hits.append(SearchHit(str(thread), at, str(role), str(sender), searchable_text(message) or ""))
         return hits
 
+    async def search_all(self, query: str, limit: int = 10) -> list[SearchHit]:
+        words = query_words(query)
+        if not words or not self.index:
+            return []
+        rows = await self.db.fetchall(
+            "SELECT channel, chat_id, thread, at, role, coalesce(sender, ''), body FROM talon_session_lines "
+            "WHERE search @@ plainto_tsquery('simple', %s) ORDER BY at DESC NULLS LAST LIMIT %s",
+            (" ".join(words), clamp_limit(limit)))
+        hits = []
+        for channel, chat_id, thread, at, role, sender, body in rows:
+            message = Message.from_json(str(body))
+            hits.append(SearchHit(str(thread), at, str(role), str(sender), searchable_text(message) or "",
+                                  ChatKey(str(channel), str(chat_id))))
+        return hits
+
     @property
     def search_enabled(self) -> bool:
         return self.index

@@ -1,0 +1,150 @@
+"""Slack, what the first builders left open (issue 32): a voice clip is transcribed by the bundled
+Whisper model; a scheduled task made in a thread is delivered into that thread (and not to the
+channel); the text commands !status, !usage, !tasks and !new and the same slash commands answer
+in their conversation; a slash command from someone not allowed, or forged, gets nothing."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from talon.config import Settings
+from talon.runtime import Runtime, build_runtime
+from tests.fakes.openai_server import FakeOpenAI, last_user_text
+from tests.fakes.slack import BOT_TOKEN, BOT_USER, SIGNING_SECRET, FakeSlack
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ALICE, MALLORY, CAROL = "U0ALICE01", "U0MALLOR1", "U0CAROL01"
+DM, GENERAL = "D0ALICE01", "C0GENERAL"
+SCHEDULED = "[Scheduled task "
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as fake:
+        fake.add_channel(DM, "alice", kind="im")
+        fake.add_channel(GENERAL, "general")
+        for user, name in ((ALICE, "alice"), (MALLORY, "mallory"), (CAROL, "carol")):
+            fake.add_user(user, name)
+        yield fake
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+def settings_for(tmp_path: Path, slack: FakeSlack, llm: FakeOpenAI) -> Settings:
+    env: dict[str, Any] = {
+        "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_API_BASE_URL": slack.api_url,
+        "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key", "TALON_MODEL": "openai:fake-model",
+        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
+        "TALON_MODEL_MAX_RETRIES": "0", "TALON_MODEL_TIMEOUT": "30", "TALON_ACK_DELAY": "0",
+        "TALON_HTTP_HOST": "127.0.0.1", "TALON_HTTP_PORT": "0", "TALON_SLACK_STREAMING": "false",
+        "TALON_SLACK_ACK_REACTION": "", "TALON_SLACK_ALLOWED_USERS": ALICE, "TALON_SLACK_ALLOWED_CHANNELS": GENERAL,
+        "TALON_MODEL_DISCOVERY": "false", "TALON_TASK_POLL_INTERVAL": "0.1",
+    }
+    return Settings(_env_file=None, **env)
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[tuple[Runtime, str]]:
+    from channels.slack import SlackChannel
+
+    channel = SlackChannel(settings)
+    runtime = build_runtime(settings, [channel])
+    await runtime.start()
+    try:
+        assert channel.http is not None
+        yield runtime, channel.http.local_url + channel.events_path
+    finally:
+        await runtime.stop()
+
+
+def texts(slack: FakeSlack, channel: str, thread: str | None = None) -> list[str]:
+    return [m.text for m in slack.bot_messages(channel, thread) if m.text]
+
+
+async def test_a_voice_clip_is_transcribed_by_the_bundled_model(
+        slack: FakeSlack, llm: FakeOpenAI, tmp_path: Path) -> None:
+    llm.queue("Heard you.")
+    async with running(settings_for(tmp_path, slack, llm)) as (_, url):
+        clip = {**slack.add_file((FIXTURES / "speech_fox.ogg").read_bytes(), "audio_message.ogg", "audio/ogg"),
+                "subtype": "slack_audio"}
+        assert await slack.deliver(url, "event", slack.message_event(DM, ALICE, "", files=[clip])) == 200
+        await slack.wait_until(lambda: texts(slack, DM), "the answer", timeout=180)
+    text = last_user_text(llm.requests[0]).lower()
+    for word in ("quick", "brown", "fox", "lazy", "dog"):
+        assert word in text, text
+    assert "transcri" in text
+
+
+def _agent(tools: dict[str, Callable[[], Any]], on_scheduled: str) -> Callable[[dict[str, Any]], Any]:
+    def respond(request: dict[str, Any]) -> Any:
+        if request["messages"][-1]["role"] == "tool":
+            return "Done."
+        text = last_user_text(request)
+        if SCHEDULED in text:
+            return on_scheduled
+        for start, call in tools.items():
+            if start in text:
+                return call()
+        return f"echo: {text}"
+    return respond
+
+
+async def test_a_task_made_in_a_thread_is_delivered_into_that_thread(
+        slack: FakeSlack, llm: FakeOpenAI, tmp_path: Path) -> None:
+    llm.default_responder = _agent({"remind us": lambda: FakeOpenAI.tool_call(
+        "schedule_task", {"when": "in 2 seconds", "task": "Tell the thread the standup starts"})},
+        "Standup in 5 minutes!")
+    async with running(settings_for(tmp_path, slack, llm)) as (_, url):
+        root = slack.message_event(GENERAL, CAROL, "standup thread", channel_type="channel")
+        await slack.deliver(url, "event", root)
+        ts = root["event"]["ts"]
+        await slack.deliver(url, "event", slack.message_event(GENERAL, CAROL, f"<@{BOT_USER}> remind us in 2 seconds",
+                                                              channel_type="channel", thread_ts=ts))
+        await slack.wait_until(lambda: "Standup in 5 minutes!" in texts(slack, GENERAL, ts), "the run in the thread")
+        await slack.deliver(url, "event", slack.message_event(GENERAL, CAROL, "!tasks", channel_type="channel",
+                                                              thread_ts=ts))
+        await slack.deliver(url, "event", slack.message_event(GENERAL, CAROL, "!tasks", channel_type="channel"))
+        await slack.wait_until(lambda: any("It is now" in t for t in texts(slack, GENERAL, ts)), "/tasks in thread")
+        await slack.wait_until(lambda: [m for m in slack.bot_messages(GENERAL) if "It is now" in m.text
+                                         and m.thread_ts != ts], "/tasks in the channel")
+    runs = [m for m in slack.bot_messages(GENERAL) if m.text == "Standup in 5 minutes!"]
+    assert [m.thread_ts for m in runs] == [ts], slack.summary()  # once, in the thread
+    [in_thread] = [t for t in texts(slack, GENERAL, ts) if "It is now" in t]
+    [in_channel] = [m.text for m in slack.bot_messages(GENERAL) if "It is now" in m.text and m.thread_ts != ts]
+    assert "delivered" in in_thread and "No scheduled tasks in this chat." in in_channel
+
+
+async def test_status_usage_tasks_and_new_as_text_and_slash_commands(
+        slack: FakeSlack, llm: FakeOpenAI, tmp_path: Path) -> None:
+    llm.queue("First answer.")
+    async with running(settings_for(tmp_path, slack, llm)) as (_, url):
+        await slack.deliver(url, "event", slack.message_event(DM, ALICE, "hello"))
+        await slack.wait_until(lambda: texts(slack, DM), "the first answer")
+        for n, command in enumerate(("!status", "!usage", "!tasks", "!new"), start=2):
+            await slack.deliver(url, "event", slack.message_event(DM, ALICE, command))
+            await slack.wait_until(lambda n=n: len(texts(slack, DM)) >= n, command)  # type: ignore[misc]
+        assert await slack.deliver(url, "command", slack.slash_command(DM, ALICE, "/status")) == 200
+        await slack.wait_until(lambda: len(texts(slack, DM)) >= 6, "/status as a slash command")
+        # Hostile: a stranger's slash command in Alice's DM, and a forged (unsigned) one.
+        assert await slack.deliver(url, "command", slack.slash_command(DM, MALLORY, "/usage")) == 200
+        assert await slack.deliver(url, "command", slack.slash_command(DM, ALICE, "/new"), tries=1,
+                                   headers={}) == 401
+        await slack.deliver(url, "event", slack.message_event(DM, ALICE, "!tasks"))
+        await slack.wait_until(lambda: len(texts(slack, DM)) >= 7, "the last /tasks")
+    replies = texts(slack, DM)
+    status, usage, tasks, new, slashed = replies[1:6]
+    assert "fake-model" in status and "fake-model" in slashed
+    assert "token" in usage.lower() or "call" in usage.lower(), usage
+    assert "No scheduled tasks in this chat." in tasks
+    assert new.startswith("Started a new conversation")
+    assert len(replies) == 7 and "No scheduled tasks" in replies[6], replies  # mallory and the forgery got nothing
+    assert len(llm.requests) == 1  # the commands made no model call
