@@ -898,8 +898,11 @@ _MASK = "\x01"
 # Masked escapes: "\ue100" then the character, or for a character the simple regexes read, its
 # stand-in (\ue100 + the character's code: no bracket, parenthesis, blank or letter).
 _ESC = "\ue100"
-_NOT_AN_ESCAPE = re.compile(r"\\(?![\"-/:-@\[-`{-~])")  # (no '!': those are refused first)
-_ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`"}
+_NOT_AN_ESCAPE = re.compile(r"\\(?![!-/:-@\[-`{-~])")
+_ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`!"}
+# An escaped '!' whose '[' is closed by the next ']' with no escape (nor bracket) before it: in
+# the segment parser's reading no image (it would be one with an escape in its alt text).
+_ESCAPED_BANG_NO_IMAGE = re.compile("\\\\!(?=\\[[^\\[\\]\\\\`\n\ue100]*+\\])")
 _UNMASK = str.maketrans({_MASK: "`"})
 _UNESCAPE = str.maketrans({_ESC: None, **{v: k for k, v in _ESCAPE_STANDINS.items()}})
 _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
@@ -980,7 +983,12 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
         for ch in "[]()`":
             masked = masked.replace("\\" + ch, _ESC + _ESCAPE_STANDINS[ch])
         if "\\!" in masked:
-            return None  # an escaped '!' has a reading of its own (see _image_pairs)
+            # An escaped '!' before '[' has a reading of its own (see _image_pairs): no image when
+            # no other escape comes before the ']' (the only reading taken here, the '!' masked by
+            # a stand-in, so its '[...]' is a plain link); otherwise refused.
+            masked = _ESCAPED_BANG_NO_IMAGE.sub(_ESC + _ESCAPE_STANDINS["!"], masked)
+            if "\\![" in masked:
+                return None
         if _NOT_AN_ESCAPE.search(masked) is not None:
             return None  # a backslash that escapes nothing
         masked = masked.replace("\\", _ESC)
