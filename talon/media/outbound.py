@@ -959,7 +959,9 @@ def _runs_from_blocks(blocks: _Blocks) -> list[Range]:
             if "![" in run and "](" in run]
 
 
-def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list[int], list[int], bool] | None:
+def _lift_masked(
+    text: str, blocks: _Blocks
+) -> tuple[list[str], list[str], list[int], list[int], bool, int] | None:
     """The reply's images found in one masked copy (see above): (alts and paths, where each image
     starts and stops, and whether alts and paths are still escaped); None when some run is not
     simple once masked (the run-by-run path then; ``blocks`` gets the runs of text if they were
@@ -996,8 +998,22 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
         if "`" in _LONE_SPAN.sub("", masked):
             return None
         masked = masked.replace("`", _MASK)  # (a span's ends: no destination or blank goes on through them)
-    if not _SIMPLE_RUN.fullmatch(masked):
-        return None
+    cut = len(masked)
+    simple = _SIMPLE_RUN.match(masked)
+    if simple is None or simple.end() < cut:
+        # Not simple from the first construct that is not (``fail``): the copy is read up to the
+        # start of its run of text, or past the last blank line before it if later (a boundary
+        # of blocks: the run-by-run path reads the rest as the whole reply's runs from there).
+        fail = 0 if simple is None else simple.end()
+        cut = masked.rfind("\n\n", 0, fail) + 2
+        if blocks:
+            run_ends, texts = blocks[0]
+            i = bisect_left(run_ends, fail + 1)  # (the run of text or of code holding ``fail``)
+            if i < len(run_ends):
+                cut = max(cut, run_ends[i] - len(texts[i]))
+        if cut <= 1 or not _SIMPLE_RUN.fullmatch(masked, 0, cut):
+            return None
+        masked = masked[:cut]
     parts = _MASKED_LOCAL.split(masked)
     # [text, image, alt, blanks, path, text, ...]: the offsets from the lengths, summed in C
     lengths: list[int] = [0] * (2 * (len(parts) // 5) + 1)
@@ -1009,7 +1025,7 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
         alts, paths = _translated(alts, _UNESCAPE, text), _translated(paths, _UNESCAPE, text)
     elif ticks:  # as written: the spans' backticks put back
         alts = _translated(alts, _UNMASK, text)
-    return alts, paths, ends[0:-1:2], ends[1::2], not escapes
+    return alts, paths, ends[0:-1:2], ends[1::2], not escapes, cut
 
 
 def _translated(strings: list[str], table: dict[int, Any], text: str) -> list[str]:
@@ -1050,7 +1066,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     blocks: _Blocks = []
     whole = _lift_masked(text, blocks)
     if whole is not None:
-        alts, paths, starts, stops, escaped = whole
+        alts, paths, starts, stops, escaped, cut = whole
         # (the removals as indices: no tuple per image, so nothing for the collector to count)
         kept = _finish(_separator(text), alts, paths, range(len(starts)), 0, escaped)
         if not isinstance(kept, range):  # some were dropped (remote or empty once unescaped)
@@ -1059,6 +1075,10 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
             pieces.append(text[: starts[0]])
             pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
             pos = stops[-1]
+        if cut < len(text):  # the rest, from a boundary of blocks, the run-by-run way
+            lifter.alts, lifter.paths = alts, paths
+            runs = [(max(start, cut), end) for start, end in (_runs_from_blocks(blocks) if blocks else _text_runs(text))
+                    if end > cut]
     else:
         runs = _runs_from_blocks(blocks) if blocks else _text_runs(text)
     for run_start, run_end in runs:
