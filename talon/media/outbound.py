@@ -23,7 +23,9 @@ per-bracket and per-reference work in C where it can. When every run of text is 
 masked, the whole reply is read at once: one copy of it in which code blocks, code spans of single
 backticks and escapes are replaced by same-length marks is split by one regex into its images and
 the text between them, whatever the number of runs, paragraphs or escapes (the marks undone by one
-``translate``); otherwise the run-by-run path below takes the runs of text that copy found. There
+``translate``); where the copy stops being simple, it is read so up to the start of that block
+(its run of text, or past the last blank line before it) and the run-by-run path below takes the
+runs of text from there (all of them when the copy is refused outright). There
 the block structure is one regex of
 possessive quantifiers (no backtracking) that takes runs of fences, blank lines and paragraphs
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
