@@ -94,7 +94,8 @@ def test_repeated_patterns_give_the_old_output(unit: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["```\n```\n![a](b.png)\n" * 3, "![a\\]](b.png)\n\n" * 3, "`x` ![a](b.png)\n\n" * 3],
+    ["```\n```\n![a](b.png)\n" * 3, "![a\\]](b.png)\n\n" * 3, "`x` ![a](b.png)\n\n" * 3,
+     "![a\\]](b.png)\n\n" * 3 + "\\![a](b.png)", "x \\! \\![a b](c.png) ![d](e\\!.png)"],
 )
 def test_these_replies_take_the_masked_path(text: str) -> None:
     # (so the tests above exercise it: a reply it refuses goes the run-by-run way)
@@ -102,7 +103,7 @@ def test_these_replies_take_the_masked_path(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["\\![a](b.png)", "`a\\` ![a](b.png)", "![a](b.png) ``x``", "![[a](b)](c.png)", "![a](b.png)\ue100\\]"]
+    "text", ["\\![a\\]](b.png)", "\\![[a]](b.png)", "`a\\` ![a](b.png)", "![a](b.png) ``x``", "![[a](b)](c.png)", "![a](b.png)\ue100\\]"]
 )
 def test_these_replies_go_the_run_by_run_way(text: str) -> None:
     assert outbound._lift_masked(text, []) is None

@@ -23,7 +23,9 @@ per-bracket and per-reference work in C where it can. When every run of text is 
 masked, the whole reply is read at once: one copy of it in which code blocks, code spans of single
 backticks and escapes are replaced by same-length marks is split by one regex into its images and
 the text between them, whatever the number of runs, paragraphs or escapes (the marks undone by one
-``translate``); otherwise the run-by-run path below takes the runs of text that copy found. There
+``translate``); where the copy stops being simple, it is read so up to the start of that block
+(its run of text, or past the last blank line before it) and the run-by-run path below takes the
+runs of text from there (all of them when the copy is refused outright). There
 the block structure is one regex of
 possessive quantifiers (no backtracking) that takes runs of fences, blank lines and paragraphs
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
@@ -898,8 +900,11 @@ _MASK = "\x01"
 # Masked escapes: "\ue100" then the character, or for a character the simple regexes read, its
 # stand-in (\ue100 + the character's code: no bracket, parenthesis, blank or letter).
 _ESC = "\ue100"
-_NOT_AN_ESCAPE = re.compile(r"\\(?![\"-/:-@\[-`{-~])")  # (no '!': those are refused first)
-_ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`"}
+_NOT_AN_ESCAPE = re.compile(r"\\(?![!-/:-@\[-`{-~])")
+_ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`!"}
+# An escaped '!' whose '[' is closed by the next ']' with no escape (nor bracket) before it: in
+# the segment parser's reading no image (it would be one with an escape in its alt text).
+_ESCAPED_BANG_NO_IMAGE = re.compile("\\\\!(?=\\[[^\\[\\]\\\\`\n\ue100]*+\\])")
 _UNMASK = str.maketrans({_MASK: "`"})
 _UNESCAPE = str.maketrans({_ESC: None, **{v: k for k, v in _ESCAPE_STANDINS.items()}})
 _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
@@ -956,7 +961,9 @@ def _runs_from_blocks(blocks: _Blocks) -> list[Range]:
             if "![" in run and "](" in run]
 
 
-def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list[int], list[int], bool] | None:
+def _lift_masked(
+    text: str, blocks: _Blocks
+) -> tuple[list[str], list[str], list[int], list[int], bool, int] | None:
     """The reply's images found in one masked copy (see above): (alts and paths, where each image
     starts and stops, and whether alts and paths are still escaped); None when some run is not
     simple once masked (the run-by-run path then; ``blocks`` gets the runs of text if they were
@@ -980,7 +987,12 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
         for ch in "[]()`":
             masked = masked.replace("\\" + ch, _ESC + _ESCAPE_STANDINS[ch])
         if "\\!" in masked:
-            return None  # an escaped '!' has a reading of its own (see _image_pairs)
+            # An escaped '!' before '[' has a reading of its own (see _image_pairs): no image when
+            # no other escape comes before the ']' (the only reading taken here, the '!' masked by
+            # a stand-in, so its '[...]' is a plain link); otherwise refused.
+            masked = _ESCAPED_BANG_NO_IMAGE.sub(_ESC + _ESCAPE_STANDINS["!"], masked)
+            if "\\![" in masked:
+                return None
         if _NOT_AN_ESCAPE.search(masked) is not None:
             return None  # a backslash that escapes nothing
         masked = masked.replace("\\", _ESC)
@@ -988,8 +1000,22 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
         if "`" in _LONE_SPAN.sub("", masked):
             return None
         masked = masked.replace("`", _MASK)  # (a span's ends: no destination or blank goes on through them)
-    if not _SIMPLE_RUN.fullmatch(masked):
-        return None
+    cut = len(masked)
+    simple = _SIMPLE_RUN.match(masked)
+    if simple is None or simple.end() < cut:
+        # Not simple from the first construct that is not (``fail``): the copy is read up to the
+        # start of its run of text, or past the last blank line before it if later (a boundary
+        # of blocks: the run-by-run path reads the rest as the whole reply's runs from there).
+        fail = 0 if simple is None else simple.end()
+        cut = masked.rfind("\n\n", 0, fail) + 2
+        if blocks:
+            run_ends, texts = blocks[0]
+            i = bisect_left(run_ends, fail + 1)  # (the run of text or of code holding ``fail``)
+            if i < len(run_ends):
+                cut = max(cut, run_ends[i] - len(texts[i]))
+        if cut <= 1 or not _SIMPLE_RUN.fullmatch(masked, 0, cut):
+            return None
+        masked = masked[:cut]
     parts = _MASKED_LOCAL.split(masked)
     # [text, image, alt, blanks, path, text, ...]: the offsets from the lengths, summed in C
     lengths: list[int] = [0] * (2 * (len(parts) // 5) + 1)
@@ -1001,7 +1027,7 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
         alts, paths = _translated(alts, _UNESCAPE, text), _translated(paths, _UNESCAPE, text)
     elif ticks:  # as written: the spans' backticks put back
         alts = _translated(alts, _UNMASK, text)
-    return alts, paths, ends[0:-1:2], ends[1::2], not escapes
+    return alts, paths, ends[0:-1:2], ends[1::2], not escapes, cut
 
 
 def _translated(strings: list[str], table: dict[int, Any], text: str) -> list[str]:
@@ -1042,7 +1068,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     blocks: _Blocks = []
     whole = _lift_masked(text, blocks)
     if whole is not None:
-        alts, paths, starts, stops, escaped = whole
+        alts, paths, starts, stops, escaped, cut = whole
         # (the removals as indices: no tuple per image, so nothing for the collector to count)
         kept = _finish(_separator(text), alts, paths, range(len(starts)), 0, escaped)
         if not isinstance(kept, range):  # some were dropped (remote or empty once unescaped)
@@ -1051,6 +1077,10 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
             pieces.append(text[: starts[0]])
             pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
             pos = stops[-1]
+        if cut < len(text):  # the rest, from a boundary of blocks, the run-by-run way
+            lifter.alts, lifter.paths = alts, paths
+            runs = [(max(start, cut), end) for start, end in (_runs_from_blocks(blocks) if blocks else _text_runs(text))
+                    if end > cut]
     else:
         runs = _runs_from_blocks(blocks) if blocks else _text_runs(text)
     for run_start, run_end in runs:
