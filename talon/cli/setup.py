@@ -107,12 +107,24 @@ def _write_atomic(path: Path, text: str, directory: Path | None = None) -> None:
 
 
 # --- prompts --------------------------------------------------------------------------------
+def _read_line(prompt: str) -> str:
+    """One line from standard input after ``prompt``; ``EOFError`` at its end, as ``input()``.
+    Not ``input()`` itself: on a terminal it goes through the C readline layer, where a Ctrl-C
+    at the wrong moment was seen to abort the interpreter instead of raising KeyboardInterrupt."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
+
+
 @dataclass
 class Io:
     """Where the wizard asks and says things (a terminal, or nothing with --yes)."""
 
     interactive: bool
-    ask: Callable[[str], str] = input
+    ask: Callable[[str], str] = _read_line
     say: Callable[[str], None] = print
 
     def line(self, prompt: str) -> str:
