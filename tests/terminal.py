@@ -31,6 +31,14 @@ def chat_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C and Ctrl-\\ as a shell in a terminal leaves them to the program it starts: a test
+    run started in the background (``cmd &`` in a script, as CI may) ignores SIGINT, and Python
+    then installs no KeyboardInterrupt handler in the program, so Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
 class ChatTerminal:
     """``talon chat`` (or another command: ``args``) on a pty, in its own session (so a signal to
     its group is like Ctrl-C)."""
@@ -38,7 +46,8 @@ class ChatTerminal:
     def __init__(self, tmp_path: Path, env: dict[str, str], args: tuple[str, ...] = ("chat",)) -> None:
         self.master, slave = os.openpty()
         self.proc = subprocess.Popen([sys.executable, "-m", "talon.cli", *args], stdin=slave, stdout=slave,
-                                     stderr=slave, cwd=tmp_path, env=env, start_new_session=True)
+                                     stderr=slave, cwd=tmp_path, env=env, start_new_session=True,
+                                     preexec_fn=_as_a_terminal_starts_it)
         os.close(slave)
         self._out = bytearray()
         self._lock = threading.Lock()

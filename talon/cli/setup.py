@@ -24,7 +24,6 @@ import asyncio
 import os
 import re
 import secrets
-import select
 import sys
 import tempfile
 import time
@@ -108,41 +107,12 @@ def _write_atomic(path: Path, text: str, directory: Path | None = None) -> None:
 
 
 # --- prompts --------------------------------------------------------------------------------
-_typed = bytearray()  # what was read from the terminal past the last line returned
-
-
-def _read_line(prompt: str) -> str:
-    """One line from standard input after ``prompt``; ``EOFError`` at its end, as ``input()``.
-
-    Not ``input()`` or a blocking read: a Ctrl-C that the kernel delivers to another thread of
-    the process (one left by a check's HTTP client) only sets Python's flag, and a main thread
-    blocked in read() never sees it (the wizard hung at a prompt in CI). Waiting in short
-    ``select`` rounds brings the main thread back to Python often, where the flag becomes
-    KeyboardInterrupt."""
-    sys.stdout.write(prompt)
-    sys.stdout.flush()
-    fd = sys.stdin.fileno()
-    while b"\n" not in _typed:
-        ready, _, _ = select.select([fd], [], [], 0.2)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:  # end of input (Ctrl-D)
-            if not _typed:
-                raise EOFError
-            break
-        _typed.extend(chunk)
-    line, _, rest = bytes(_typed).partition(b"\n")
-    _typed[:] = rest
-    return line.decode("utf-8", "replace").rstrip("\r")
-
-
 @dataclass
 class Io:
     """Where the wizard asks and says things (a terminal, or nothing with --yes)."""
 
     interactive: bool
-    ask: Callable[[str], str] = _read_line
+    ask: Callable[[str], str] = input
     say: Callable[[str], None] = print
 
     def line(self, prompt: str) -> str:
