@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from talon.config import Settings
 from talon.errors import ConfigError
 from talon.settings_source import find_env_file
+from talon.tls import httpx_tls
 
 # The servers the SDKs talk to when no base URL is set.
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
@@ -57,7 +58,8 @@ async def telegram_bot_row(settings: Settings) -> tuple[str, str]:
 
     base = settings.telegram_api_base_url.rstrip("/")
     bot = Bot(settings.telegram_bot_token.strip(), base_url=f"{base}/bot", base_file_url=f"{base}/file/bot",
-              request=HTTPXRequest(connect_timeout=CHECK_TIMEOUT_S, read_timeout=CHECK_TIMEOUT_S))
+              request=HTTPXRequest(connect_timeout=CHECK_TIMEOUT_S, read_timeout=CHECK_TIMEOUT_S,
+                                   httpx_kwargs={"verify": httpx_tls()}))
     try:
         me = await asyncio.wait_for(bot.get_me(), CHECK_TIMEOUT_S * 2)
     except InvalidToken as exc:
@@ -113,7 +115,7 @@ async def matrix_account_row(settings: Settings) -> tuple[str, str]:
     base = settings.matrix_homeserver.strip().rstrip("/")
     try:
         timeout = min(CHECK_TIMEOUT_S, settings.matrix_timeout_s)
-        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as http:
+        async with httpx.AsyncClient(verify=httpx_tls(), timeout=timeout, follow_redirects=False) as http:
             if not settings.matrix_access_token:
                 resp = await http.get(f"{base}/_matrix/client/versions")
                 if resp.status_code != 200:
@@ -162,7 +164,7 @@ async def discord_bot_row(settings: Settings) -> tuple[str, str]:
 
     base = api_base(settings.discord_api_base_url)
     try:
-        async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S, follow_redirects=False) as http:
+        async with httpx.AsyncClient(verify=httpx_tls(), timeout=CHECK_TIMEOUT_S, follow_redirects=False) as http:
             resp = await http.get(f"{base}/users/@me", headers={"Authorization": f"Bot {settings.discord_bot_token.strip()}"})
     except httpx.HTTPError as exc:
         return "discord bot", f"UNREACHABLE: cannot reach Discord at {base} ({type(exc).__name__}): check DISCORD_API_BASE_URL"

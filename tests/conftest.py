@@ -19,7 +19,7 @@ from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.support.synapse import synapse  # noqa: F401  (a real Matrix homeserver, once per session)
 from tests.support.parallel import group_heavy_modules, heavy_first, run_dir
 from tests.support.parallel import pytest_runtest_protocol  # noqa: F401  (tests marked alone run alone)
-from tests.support.tiers import pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup  # noqa: F401
+from tests.support.tiers import pytest_collection_finish, pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup  # noqa: F401
 
 if TYPE_CHECKING:
     from talon.runtime import Runtime

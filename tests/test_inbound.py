@@ -117,12 +117,12 @@ def png_bomb(width: int, height: int) -> bytes:
 
 
 async def test_photo_becomes_text_then_image_and_is_saved(ctx: InboundContext) -> None:
-    photo = put(ctx, jpeg((3000, 2000)), "photo", "beach.jpg", "image/jpeg")
+    photo = put(ctx, jpeg((2400, 1600)), "photo", "beach.jpg", "image/jpeg")
     blocks = await normalize_inbound("look at this", [photo], ctx)
     assert isinstance(blocks[0], TextBlock) and isinstance(blocks[1], ImageBlock) and len(blocks) == 2
     text = first_text(blocks)
     assert text.startswith("look at this")
-    assert "[Photo beach.jpg (" in text and "3000x2000" in text and "shown below at 2000x1333" in text
+    assert "[Photo beach.jpg (" in text and "2400x1600" in text and "shown below at 2000x1333" in text
     ref = blocks[1].ref
     assert ref.width == 2000 and ref.path == "inbox/chat-42/beach.jpg"
     saved = ctx.media_root / "inbox/chat-42/beach.jpg"

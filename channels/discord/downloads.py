@@ -18,6 +18,7 @@ from talon.storage.attachments import AttachmentStore
 
 from channels.base import store_response
 from channels.discord.api import DiscordApi
+from talon.tls import httpx_tls
 
 
 def fetchable(url: str, api: DiscordApi) -> bool:
@@ -29,7 +30,7 @@ def fetchable(url: str, api: DiscordApi) -> bool:
 class Downloads:
     def __init__(self, api: DiscordApi) -> None:
         self.api = api
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=False)
+        self.http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=False)
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size)

@@ -22,6 +22,7 @@ from talon.storage.attachments import AttachmentStore
 
 from channels.base import store_response
 from channels.slack.api import SlackApi
+from talon.tls import httpx_tls
 
 
 def fetchable(url: str, api: SlackApi) -> bool:
@@ -34,7 +35,7 @@ def fetchable(url: str, api: SlackApi) -> bool:
 class Downloads:
     def __init__(self, api: SlackApi, timeout_s: float) -> None:
         self.api = api
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
+        self.http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size)

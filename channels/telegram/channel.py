@@ -39,6 +39,7 @@ from channels.telegram.reactions import Reactions
 from channels.telegram.streaming import LiveViews
 from channels.telegram.webhook import Webhook
 from channels.telegram_leader import PollLeader
+from talon.tls import httpx_tls
 
 if TYPE_CHECKING:
     from talon.storage.approvals import Approval
@@ -62,7 +63,8 @@ class TelegramChannel(Channel):
         allowed_chats = settings.telegram_allowed_chat_ids
         base = settings.telegram_api_base_url.rstrip("/")
         poll_request = _PollingRequest(
-            connection_pool_size=1, read_timeout=settings.telegram_poll_timeout_s + 10.0
+            connection_pool_size=1, read_timeout=settings.telegram_poll_timeout_s + 10.0,
+            httpx_kwargs={"verify": httpx_tls()},
         )
         self.app: Application = (
             ApplicationBuilder()
@@ -70,7 +72,7 @@ class TelegramChannel(Channel):
             .base_url(f"{base}/bot")
             .base_file_url(f"{base}/file/bot")
             .request(HTTPXRequest(connection_pool_size=16, read_timeout=30.0, write_timeout=60.0,
-                                  media_write_timeout=120.0))
+                                  media_write_timeout=120.0, httpx_kwargs={"verify": httpx_tls()}))
             .get_updates_request(poll_request)
             .build()
         )
@@ -82,7 +84,7 @@ class TelegramChannel(Channel):
         self.delivery = Delivery(self.api, self.live)
         self.reactions = Reactions(self.api, settings.telegram_ack_reaction)
         self.approvals = ApprovalPrompts(self.api)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
+        self._http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
         self.downloads = Downloads(self.api, self._http)
         self.polling = Polling(self.api, poll_request, watchdog_interval_s=watchdog_interval_s,
                                stall_after_s=stall_after_s or (settings.telegram_poll_timeout_s + 60.0))

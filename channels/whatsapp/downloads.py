@@ -20,6 +20,7 @@ from talon.errors import DownloadError, MediaError
 from talon.storage.attachments import AttachmentStore
 
 from channels.base import store_response
+from talon.tls import httpx_tls
 
 log = logging.getLogger("channels.whatsapp")
 
@@ -76,7 +77,7 @@ class Downloads:
         self._client: httpx.AsyncClient | None = None
 
     def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
+        self._client = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
 
     async def close(self) -> None:
         if self._client is not None:

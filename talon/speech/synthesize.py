@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from talon.speech.cpu_pool import CpuPool
 from talon.errors import SpeechUnavailable, SynthesisError
+from talon.tls import sdk_tls
 
 if TYPE_CHECKING:
     import numpy as np
@@ -475,7 +476,8 @@ def _choose_engine(settings: Settings) -> SpeechEngine:
         import openai
 
         client = openai.AsyncOpenAI(api_key=settings.openai_api_key or "unused",
-                                    base_url=settings.openai_base_url or None)
+                                    base_url=settings.openai_base_url or None,
+                                    http_client=openai.DefaultAsyncHttpxClient(verify=sdk_tls()))
         voice = settings.tts_voice.strip()
         if voice.lower() in BUNDLED_VOICE_ALIASES:
             voice = _OPENAI_DEFAULT_VOICE

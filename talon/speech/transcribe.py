@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 from talon.config import Limits
 from talon.speech.cpu_pool import CpuPool
 from talon.errors import TranscriberUnavailable, TranscriptionError
+from talon.tls import sdk_tls
 
 if TYPE_CHECKING:
     import numpy as np
@@ -923,7 +924,8 @@ def _openai_api(settings: Settings) -> SpeechBackend:
 
     # A local OpenAI-compatible server may take no key, but the client insists on one.
     client = openai.AsyncOpenAI(
-        api_key=settings.openai_api_key or "unused", base_url=settings.openai_base_url or None
+        api_key=settings.openai_api_key or "unused", base_url=settings.openai_base_url or None,
+        http_client=openai.DefaultAsyncHttpxClient(verify=sdk_tls()),
     )
     model = settings.whisper_model.strip()
     api_model = model if model == "whisper-1" or model.endswith("transcribe") else _API_DEFAULT_MODEL

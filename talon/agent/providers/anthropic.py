@@ -55,6 +55,7 @@ from talon.agent.providers.retries import (
     unreachable,
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
+from talon.tls import sdk_tls
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ class AnthropicProvider(Provider):
             base_url=base_url or None,
             timeout=anthropic.Timeout(timeout_s, connect=min(10.0, timeout_s)),
             max_retries=0,
+            http_client=anthropic.DefaultAsyncHttpxClient(verify=sdk_tls()),
         )
 
     def build(self, request: ModelRequest, hydrate: Hydrate | None = None) -> dict[str, Any]:

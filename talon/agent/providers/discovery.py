@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import httpx
+from talon.tls import httpx_tls
 
 if TYPE_CHECKING:
     from talon.agent.providers.profiles import ModelProfile
@@ -354,7 +355,7 @@ async def discover(kind: str, *, base_url: str | None, api_key: str, model: str,
         if api_key:
             headers = {"Authorization": f"Bearer {api_key}"}
     try:
-        async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client, \
+        async with httpx.AsyncClient(verify=httpx_tls(), timeout=timeout_s, headers=headers) as client, \
                 asyncio.timeout(timeout_s):
             ask = _Asker(client)
             if kind == "anthropic":

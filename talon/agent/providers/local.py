@@ -35,6 +35,7 @@ from typing import IO, TYPE_CHECKING
 import httpx
 
 from talon.errors import ConfigError, LocalModelError
+from talon.tls import httpx_tls
 
 if TYPE_CHECKING:
     from talon.config import Settings
@@ -166,7 +167,7 @@ class LocalModelServer:
             code = await asyncio.to_thread(self.proc.wait)
             raise LocalModelError(f"the local llama.cpp server could not start (exit code {code}): "
                                   f"{self._log_reason()}; full log: {self.log_path}")
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with httpx.AsyncClient(verify=httpx_tls(), timeout=5.0) as client:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(f"{self.root_url}/health")).status_code == 200:

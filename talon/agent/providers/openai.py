@@ -56,6 +56,7 @@ from talon.agent.providers.retries import (
 )
 from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderError, SendAgain
+from talon.tls import sdk_tls
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +282,7 @@ class OpenAIProvider(Provider):
             base_url=base_url or None,
             timeout=openai.Timeout(timeout_s, connect=min(10.0, timeout_s)),
             max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(verify=sdk_tls()),
         )
 
     def _body(self, request: ModelRequest, hydrate: Hydrate | None = None) -> dict[str, Any]:

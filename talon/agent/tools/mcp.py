@@ -59,6 +59,7 @@ from talon.storage.attachments import AttachmentStore
 from talon.config import Limits
 from talon.content import ContentBlock, TextBlock
 from talon.errors import McpUnavailable
+from talon.tls import sdk_tls
 
 __all__ = ["McpManager", "McpTool", "ServerStatus", "mcp_tool_name"]
 
@@ -234,7 +235,7 @@ class _Connection:
 
             # The SDK's defaults: 30 s to connect and write, 300 s between reads of a held stream
             # (each call has its own TALON_MCP_TIMEOUT). No redirects beyond the endpoint's origin.
-            http = httpx2.AsyncClient(headers=self.config.headers or None,
+            http = httpx2.AsyncClient(verify=sdk_tls(), headers=self.config.headers or None,
                                       timeout=httpx2.Timeout(30.0, read=300.0))
             await stack.enter_async_context(http)
             assert self.config.url is not None
