@@ -258,8 +258,7 @@ def threaded() -> Iterator[tuple[FakeDiscord, FakeOpenAI]]:
 
 def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same_message(
         tmp_path: Path, threaded: tuple[FakeDiscord, FakeOpenAI]) -> None:
-    from tests.test_cli_process import start_talon, stop_talon
-
+    from tests.support.process import start_talon, stop_talon
     fake, llm = threaded
     env = discord_env(tmp_path, fake, llm.base_url, TALON_DISCORD_STREAM_INTERVAL="0.3")
     answer = " ".join(f"Sentence {i} of a long answer about the sea." for i in range(1, 31))

@@ -297,8 +297,7 @@ def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same
         tmp_path: Path, threaded: tuple[FakeSlack, FakeOpenAI]) -> None:
     import socket
 
-    from tests.test_cli_process import start_talon, stop_talon
-
+    from tests.support.process import start_talon, stop_talon
     slack, llm = threaded
     with socket.socket() as probe:  # a fixed port: Slack's Request URL stays the same across restarts
         probe.bind(("127.0.0.1", 0))
