@@ -12,7 +12,7 @@ import httpx
 from talon.config import Limits
 from talon.content import AttachmentRef, InboundFile
 from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
-from talon.errors import DownloadTooLarge
+from talon.errors import DownloadError, DownloadTooLarge, MediaError
 from talon.ports import BridgeHandle, Channel, ChannelHealth, PartCallback
 from talon.storage.attachments import AttachmentStore
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BridgeHandle", "Channel", "ChannelHealth", "ForwardsApprovals", "ForwardsDelivery",
            "ForwardsDownloads", "ForwardsLiveReplies", "ForwardsReactions", "ForwardsTyping", "PartCallback",
-           "PartsChannel", "deliver_parts", "store_response"]
+           "PartsChannel", "deliver_parts", "download_into_store", "store_response"]
 
 _P = TypeVar("_P")
 
@@ -54,6 +54,30 @@ async def store_response(resp: httpx.Response, store: AttachmentStore, remote: R
     except DownloadTooLarge as exc:
         raise DownloadTooLarge(name, remote.size, exc.limit) from None
 
+
+async def download_into_store(http: httpx.AsyncClient, url: str | None, remote: RemoteFile, store: AttachmentStore,
+                              limits: Limits, *, headers: dict[str, str] | None = None) -> InboundFile:
+    """A file a person shared, fetched with one GET into ``store`` (``store_response``), as Discord,
+    Matrix and Slack fetch theirs. ``url`` is None when the channel does not fetch the file's
+    address (a host it does not trust with its token). Refused before any request when the event
+    already says the file is over the download cap. Failures come back as the file with a notice."""
+    base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size)
+    name = remote.name or remote.kind
+    if remote.size is not None and remote.size > limits.download_max_bytes:
+        return base.model_copy(update={"notice": str(DownloadTooLarge(name, remote.size, limits.download_max_bytes))})
+    if url is None:
+        return base.model_copy(update={"notice": f"{name} has an address Talon does not fetch"})
+    try:
+        async with http.stream("GET", url, headers=headers) as resp:
+            if resp.status_code != 200:
+                raise DownloadError(f"download of {name} failed: HTTP {resp.status_code}")
+            ref = await store_response(resp, store, remote, limit=limits.download_max_bytes,
+                                       mime=remote.mime or resp.headers.get("content-type") or "application/octet-stream")
+    except httpx.HTTPError as exc:
+        return base.model_copy(update={"notice": f"download of {name} failed: {type(exc).__name__}"})
+    except MediaError as exc:
+        return base.model_copy(update={"notice": str(exc)})
+    return base.model_copy(update={"ref": ref, "size": ref.bytes})
 
 # --- a channel made of parts -------------------------------------------------------------------
 # The platform channels hold one object per job (``approvals``, ``delivery``, ``downloads``, ``live``,
