@@ -71,8 +71,8 @@ async def download_into_store(http: httpx.AsyncClient, url: str | None, remote: 
         async with http.stream("GET", url, headers=headers) as resp:
             if resp.status_code != 200:
                 raise DownloadError(f"download of {name} failed: HTTP {resp.status_code}")
-            ref = await store_response(resp, store, remote, limit=limits.download_max_bytes,
-                                       mime=remote.mime or resp.headers.get("content-type") or "application/octet-stream")
+            mime = remote.mime or resp.headers.get("content-type") or "application/octet-stream"
+            ref = await store_response(resp, store, remote, limit=limits.download_max_bytes, mime=mime)
     except httpx.HTTPError as exc:
         return base.model_copy(update={"notice": f"download of {name} failed: {type(exc).__name__}"})
     except MediaError as exc:
