@@ -5,64 +5,22 @@ commands /status, /usage, /tasks and /new answer in the conversation they were t
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
-from tests.fakes.discord import BOT_ID, TOKEN, FakeDiscord
+from tests.fakes.discord import BOT_ID, FakeDiscord
 from tests.fakes.openai_server import FakeOpenAI
+from tests.support.discord import ALICE, CAROL, DM, GENERAL, GUILD, OTHER, THREAD, discord_settings, running
+from tests.support.discord import discord_fake  # noqa: F401  (the fixture)
 from tests.support.scenarios import STANDUP, assert_command_answers, assert_heard_the_fox, standup_agent
 
 FIXTURES = Path(__file__).parent / "fixtures"
-GUILD, GENERAL, THREAD, DM, OTHER = 500, 501, 502, 503, 505
-ALICE, CAROL = 600, 602
 
 
-@pytest.fixture
-async def discord_fake() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord() as fake:
-        for user, name in ((ALICE, "alice"), (CAROL, "carol")):
-            fake.add_user(user, name)
-        fake.add_guild(GUILD, "Crew")
-        fake.add_channel(GENERAL, "general", guild_id=GUILD)
-        fake.add_channel(OTHER, "random", guild_id=GUILD)
-        fake.add_channel(THREAD, "plans", guild_id=GUILD, parent_id=GENERAL)
-        fake.add_channel(DM, "", recipient=ALICE)
-        yield fake
-
-
-def settings_for(tmp_path: Path, fake: FakeDiscord, llm: FakeOpenAI, **extra: Any) -> Settings:
-    env: dict[str, Any] = {
-        "DISCORD_BOT_TOKEN": TOKEN, "DISCORD_API_BASE_URL": fake.api_url,
-        "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key", "TALON_MODEL": "openai:fake-model",
-        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
-        "TALON_MODEL_MAX_RETRIES": "0", "TALON_MODEL_TIMEOUT": "30", "TALON_ACK_DELAY": "0",
-        "TALON_DISCORD_STREAMING": "false", "TALON_DISCORD_ACK_REACTION": "",
-        "TALON_DISCORD_ALLOWED_USERS": str(ALICE), "TALON_DISCORD_ALLOWED_CHANNELS": str(GENERAL),
-        "TALON_MODEL_DISCOVERY": "false", "TALON_TASK_POLL_INTERVAL": "0.1",
-    }
-    env.update(extra)
-    return Settings(_env_file=None, **env)
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Runtime]:
-    from channels.discord import DiscordChannel
-
-    channel = DiscordChannel(settings)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
-        await asyncio.wait_for(channel.ready.wait(), 60)
-        yield runtime
-    finally:
-        await runtime.stop()
+def settings_for(tmp_path: Path, fake: FakeDiscord, llm: FakeOpenAI) -> Settings:
+    return discord_settings(tmp_path, fake, llm, TALON_DISCORD_STREAMING="false", TALON_DISCORD_ACK_REACTION="",
+                            TALON_TASK_POLL_INTERVAL="0.1")
 
 
 async def say(fake: FakeDiscord, channel: int, user: int, text: str, **kw: Any) -> dict[str, Any]:

@@ -5,59 +5,21 @@ in their conversation; a slash command from someone not allowed, or forged, gets
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
 from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.slack import BOT_TOKEN, BOT_USER, SIGNING_SECRET, FakeSlack
+from tests.fakes.slack import BOT_USER, FakeSlack
 from tests.support.scenarios import STANDUP, assert_command_answers, assert_heard_the_fox, standup_agent
+from tests.support.slack import ALICE, CAROL, DM, GENERAL, MALLORY, running, slack_settings
+from tests.support.slack import slack  # noqa: F401  (the fixture)
 
 FIXTURES = Path(__file__).parent / "fixtures"
-ALICE, MALLORY, CAROL = "U0ALICE01", "U0MALLOR1", "U0CAROL01"
-DM, GENERAL = "D0ALICE01", "C0GENERAL"
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        fake.add_channel(DM, "alice", kind="im")
-        fake.add_channel(GENERAL, "general")
-        for user, name in ((ALICE, "alice"), (MALLORY, "mallory"), (CAROL, "carol")):
-            fake.add_user(user, name)
-        yield fake
 
 
 def settings_for(tmp_path: Path, slack: FakeSlack, llm: FakeOpenAI) -> Settings:
-    env: dict[str, Any] = {
-        "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_API_BASE_URL": slack.api_url,
-        "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key", "TALON_MODEL": "openai:fake-model",
-        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
-        "TALON_MODEL_MAX_RETRIES": "0", "TALON_MODEL_TIMEOUT": "30", "TALON_ACK_DELAY": "0",
-        "TALON_HTTP_HOST": "127.0.0.1", "TALON_HTTP_PORT": "0", "TALON_SLACK_STREAMING": "false",
-        "TALON_SLACK_ACK_REACTION": "", "TALON_SLACK_ALLOWED_USERS": ALICE, "TALON_SLACK_ALLOWED_CHANNELS": GENERAL,
-        "TALON_MODEL_DISCOVERY": "false", "TALON_TASK_POLL_INTERVAL": "0.1",
-    }
-    return Settings(_env_file=None, **env)
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[tuple[Runtime, str]]:
-    from channels.slack import SlackChannel
-
-    channel = SlackChannel(settings)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
-        assert channel.http is not None
-        yield runtime, channel.http.local_url + channel.events_path
-    finally:
-        await runtime.stop()
+    return slack_settings(tmp_path, slack, llm, TALON_SLACK_STREAMING="false", TALON_SLACK_ACK_REACTION="",
+                          TALON_TASK_POLL_INTERVAL="0.1")
 
 
 def texts(slack: FakeSlack, channel: str, thread: str | None = None) -> list[str]:

@@ -1,4 +1,5 @@
-"""Provider test helpers: a workspace and agent set up in tmp_path, the real SDK providers on the loopback fakes, a tool with a long output."""
+"""Provider test helpers: a workspace and agent set up in tmp_path, the real SDK providers on the
+loopback fakes, a tool with a long output."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stores the tests run three ways: in memory, embedded SQLite, a real PostgreSQL (the pg_url fixture)."""
+"""Stores the tests run three ways: in memory, embedded SQLite, a real PostgreSQL (``pg_url``)."""
 
 from __future__ import annotations
 

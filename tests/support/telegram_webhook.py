@@ -1,4 +1,5 @@
-"""Telegram webhook mode for the tests: settings, a running channel, requests posted as Telegram would."""
+"""Telegram webhook mode for the tests: settings, a running channel, requests posted as Telegram
+would post them."""
 
 from __future__ import annotations
 
