@@ -26,11 +26,11 @@ from tests.conftest import ALICE, MALLORY, make_settings
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
-from tests.test_foundation_e2e import running, texts_to
-from tests.test_whatsapp import BOB as WA_BOB
-from tests.test_whatsapp import EVE, post, twilio, wa_settings  # noqa: F401 - twilio is a fixture
-from tests.test_whatsapp import running as wa_running
-
+from tests.conftest import running_telegram as running
+from tests.support.telegram import texts_to
+from tests.support.whatsapp import BOB as WA_BOB
+from tests.support.whatsapp import EVE, post, twilio, wa_settings  # noqa: F401 - twilio is a fixture
+from tests.support.whatsapp import running as wa_running
 CODE = re.compile(r"\b([A-Z2-9]{3}-[A-Z2-9]{4})\b")
 
 

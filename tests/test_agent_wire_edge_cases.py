@@ -17,8 +17,7 @@ from talon.content import ImageBlock, Message, TextBlock, ToolCall
 from talon.errors import ProviderUnavailable
 from tests.fakes.anthropic_server import FakeAnthropic, Reply as AnthropicReply, ToolUse
 from tests.fakes.openai_server import FakeOpenAI, ToolCall as WireToolCall
-from tests.test_agent_providers import Setup, anthropic_provider, openai_provider, png
-
+from tests.support.providers import Setup, anthropic_provider, openai_provider, png
 CHAT = ChatKey("telegram", "7")
 
 

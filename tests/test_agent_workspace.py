@@ -7,8 +7,6 @@ import os
 import time
 from pathlib import Path
 
-import av
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -19,6 +17,7 @@ from talon.agent.tools.workspace_tools import workspace_tools
 from talon.storage.embedded.attachments import FileAttachments, FileBlobs
 from talon.config import Limits
 from talon.content import ImageBlock, ToolCall
+from tests.support.images import make_video
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -26,19 +25,6 @@ def png_bytes(color: tuple[int, int, int] = (200, 30, 30), size: tuple[int, int]
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, "PNG")
     return buf.getvalue()
-
-
-def make_video(path: Path, seconds: int = 6, fps: int = 10) -> None:
-    out = av.open(str(path), "w")
-    stream = out.add_stream("mpeg4", rate=fps)
-    stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
-    for i in range(seconds * fps):
-        frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), (i * 4) % 255, dtype=np.uint8), format="rgb24")
-        for packet in stream.encode(frame):
-            out.mux(packet)
-    for packet in stream.encode():
-        out.mux(packet)
-    out.close()
 
 
 @pytest.fixture

@@ -21,10 +21,8 @@ from talon.agent.tools.workspace_tools import workspace_tools
 from talon.storage.embedded.attachments import FileAttachments, FileBlobs
 from talon.config import Limits
 from talon.content import ImageBlock, Message, ToolCall
-from tests.test_agent_providers import Dump
-from tests.test_agent_workspace import make_video
-
-
+from tests.support.providers import Dump
+from tests.support.images import make_video
 def _tools(tmp_path: Path) -> tuple[Path, ToolRegistry]:
     root = tmp_path / "media_root"
     root.mkdir()

@@ -276,7 +276,7 @@ def test_doctor_refuses_a_money_cap_for_a_model_with_no_price_as_run_does(
 
 # --- the stores -----------------------------------------------------------------------------------
 
-from tests.test_control_stores import stores  # noqa: E402,F401  (memory, embedded, postgres)
+from tests.support.stores import stores  # noqa: E402,F401  (memory, embedded, postgres)
 
 
 async def test_estimated_and_shared_calls_add_up_alike_in_every_store(stores: tuple[Any, Any]) -> None:

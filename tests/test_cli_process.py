@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import signal
 import subprocess
 import sys
@@ -16,38 +15,14 @@ from tests.conftest import ALICE, MALLORY, settings_env
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.conftest import TOKEN
+from tests.support.process import closed_port, start_talon, stop_talon
+from tests.support.telegram import to_chat
 
 
 @pytest.fixture
 def fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
         yield tg, llm
-
-
-def start_talon(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], Path]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
-    env.update(env_extra)
-    log_path = tmp_path / log_name
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "talon.cli", "run"],
-        cwd=tmp_path, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
-    )
-    return proc, log_path
-
-
-def stop_talon(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    return proc.returncode
-
-
-def to_chat(chat_id: int):
-    return lambda c: str(c.params.get("chat_id")) == str(chat_id)
 
 
 def test_talon_run_answers_allowed_and_ignores_others(tmp_path: Path, fakes) -> None:
@@ -120,13 +95,6 @@ def test_bad_token_is_reported_without_traceback(tmp_path: Path, fakes) -> None:
     log = log_path.read_text()
     assert code == 2, log
     assert "TELEGRAM_BOT_TOKEN" in log and "Traceback" not in log
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _doctor(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:

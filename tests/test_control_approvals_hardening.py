@@ -22,8 +22,7 @@ from talon.storage.approvals import Approval, MemoryApprovalStore
 from tests.conftest import ALICE, BOB, running_telegram
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import Call, FakeTelegram
-from tests.test_control_e2e import GROUP, buttons, control_settings, has_keyboard, tool_results
-
+from tests.support.control import GROUP, buttons, control_settings, has_keyboard, tool_results
 CAROL = 555000333
 
 
@@ -356,9 +355,8 @@ async def test_a_postgres_schema_of_version_6_gets_the_digest_key(pg_url: str) -
 async def test_on_whatsapp_a_padded_command_shows_unformatted_and_a_long_call_comes_as_a_file(
         tmp_path: Path, llm: FakeOpenAI) -> None:
     from tests.fakes.twilio import FakeTwilio
-    from tests.test_whatsapp import ALICE as WA_ALICE
-    from tests.test_whatsapp import post, running, wa_settings
-
+    from tests.support.whatsapp import ALICE as WA_ALICE
+    from tests.support.whatsapp import post, running, wa_settings
     padded = "ls **-la**" + " " * 700 + "; echo HIDDEN > hidden.txt"
     medium = "echo " + " ".join(f"w{i}" for i in range(700))  # about 3,900 characters: three messages
     huge = "echo " + " ".join(f"word{i}" for i in range(2000))  # past five messages: a file

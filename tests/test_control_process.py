@@ -17,9 +17,7 @@ import pytest
 from tests.conftest import ALICE, TOKEN, settings_env
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import Call, FakeTelegram
-from tests.test_cli_process import start_talon, stop_talon
-
-
+from tests.support.process import start_talon, stop_talon
 @pytest.fixture
 def fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:

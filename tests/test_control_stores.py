@@ -5,43 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
-from talon.storage.approvals import Approval, MemoryApprovalStore
-from talon.storage.usage import MemoryUsageStore, UsageRecord
-
-
-@pytest_asyncio.fixture(params=["memory", "embedded", "postgres"])
-async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
-    if request.param == "memory":
-        yield MemoryUsageStore(), MemoryApprovalStore()
-        return
-    if request.param == "embedded":
-        from talon.storage.embedded.control import SqliteApprovalStore, SqliteUsageStore, open_control_db
-
-        runner = open_control_db(tmp_path / "control.sqlite3")
-        try:
-            yield SqliteUsageStore(runner), SqliteApprovalStore(runner)
-        finally:
-            runner.close()
-        return
-    from talon.storage.postgres.control import PgApprovalStore, PgUsageStore
-    from talon.storage.postgres.db import AsyncDatabase
-    from talon.storage.postgres.schema import migrate_schema
-
-    url = request.getfixturevalue("pg_url")
-    db = AsyncDatabase(url, max_size=4)
-    await db.open()
-    try:
-        await migrate_schema(db)
-        yield PgUsageStore(db), PgApprovalStore(db)
-    finally:
-        await db.close()
+from talon.storage.approvals import Approval
+from talon.storage.usage import UsageRecord
+from tests.support.stores import stores  # noqa: F401  (the fixture: memory, embedded, PostgreSQL)
 
 
 def call(at: float, chat: str, person: str, inp: int, out: int, *, cached: int = 0, cost: float | None = None,

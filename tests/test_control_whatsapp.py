@@ -10,9 +10,7 @@ import pytest_asyncio
 
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
-from tests.test_whatsapp import ALICE, post, running, wa_settings
-
-
+from tests.support.whatsapp import ALICE, post, running, wa_settings
 @pytest_asyncio.fixture
 async def twilio() -> AsyncIterator[FakeTwilio]:
     async with FakeTwilio() as fake:

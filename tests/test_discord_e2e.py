@@ -5,77 +5,20 @@ fake model server (issue 32)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
-from tests.fakes.discord import BOT_ID, TOKEN, FakeDiscord
+from talon.runtime import build_runtime
+from tests.fakes.discord import BOT_ID, FakeDiscord
 from tests.fakes.openai_server import FakeOpenAI, image_urls, last_user_text
-
-GUILD, GENERAL, THREAD, DM, STRANGER_DM, OTHER = 500, 501, 502, 503, 504, 505
-ALICE, MALLORY, CAROL = 600, 601, 602
-
-
-def populate(fake: FakeDiscord) -> None:
-    for user, name in ((ALICE, "alice"), (MALLORY, "mallory"), (CAROL, "carol")):
-        fake.add_user(user, name)
-    fake.add_guild(GUILD, "Crew")
-    fake.add_channel(GENERAL, "general", guild_id=GUILD)
-    fake.add_channel(OTHER, "random", guild_id=GUILD)
-    fake.add_channel(THREAD, "plans", guild_id=GUILD, parent_id=GENERAL)
-    fake.add_channel(DM, "", recipient=ALICE)
-    fake.add_channel(STRANGER_DM, "", recipient=MALLORY)
-
-
-@pytest.fixture
-async def discord_fake() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord() as fake:
-        populate(fake)
-        yield fake
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
-def discord_env(tmp_path: Path, fake: FakeDiscord, llm_base: str, **extra: str) -> dict[str, str]:
-    env = {
-        "DISCORD_BOT_TOKEN": TOKEN, "DISCORD_API_BASE_URL": fake.api_url,
-        "OPENAI_BASE_URL": llm_base, "OPENAI_API_KEY": "test-key", "TALON_MODEL": "openai:fake-model",
-        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
-        "TALON_MODEL_MAX_RETRIES": "0", "TALON_MODEL_TIMEOUT": "30", "TALON_ACK_DELAY": "0",
-        "TALON_DISCORD_STREAM_INTERVAL": "0.2", "TALON_DISCORD_ALLOWED_USERS": str(ALICE),
-        "TALON_DISCORD_ALLOWED_CHANNELS": str(GENERAL), "TALON_MODEL_DISCOVERY": "false",
-    }
-    env.update(extra)
-    return env
-
-
-def discord_settings(tmp_path: Path, fake: FakeDiscord, llm: FakeOpenAI, **extra: str) -> Settings:
-    return Settings(_env_file=None, **discord_env(tmp_path, fake, llm.base_url, **extra))  # type: ignore[arg-type]
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings, fake: FakeDiscord) -> AsyncIterator[Runtime]:
-    from channels.discord import DiscordChannel
-
-    channel = DiscordChannel(settings)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
-        await asyncio.wait_for(channel.ready.wait(), 60)  # READY and every server's GUILD_CREATE
-        yield runtime
-    finally:
-        await runtime.stop()
+from tests.support.discord import (ALICE, CAROL, DM, GENERAL, MALLORY, OTHER, STRANGER_DM, THREAD, discord_env,
+                                   discord_settings, populate, running)
+from tests.support.discord import discord_fake  # noqa: F401  (the fixture)
 
 
 def png(color: str = "red") -> bytes:
@@ -94,7 +37,7 @@ async def test_direct_messages_are_answered_in_order_and_a_stranger_gets_a_pairi
         discord_fake: FakeDiscord, llm: FakeOpenAI, tmp_path: Path) -> None:
     llm.queue("First answer.", "Second **answer** for @everyone.")
     settings = discord_settings(tmp_path, discord_fake, llm, TALON_DISCORD_STREAMING="false", TALON_PAIRING="true")
-    async with running(settings, discord_fake) as runtime:
+    async with running(settings) as runtime:
         await say(discord_fake, DM, ALICE, "one")
         await say(discord_fake, DM, ALICE, "two")
         await discord_fake.wait_until(lambda: len(discord_fake.texts(DM)) >= 2, "two answers")
@@ -116,7 +59,7 @@ async def test_a_listed_channel_answers_mentions_only_and_a_thread_is_its_own_co
         discord_fake: FakeDiscord, llm: FakeOpenAI, tmp_path: Path) -> None:
     llm.queue("The Louvre opens at 9.", "In the thread: yes.")
     settings = discord_settings(tmp_path, discord_fake, llm, TALON_DISCORD_STREAMING="false")
-    async with running(settings, discord_fake) as runtime:
+    async with running(settings) as runtime:
         await say(discord_fake, GENERAL, CAROL, "anyone up for lunch?")
         asked = await say(discord_fake, GENERAL, ALICE, f"<@{BOT_ID}> which museum opens first?", mentions=(BOT_ID,))
         await discord_fake.wait_until(lambda: discord_fake.texts(GENERAL), "the answer")
@@ -139,7 +82,7 @@ async def test_a_listed_channel_answers_mentions_only_and_a_thread_is_its_own_co
 async def test_an_image_is_understood_a_file_is_delivered_and_a_foreign_address_is_not_fetched(
         discord_fake: FakeDiscord, llm: FakeOpenAI, tmp_path: Path) -> None:
     settings = discord_settings(tmp_path, discord_fake, llm, TALON_DISCORD_STREAMING="false")
-    async with running(settings, discord_fake):
+    async with running(settings):
         workspace = settings.workspace_dir("discord", str(DM))
         workspace.mkdir(parents=True, exist_ok=True)
         (workspace / "report.txt").write_text("the report\n")
@@ -166,7 +109,7 @@ async def test_a_live_answer_is_edited_in_place_and_stop_ends_it(
     llm.chunk_delay = 0.3
     llm.queue(long, "Fresh answer.")
     settings = discord_settings(tmp_path, discord_fake, llm)
-    async with running(settings, discord_fake):
+    async with running(settings):
         await say(discord_fake, DM, ALICE, "tell me about tides")
         await discord_fake.wait_until(lambda: any(len(m.versions) >= 2 for m in discord_fake.bot_messages(DM)),
                                       "an edit of the live answer")
@@ -187,7 +130,7 @@ async def test_an_approval_pressed_by_someone_else_is_refused_and_the_askers_pre
     settings = discord_settings(tmp_path, discord_fake, llm, TALON_SHELL_TOOL="true",
                                 TALON_SHELL_UNSANDBOXED="true", TALON_DISCORD_STREAMING="false",
                                 TALON_DISCORD_ACK_REACTION="")
-    async with running(settings, discord_fake) as runtime:
+    async with running(settings) as runtime:
         await say(discord_fake, GENERAL, ALICE, f"<@{BOT_ID}> run it", mentions=(BOT_ID,))
         [prompt] = await discord_fake.wait_until(
             lambda: [m for m in discord_fake.bot_messages(GENERAL) if m.components], "the approval prompt")
@@ -218,7 +161,7 @@ async def test_a_429_is_waited_out_and_every_part_arrives_in_order(
     discord_fake.rate_limit_next("POST /channels/{channel_id}/messages", retry_after=0.5)
     settings = discord_settings(tmp_path, discord_fake, llm, TALON_DISCORD_STREAMING="false",
                                 TALON_DISCORD_ACK_REACTION="")
-    async with running(settings, discord_fake):
+    async with running(settings):
         await say(discord_fake, DM, ALICE, "a")
         await say(discord_fake, DM, ALICE, "b")
         await discord_fake.wait_until(lambda: len(discord_fake.texts(DM)) >= 2, "two answers")
@@ -258,8 +201,7 @@ def threaded() -> Iterator[tuple[FakeDiscord, FakeOpenAI]]:
 
 def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same_message(
         tmp_path: Path, threaded: tuple[FakeDiscord, FakeOpenAI]) -> None:
-    from tests.test_cli_process import start_talon, stop_talon
-
+    from tests.support.process import start_talon, stop_talon
     fake, llm = threaded
     env = discord_env(tmp_path, fake, llm.base_url, TALON_DISCORD_STREAM_INTERVAL="0.3")
     answer = " ".join(f"Sentence {i} of a long answer about the sea." for i in range(1, 31))

@@ -5,70 +5,22 @@ commands /status, /usage, /tasks and /new answer in the conversation they were t
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
-from tests.fakes.discord import BOT_ID, TOKEN, FakeDiscord
-from tests.fakes.openai_server import FakeOpenAI, last_user_text
+from tests.fakes.discord import BOT_ID, FakeDiscord
+from tests.fakes.openai_server import FakeOpenAI
+from tests.support.discord import ALICE, CAROL, DM, GENERAL, GUILD, OTHER, THREAD, discord_settings, running
+from tests.support.discord import discord_fake  # noqa: F401  (the fixture)
+from tests.support.scenarios import STANDUP, assert_command_answers, assert_heard_the_fox, standup_agent
 
 FIXTURES = Path(__file__).parent / "fixtures"
-GUILD, GENERAL, THREAD, DM, OTHER = 500, 501, 502, 503, 505
-ALICE, CAROL = 600, 602
-SCHEDULED = "[Scheduled task "
 
 
-@pytest.fixture
-async def discord_fake() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord() as fake:
-        for user, name in ((ALICE, "alice"), (CAROL, "carol")):
-            fake.add_user(user, name)
-        fake.add_guild(GUILD, "Crew")
-        fake.add_channel(GENERAL, "general", guild_id=GUILD)
-        fake.add_channel(OTHER, "random", guild_id=GUILD)
-        fake.add_channel(THREAD, "plans", guild_id=GUILD, parent_id=GENERAL)
-        fake.add_channel(DM, "", recipient=ALICE)
-        yield fake
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
-        yield fake
-
-
-def settings_for(tmp_path: Path, fake: FakeDiscord, llm: FakeOpenAI, **extra: Any) -> Settings:
-    env: dict[str, Any] = {
-        "DISCORD_BOT_TOKEN": TOKEN, "DISCORD_API_BASE_URL": fake.api_url,
-        "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key", "TALON_MODEL": "openai:fake-model",
-        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
-        "TALON_MODEL_MAX_RETRIES": "0", "TALON_MODEL_TIMEOUT": "30", "TALON_ACK_DELAY": "0",
-        "TALON_DISCORD_STREAMING": "false", "TALON_DISCORD_ACK_REACTION": "",
-        "TALON_DISCORD_ALLOWED_USERS": str(ALICE), "TALON_DISCORD_ALLOWED_CHANNELS": str(GENERAL),
-        "TALON_MODEL_DISCOVERY": "false", "TALON_TASK_POLL_INTERVAL": "0.1",
-    }
-    env.update(extra)
-    return Settings(_env_file=None, **env)
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Runtime]:
-    from channels.discord import DiscordChannel
-
-    channel = DiscordChannel(settings)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
-        await asyncio.wait_for(channel.ready.wait(), 60)
-        yield runtime
-    finally:
-        await runtime.stop()
+def settings_for(tmp_path: Path, fake: FakeDiscord, llm: FakeOpenAI) -> Settings:
+    return discord_settings(tmp_path, fake, llm, TALON_DISCORD_STREAMING="false", TALON_DISCORD_ACK_REACTION="",
+                            TALON_TASK_POLL_INTERVAL="0.1")
 
 
 async def say(fake: FakeDiscord, channel: int, user: int, text: str, **kw: Any) -> dict[str, Any]:
@@ -122,34 +74,15 @@ async def test_a_voice_message_is_transcribed_by_the_bundled_model(
                 "duration_secs": 4.0, "waveform": "AAAA"}
         await say(discord_fake, DM, ALICE, "", attachments=[note])
         await discord_fake.wait_until(lambda: discord_fake.texts(DM), "the answer", timeout=180)
-    text = last_user_text(llm.requests[0]).lower()
-    for word in ("quick", "brown", "fox", "lazy", "dog"):
-        assert word in text, text
-    assert "transcri" in text
-
-
-def _agent(tools: dict[str, Callable[[], Any]], on_scheduled: str) -> Callable[[dict[str, Any]], Any]:
-    def respond(request: dict[str, Any]) -> Any:
-        if request["messages"][-1]["role"] == "tool":
-            return "Done."
-        text = last_user_text(request)
-        if SCHEDULED in text:
-            return on_scheduled
-        for start, call in tools.items():
-            if start in text:
-                return call()
-        return f"echo: {text}"
-    return respond
+    assert_heard_the_fox(llm)
 
 
 async def test_a_task_made_in_a_thread_is_delivered_into_that_thread(
         discord_fake: FakeDiscord, llm: FakeOpenAI, tmp_path: Path) -> None:
-    llm.default_responder = _agent({"remind us": lambda: FakeOpenAI.tool_call(
-        "schedule_task", {"when": "in 2 seconds", "task": "Tell the thread the standup starts"})},
-        "Standup in 5 minutes!")
+    llm.default_responder = standup_agent()
     async with running(settings_for(tmp_path, discord_fake, llm)):
         await say(discord_fake, THREAD, CAROL, mention("remind us in 2 seconds"), mentions=(BOT_ID,))
-        await discord_fake.wait_until(lambda: "Standup in 5 minutes!" in discord_fake.texts(THREAD),
+        await discord_fake.wait_until(lambda: STANDUP in discord_fake.texts(THREAD),
                                       "the task's run in the thread", timeout=30)
         await say(discord_fake, THREAD, CAROL, "!tasks")
         await say(discord_fake, GENERAL, CAROL, "!tasks")
@@ -157,8 +90,8 @@ async def test_a_task_made_in_a_thread_is_delivered_into_that_thread(
                                       "/tasks in the channel")
         await discord_fake.wait_until(lambda: any("It is now" in t for t in discord_fake.texts(THREAD)),
                                       "/tasks in the thread")
-    assert discord_fake.texts(THREAD).count("Standup in 5 minutes!") == 1
-    assert "Standup in 5 minutes!" not in discord_fake.texts(GENERAL)
+    assert discord_fake.texts(THREAD).count(STANDUP) == 1
+    assert STANDUP not in discord_fake.texts(GENERAL)
     [in_thread] = [t for t in discord_fake.texts(THREAD) if "It is now" in t]
     [in_channel] = [t for t in discord_fake.texts(GENERAL) if "It is now" in t]
     assert "delivered" in in_thread and "No scheduled tasks in this chat." in in_channel
@@ -173,10 +106,6 @@ async def test_status_usage_tasks_and_new_answer_as_text_commands(
         for n, command in enumerate(("!status", "/usage", "!tasks", "!new"), start=2):
             await say(discord_fake, DM, ALICE, command)
             await discord_fake.wait_until(lambda n=n: len(discord_fake.texts(DM)) >= n, command)  # type: ignore[misc]
-    status, usage, tasks, new = discord_fake.texts(DM)[1:5]
-    assert "fake-model" in status
-    assert "token" in usage.lower() or "call" in usage.lower(), usage
-    assert "No scheduled tasks in this chat." in tasks
-    assert new.startswith("Started a new conversation")
+    assert_command_answers(*discord_fake.texts(DM)[1:5])
     assert len(llm.requests) == 1  # the commands made no model call
 

@@ -16,12 +16,7 @@ from tests.conftest import ALICE, BOB, MALLORY
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
-
-
-
-
-def texts_to(tg: FakeTelegram, chat_id: int) -> list[str]:
-    return [c.params["text"] for c in tg.sent("sendMessage", chat_id=chat_id)]
+from tests.support.telegram import texts_to
 
 
 async def test_text_message_round_trip(tg: FakeTelegram, llm: FakeOpenAI, settings: Settings) -> None:

@@ -14,15 +14,10 @@ from talon.config import Settings
 from tests.conftest import ALICE
 from tests.fakes.openai_server import FakeOpenAI, decode_data_url, image_urls, last_user_text
 from tests.fakes.telegram import FakeTelegram
-from tests.test_foundation_e2e import running
+from tests.conftest import running_telegram as running
+from tests.support.images import jpeg
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def jpeg(width: int, height: int, color: tuple[int, int, int] = (200, 30, 30)) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buf, "JPEG", quality=90)
-    return buf.getvalue()
 
 
 def to_alice(call) -> bool:

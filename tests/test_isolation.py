@@ -25,8 +25,7 @@ from talon.workspaces import chat_workspace, encode_part
 from tests.conftest import ALICE, BOB, make_settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
-from tests.test_foundation_e2e import running
-
+from tests.conftest import running_telegram as running
 SECRET = "ALICE-SECRET-4242"
 MEMORY = "ALICE-PRIVATE-MEMORY"
 
@@ -208,11 +207,11 @@ async def test_hard_links_are_refused_by_tools_and_outbound_and_inbound_copies_h
 
 async def test_on_whatsapp_too_a_chat_cannot_send_another_chats_file(tmp_path: Path) -> None:
     from tests.fakes.twilio import FakeTwilio
-    from tests.test_whatsapp import ALICE as WA_ALICE
-    from tests.test_whatsapp import BOB as WA_BOB
-    from tests.test_whatsapp import alice_workspace, png, post, wa_settings
-    from tests.test_whatsapp import running as wa_running
-
+    from tests.support.whatsapp import ALICE as WA_ALICE
+    from tests.support.whatsapp import BOB as WA_BOB
+    from tests.support.whatsapp import alice_workspace, post, wa_settings
+    from tests.support.images import png
+    from tests.support.whatsapp import running as wa_running
     async with FakeTwilio() as twilio, FakeOpenAI() as llm:
         settings = wa_settings(tmp_path, twilio, llm)
         alice_chart = alice_workspace(settings) / "chart.png"

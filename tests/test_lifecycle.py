@@ -18,10 +18,10 @@ from tests.conftest import ALICE, TOKEN
 from tests.fakes.openai_server import FakeOpenAI, image_urls, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
-from tests.test_foundation_e2e import running
-from tests.test_inbound_e2e import jpeg
-from tests.test_whatsapp import ALICE as WA_ALICE
-from tests.test_whatsapp import twilio, wa_settings  # noqa: F401 - fixture
+from tests.conftest import running_telegram as running
+from tests.support.images import jpeg
+from tests.support.whatsapp import ALICE as WA_ALICE
+from tests.support.whatsapp import twilio, wa_settings  # noqa: F401 - fixture
 
 
 def to_alice(call) -> bool:  # type: ignore[no-untyped-def]

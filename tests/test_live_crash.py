@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import ALICE, TOKEN, settings_env
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
-from tests.test_cli_process import start_talon, stop_talon, to_chat
-
+from tests.support.process import start_talon, stop_talon
+from tests.support.telegram import to_chat
 GROUP = -1001234567890
 ANSWER = " ".join(f"Sentence {i} of a long answer about the sea." for i in range(1, 31))
 LAST = "Sentence 30 of a long answer about the sea."

@@ -240,11 +240,10 @@ async def test_interrupt_mode_stops_the_running_turn_and_answers_the_new_message
 async def test_whatsapp_has_no_streaming_but_stop_works_the_same(
         llm: FakeOpenAI, tmp_path: Path) -> None:
     from tests.fakes.twilio import FakeTwilio
-    from tests.test_whatsapp import ALICE as WA_ALICE
-    from tests.test_whatsapp import post
-    from tests.test_whatsapp import running as wa_running
-    from tests.test_whatsapp import wa_settings
-
+    from tests.support.whatsapp import ALICE as WA_ALICE
+    from tests.support.whatsapp import post
+    from tests.support.whatsapp import running as wa_running
+    from tests.support.whatsapp import wa_settings
     llm.chunk_delay = 0.5
     llm.queue(ANSWER * 2, "Fresh answer.")
     async with FakeTwilio() as twilio:

@@ -17,13 +17,12 @@ from tests.conftest import ALICE
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
-from tests.test_foundation_e2e import running
-from tests.test_outbound_e2e import png, root
-from tests.test_whatsapp import ALICE as WA_ALICE
-from tests.test_whatsapp import fetch, post, settings as wa_settings_fixture, twilio  # noqa: F401
-from tests.test_whatsapp import running as wa_running
-
-
+from tests.conftest import running_telegram as running
+from tests.support.images import png_file as png
+from tests.support.telegram import root
+from tests.support.whatsapp import ALICE as WA_ALICE
+from tests.support.whatsapp import fetch, post, settings as wa_settings_fixture, twilio  # noqa: F401
+from tests.support.whatsapp import running as wa_running
 def huge_reply() -> str:
     paragraph = "Lorem ipsum dolor sit amet, **consectetur** adipiscing elit. " * 12 + "\n\n"
     return ("# Report\n\n" + paragraph * (1_000_000 // len(paragraph)))[:1_000_000]

@@ -37,8 +37,7 @@ def wait(condition: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
 
 def test_a_worker_killed_mid_answer_loses_nothing_and_the_restart_edits_the_same_message(
         synapse: Synapse, llm: FakeOpenAI, tmp_path: Path) -> None:
-    from tests.test_cli_process import start_talon, stop_talon
-
+    from tests.support.process import start_talon, stop_talon
     bot = synapse.register("bot")
     alice = Person(synapse.base_url, synapse.register("alice"))
     env = {

@@ -5,65 +5,22 @@ answer in their conversation, and a stranger's command in a room gets nothing.""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
-from tests.fakes.openai_server import FakeOpenAI, last_user_text
-from tests.support.matrix_people import Event, Person, final_texts, from_user
+from tests.fakes.openai_server import FakeOpenAI
+from tests.support.matrix import joined, matrix_settings, people, running
+from tests.support.matrix_people import Event, final_texts, from_user
+from tests.support.scenarios import STANDUP, assert_command_answers, assert_heard_the_fox, standup_agent
 from tests.support.synapse import Synapse
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SCHEDULED = "[Scheduled task "
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 def settings_for(tmp_path: Path, synapse: Synapse, bot: Any, llm: FakeOpenAI, **extra: object) -> Settings:
-    values: dict[str, object] = dict(
-        MATRIX_HOMESERVER=synapse.base_url, MATRIX_USER_ID=bot.user_id, MATRIX_ACCESS_TOKEN=bot.access_token,
-        OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="test-key", TALON_MODEL="openai:fake-model",
-        TALON_MEDIA_ROOT=str(tmp_path / "media_root"), TALON_DATA_DIR=str(tmp_path / "data"),
-        TALON_MODEL_MAX_RETRIES=0, TALON_MODEL_TIMEOUT=30, TALON_ACK_DELAY=0, TALON_MATRIX_STREAMING=False,
-        TALON_MATRIX_ACK_REACTION="", TALON_MODEL_DISCOVERY=False, TALON_TASK_POLL_INTERVAL=0.1,
-    )
-    values.update(extra)
-    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Runtime]:
-    from channels.matrix import MatrixChannel
-
-    runtime = build_runtime(settings, [MatrixChannel(settings)])
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
-
-
-@contextlib.contextmanager
-def people(synapse: Synapse, *prefixes: str) -> Iterator[list[Person]]:
-    made = [Person(synapse.base_url, synapse.register(p)) for p in prefixes]
-    try:
-        yield made
-    finally:
-        for person in made:
-            person.close()
-
-
-async def joined(person: Person, room: str, user: str) -> None:
-    await person.wait_for(room, lambda _: user in person.members(room), what=f"{user} to join")
+    return matrix_settings(tmp_path, synapse, bot, llm, TALON_MATRIX_STREAMING=False, TALON_MATRIX_ACK_REACTION="",
+                           TALON_MODEL_DISCOVERY=False, TALON_TASK_POLL_INTERVAL=0.1, **extra)
 
 
 def in_thread(events: list[Event], user: str, root: str) -> list[str]:
@@ -86,32 +43,13 @@ async def test_a_voice_message_is_transcribed_by_the_bundled_model(
                             "info": {"mimetype": "audio/ogg", "size": len(voice), "duration": 4000},
                             "org.matrix.msc3245.voice": {}, "org.matrix.msc1767.audio": {"duration": 4000}})
             await alice.wait_for(dm, lambda ev: final_texts(ev, bot.user_id), what="the answer", timeout=180)
-    text = last_user_text(llm.requests[0]).lower()
-    for word in ("quick", "brown", "fox", "lazy", "dog"):
-        assert word in text, text
-    assert "transcri" in text
-
-
-def _agent(tools: dict[str, Callable[[], Any]], on_scheduled: str) -> Callable[[dict[str, Any]], Any]:
-    def respond(request: dict[str, Any]) -> Any:
-        if request["messages"][-1]["role"] == "tool":
-            return "Done."
-        text = last_user_text(request)
-        if SCHEDULED in text:
-            return on_scheduled
-        for start, call in tools.items():
-            if start in text:
-                return call()
-        return f"echo: {text}"
-    return respond
+    assert_heard_the_fox(llm)
 
 
 async def test_a_task_made_in_a_thread_is_delivered_into_that_thread(
         synapse: Synapse, llm: FakeOpenAI, tmp_path: Path) -> None:
     bot = synapse.register("bot")
-    llm.default_responder = _agent({"remind us": lambda: FakeOpenAI.tool_call(
-        "schedule_task", {"when": "in 2 seconds", "task": "Tell the thread the standup starts"})},
-        "Standup in 5 minutes!")
+    llm.default_responder = standup_agent()
     with people(synapse, "alice", "carol") as (alice, carol):
         room = alice.create_room([bot.user_id, carol.id], name="Standups")
         carol.join(room)
@@ -122,14 +60,14 @@ async def test_a_task_made_in_a_thread_is_delivered_into_that_thread(
                                        "m.in_reply_to": {"event_id": root}}}
             carol.say(room, f"{bot.user_id}: remind us in 2 seconds",
                       **thread, **{"m.mentions": {"user_ids": [bot.user_id]}})
-            await alice.wait_for(room, lambda ev: "Standup in 5 minutes!" in in_thread(ev, bot.user_id, root),
+            await alice.wait_for(room, lambda ev: STANDUP in in_thread(ev, bot.user_id, root),
                                  what="the run in the thread")
             carol.say(room, "!tasks", **thread)
             carol.say(room, "!tasks")
             await alice.wait_for(room, lambda ev: sum("It is now" in t for t in final_texts(ev, bot.user_id)) >= 2,
                                  what="both /tasks answers")
         events = alice.timeline(room)
-    assert final_texts(events, bot.user_id).count("Standup in 5 minutes!") == 1
+    assert final_texts(events, bot.user_id).count(STANDUP) == 1
     [listed] = [t for t in in_thread(events, bot.user_id, root) if "It is now" in t]
     [other] = [t for t in final_texts(events, bot.user_id) if "It is now" in t and t != listed]
     assert "delivered" in listed and "No scheduled tasks in this chat." in other
@@ -155,10 +93,6 @@ async def test_status_usage_tasks_and_new_as_text_commands_and_a_stranger_gets_n
             await alice.wait_for(direct, lambda ev: len(final_texts(ev, bot.user_id)) >= 6, what="the last /tasks")
         replies = final_texts(alice.timeline(direct), bot.user_id)
         elsewhere = final_texts(alice.timeline(dm), bot.user_id)
-    status, usage, tasks, new = replies[1:5]
-    assert "fake-model" in status
-    assert "token" in usage.lower() or "call" in usage.lower(), usage
-    assert "No scheduled tasks in this chat." in tasks
-    assert new.startswith("Started a new conversation")
+    assert_command_answers(*replies[1:5])
     assert elsewhere == [] and len(replies) == 6
     assert len(llm.requests) == 1  # the commands made no model call

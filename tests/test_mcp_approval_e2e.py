@@ -14,7 +14,7 @@ from talon.agent.tools.mcp import mcp_tool_name
 from tests.conftest import ALICE, make_settings, running_telegram
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
-from tests.test_control_e2e import buttons, has_keyboard, tool_results
+from tests.support.control import buttons, has_keyboard, tool_results
 from tests.support.waiting import until
 
 TEST_SERVER = str(Path(__file__).with_name("mcp_test_server.py"))

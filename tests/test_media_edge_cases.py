@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import struct
 import unicodedata
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from talon.content import Message
 from talon.media.documents import DocumentText, render_document
 from talon.media.images import prepare_image
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.test_agent_providers import Setup, anthropic_provider
+from tests.support.providers import Setup, anthropic_provider
+from tests.support.images import odd_exif
 
 
 @pytest.fixture
@@ -117,13 +117,6 @@ def test_ordinary_triple_angle_brackets_are_left_alone() -> None:
 
 
 # --- images: an EXIF block Pillow cannot write back -------------------------------------------
-def _odd_exif(orientation: int) -> bytes:
-    """An EXIF block as some cameras and editors write it: Make stored as a RATIONAL (type 5)
-    instead of ASCII. Readable, but Pillow cannot serialize it again."""
-    entries = [(0x010F, 5, 1, 26), (0x0112, 3, 1, orientation << 16)]
-    ifd = struct.pack(">H", len(entries)) + b"".join(struct.pack(">HHII", *e) for e in entries)
-    body = b"MM\x00*" + struct.pack(">I", 8) + ifd + struct.pack(">I", 0) + struct.pack(">II", 1, 2)
-    return b"Exif\x00\x00" + body
 
 
 def test_photo_with_an_odd_exif_block_is_still_rotated_and_shown(tmp_path: Path, store: FileBlobs) -> None:
@@ -132,7 +125,7 @@ def test_photo_with_an_odd_exif_block_is_still_rotated_and_shown(tmp_path: Path,
     path = tmp_path / "odd.jpg"
     pixels = np.zeros((200, 300, 3), dtype=np.uint8)
     pixels[:, :150] = (255, 0, 0)  # red on the left; orientation 6 puts it on top
-    Image.fromarray(pixels).save(path, "JPEG", exif=_odd_exif(6))
+    Image.fromarray(pixels).save(path, "JPEG", exif=odd_exif(6))
     ref = prepare_image(path, store=store, limits=Limits(), name="odd.jpg").ref
     im = Image.open(io.BytesIO(store.read_bytes(ref))).convert("RGB")
     assert im.size == (200, 300) and (ref.width, ref.height) == (200, 300)

@@ -19,9 +19,7 @@ from talon.storage.sessions import ChatKey
 from talon.errors import ModelNotFound, ProviderError, ProviderUnavailable, RateLimited
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.openai_server import FakeOpenAI
-from tests.test_agent_providers import CHAT, Setup, png
-
-
+from tests.support.providers import CHAT, Setup, png
 @pytest.fixture
 def setup(tmp_path: Path) -> Setup:
     return Setup(tmp_path)

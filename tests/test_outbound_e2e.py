@@ -25,18 +25,15 @@ from talon.media import MarkdownMediaRef
 from tests.conftest import ALICE
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import Call, FakeTelegram
-from tests.test_foundation_e2e import running
+from tests.conftest import running_telegram as running
+from tests.support.images import png_file as png
+from tests.support.telegram import root
 
 UPLOADS = ("sendPhoto", "sendDocument", "sendVoice", "sendAudio", "sendVideo", "sendAnimation",
            "sendMediaGroup")
 
 
 # --- real media ---------------------------------------------------------------------------------
-
-
-def png(path: Path, size: tuple[int, int] = (64, 48), color: tuple[int, int, int] = (200, 40, 40)) -> bytes:
-    Image.new("RGB", size, color).save(path, "PNG")
-    return path.read_bytes()
 
 
 def jpeg(path: Path, color: tuple[int, int, int] = (30, 90, 200)) -> bytes:
@@ -90,13 +87,6 @@ def mp4(path: Path) -> bytes:
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def root(settings: Settings) -> Path:
-    """Alice's own workspace: the only place her agent's files may be sent from."""
-    workspace = settings.workspace_dir("telegram", str(ALICE))
-    workspace.mkdir(parents=True, exist_ok=True)
-    return workspace
 
 
 def to_alice(call: Call) -> bool:

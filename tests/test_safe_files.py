@@ -22,8 +22,7 @@ from talon.speech.synthesize import bundled_voice
 from tests.conftest import ALICE, BOB, make_settings
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import Call, FakeTelegram
-from tests.test_foundation_e2e import running
-
+from tests.conftest import running_telegram as running
 MEMORY = "- BOB'S OWN MEMORY\n"
 
 

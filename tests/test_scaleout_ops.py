@@ -25,9 +25,7 @@ from talon.storage.marker import MARKER
 from tests.conftest import ALICE
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
-from tests.test_telegram_webhook import post, to_alice, update, wh_settings
-
-
+from tests.support.telegram_webhook import post, to_alice, update, wh_settings
 @contextlib.asynccontextmanager
 async def worker(settings: Settings) -> AsyncIterator[Runtime]:
     http = shared_http_server(settings)

@@ -16,7 +16,8 @@ from talon.runtime import Runtime, build_runtime
 from talon.storage.factory import open_stores
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
-from tests.test_whatsapp import ALICE, PUBLIC, png, post, twilio, wa_settings, wav  # noqa: F401
+from tests.support.whatsapp import ALICE, PUBLIC, post, twilio, wa_settings  # noqa: F401
+from tests.support.images import png, wav
 
 
 @contextlib.asynccontextmanager

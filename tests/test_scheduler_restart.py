@@ -20,7 +20,7 @@ from tests.conftest import ALICE, TOKEN, settings_env
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.scaleout_helpers import Cluster, base_env
-from tests.test_cli_process import start_talon, stop_talon
+from tests.support.process import start_talon, stop_talon
 from tests.support.waiting import until_sync as wait_until
 
 SCHEDULED = "[Scheduled task "

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-import pytest_asyncio
 
 from talon.storage.access import AccessGate
 from talon.storage.embedded.access import SqlitePairing
@@ -21,11 +19,7 @@ from talon.errors import ConfigError, DeliveryError, ScheduleError
 from talon.runtime import build_scheduler
 from talon.scheduler import Scheduler, SchedulerSettings
 from talon.scheduler import when as w
-from talon.storage.embedded.tasks import SqliteTaskStore
-from talon.storage.postgres.db import AsyncDatabase
-from talon.storage.postgres.tasks import PgTaskStore
 from talon.storage.factory import open_stores
-from talon.storage.postgres.schema import migrate_schema
 from talon.storage.tasks import (
     ACTIVE,
     CANCELLED,
@@ -43,6 +37,7 @@ from talon.storage.tasks import (
     TaskStore,
 )
 from tests.conftest import make_settings
+from tests.support.stores import store  # noqa: F401  (the fixture: memory, SQLite, PostgreSQL)
 
 BERLIN = ZoneInfo("Europe/Berlin")
 UTC = ZoneInfo("UTC")
@@ -133,22 +128,6 @@ def test_a_repeat_that_was_held_up_goes_on_from_now_without_backlog() -> None:
 
 
 # --- the store, three ways ------------------------------------------------------------------
-
-@pytest_asyncio.fixture(params=["memory", "sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TaskStore]:
-    if request.param == "memory":
-        yield MemoryTaskStore()
-    elif request.param == "sqlite":
-        sqlite = SqliteTaskStore(tmp_path / "tasks.sqlite3")
-        yield sqlite
-        await sqlite.aclose()
-    else:
-        url = request.getfixturevalue("pg_url")
-        adb = AsyncDatabase(url, max_size=4)
-        await adb.open()
-        await migrate_schema(adb)
-        yield PgTaskStore(adb)
-        await adb.close()
 
 
 def task(task_id: str, chat: str = "1", *, next_run: float | None = NOW, kind: str = w.ONCE, spec: str = "",

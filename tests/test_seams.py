@@ -176,4 +176,13 @@ def test_the_core_owns_the_seam() -> None:
 
 
 def test_the_telegram_channel_is_composed_not_mixed_in() -> None:
-    assert TelegramChannel.__mro__ == (TelegramChannel, Channel, abc.ABC, object)
+    """Between the channel and ``Channel`` there are only the forwarders of channels/base.py: no
+    constructor, no state, only methods that ask a part the channel holds (``self.delivery``...),
+    so no part can reach another's state through a shared base."""
+    between = TelegramChannel.__mro__[1:TelegramChannel.__mro__.index(Channel)]
+    assert TelegramChannel.__mro__[-3:] == (Channel, abc.ABC, object)
+    for base in between:
+        assert base.__module__ == "channels.base", base
+        own = {k: v for k, v in vars(base).items() if not k.startswith("__") and k != "_abc_impl"}
+        assert all(inspect.isfunction(v) for v in own.values()), (base, own)
+        assert "__init__" not in vars(base), base

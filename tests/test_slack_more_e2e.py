@@ -5,65 +5,21 @@ in their conversation; a slash command from someone not allowed, or forged, gets
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
-from tests.fakes.openai_server import FakeOpenAI, last_user_text
-from tests.fakes.slack import BOT_TOKEN, BOT_USER, SIGNING_SECRET, FakeSlack
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.slack import BOT_USER, FakeSlack
+from tests.support.scenarios import STANDUP, assert_command_answers, assert_heard_the_fox, standup_agent
+from tests.support.slack import ALICE, CAROL, DM, GENERAL, MALLORY, running, slack_settings
+from tests.support.slack import slack  # noqa: F401  (the fixture)
 
 FIXTURES = Path(__file__).parent / "fixtures"
-ALICE, MALLORY, CAROL = "U0ALICE01", "U0MALLOR1", "U0CAROL01"
-DM, GENERAL = "D0ALICE01", "C0GENERAL"
-SCHEDULED = "[Scheduled task "
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        fake.add_channel(DM, "alice", kind="im")
-        fake.add_channel(GENERAL, "general")
-        for user, name in ((ALICE, "alice"), (MALLORY, "mallory"), (CAROL, "carol")):
-            fake.add_user(user, name)
-        yield fake
-
-
-@pytest.fixture
-async def llm() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as fake:
-        yield fake
 
 
 def settings_for(tmp_path: Path, slack: FakeSlack, llm: FakeOpenAI) -> Settings:
-    env: dict[str, Any] = {
-        "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_API_BASE_URL": slack.api_url,
-        "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "test-key", "TALON_MODEL": "openai:fake-model",
-        "TALON_MEDIA_ROOT": str(tmp_path / "media_root"), "TALON_DATA_DIR": str(tmp_path / "data"),
-        "TALON_MODEL_MAX_RETRIES": "0", "TALON_MODEL_TIMEOUT": "30", "TALON_ACK_DELAY": "0",
-        "TALON_HTTP_HOST": "127.0.0.1", "TALON_HTTP_PORT": "0", "TALON_SLACK_STREAMING": "false",
-        "TALON_SLACK_ACK_REACTION": "", "TALON_SLACK_ALLOWED_USERS": ALICE, "TALON_SLACK_ALLOWED_CHANNELS": GENERAL,
-        "TALON_MODEL_DISCOVERY": "false", "TALON_TASK_POLL_INTERVAL": "0.1",
-    }
-    return Settings(_env_file=None, **env)
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[tuple[Runtime, str]]:
-    from channels.slack import SlackChannel
-
-    channel = SlackChannel(settings)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
-        assert channel.http is not None
-        yield runtime, channel.http.local_url + channel.events_path
-    finally:
-        await runtime.stop()
+    return slack_settings(tmp_path, slack, llm, TALON_SLACK_STREAMING="false", TALON_SLACK_ACK_REACTION="",
+                          TALON_TASK_POLL_INTERVAL="0.1")
 
 
 def texts(slack: FakeSlack, channel: str, thread: str | None = None) -> list[str]:
@@ -78,45 +34,26 @@ async def test_a_voice_clip_is_transcribed_by_the_bundled_model(
                 "subtype": "slack_audio"}
         assert await slack.deliver(url, "event", slack.message_event(DM, ALICE, "", files=[clip])) == 200
         await slack.wait_until(lambda: texts(slack, DM), "the answer", timeout=180)
-    text = last_user_text(llm.requests[0]).lower()
-    for word in ("quick", "brown", "fox", "lazy", "dog"):
-        assert word in text, text
-    assert "transcri" in text
-
-
-def _agent(tools: dict[str, Callable[[], Any]], on_scheduled: str) -> Callable[[dict[str, Any]], Any]:
-    def respond(request: dict[str, Any]) -> Any:
-        if request["messages"][-1]["role"] == "tool":
-            return "Done."
-        text = last_user_text(request)
-        if SCHEDULED in text:
-            return on_scheduled
-        for start, call in tools.items():
-            if start in text:
-                return call()
-        return f"echo: {text}"
-    return respond
+    assert_heard_the_fox(llm)
 
 
 async def test_a_task_made_in_a_thread_is_delivered_into_that_thread(
         slack: FakeSlack, llm: FakeOpenAI, tmp_path: Path) -> None:
-    llm.default_responder = _agent({"remind us": lambda: FakeOpenAI.tool_call(
-        "schedule_task", {"when": "in 2 seconds", "task": "Tell the thread the standup starts"})},
-        "Standup in 5 minutes!")
+    llm.default_responder = standup_agent()
     async with running(settings_for(tmp_path, slack, llm)) as (_, url):
         root = slack.message_event(GENERAL, CAROL, "standup thread", channel_type="channel")
         await slack.deliver(url, "event", root)
         ts = root["event"]["ts"]
         await slack.deliver(url, "event", slack.message_event(GENERAL, CAROL, f"<@{BOT_USER}> remind us in 2 seconds",
                                                               channel_type="channel", thread_ts=ts))
-        await slack.wait_until(lambda: "Standup in 5 minutes!" in texts(slack, GENERAL, ts), "the run in the thread")
+        await slack.wait_until(lambda: STANDUP in texts(slack, GENERAL, ts), "the run in the thread")
         await slack.deliver(url, "event", slack.message_event(GENERAL, CAROL, "!tasks", channel_type="channel",
                                                               thread_ts=ts))
         await slack.deliver(url, "event", slack.message_event(GENERAL, CAROL, "!tasks", channel_type="channel"))
         await slack.wait_until(lambda: any("It is now" in t for t in texts(slack, GENERAL, ts)), "/tasks in thread")
         await slack.wait_until(lambda: [m for m in slack.bot_messages(GENERAL) if "It is now" in m.text
                                          and m.thread_ts != ts], "/tasks in the channel")
-    runs = [m for m in slack.bot_messages(GENERAL) if m.text == "Standup in 5 minutes!"]
+    runs = [m for m in slack.bot_messages(GENERAL) if m.text == STANDUP]
     assert [m.thread_ts for m in runs] == [ts], slack.summary()  # once, in the thread
     [in_thread] = [t for t in texts(slack, GENERAL, ts) if "It is now" in t]
     [in_channel] = [m.text for m in slack.bot_messages(GENERAL) if "It is now" in m.text and m.thread_ts != ts]
@@ -141,10 +78,7 @@ async def test_status_usage_tasks_and_new_as_text_and_slash_commands(
         await slack.deliver(url, "event", slack.message_event(DM, ALICE, "!tasks"))
         await slack.wait_until(lambda: len(texts(slack, DM)) >= 7, "the last /tasks")
     replies = texts(slack, DM)
-    status, usage, tasks, new, slashed = replies[1:6]
-    assert "fake-model" in status and "fake-model" in slashed
-    assert "token" in usage.lower() or "call" in usage.lower(), usage
-    assert "No scheduled tasks in this chat." in tasks
-    assert new.startswith("Started a new conversation")
+    assert_command_answers(*replies[1:5])
+    assert "fake-model" in replies[5]  # /status as a slash command
     assert len(replies) == 7 and "No scheduled tasks" in replies[6], replies  # mallory and the forgery got nothing
     assert len(llm.requests) == 1  # the commands made no model call

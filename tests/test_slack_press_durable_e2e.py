@@ -53,8 +53,7 @@ def _until_200(slack: FakeSlack, url: str, kind: str, body: dict[str, Any], proc
 
 def test_a_press_acknowledged_then_the_worker_killed_is_still_decided_and_the_restart_goes_on(
         tmp_path: Path, threaded: tuple[FakeSlack, FakeOpenAI]) -> None:
-    from tests.test_cli_process import start_talon, stop_talon
-
+    from tests.support.process import start_talon, stop_talon
     slack, llm = threaded
     with socket.socket() as probe:  # a fixed port: Slack's Request URL stays the same across restarts
         probe.bind(("127.0.0.1", 0))

@@ -36,7 +36,7 @@ from tests.conftest import ALICE, TOKEN, make_settings, running_telegram, settin
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
-from tests.test_cli_process import closed_port
+from tests.support.process import closed_port
 from tests.support.waiting import until_sync
 
 STOP_GRACE_S = Bridge.stop_grace_s

@@ -28,7 +28,7 @@ from talon.storage.factory import open_stores
 from tests.conftest import ALICE, BOB
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
-from tests.test_telegram_webhook import PATH, SECRET, wh_settings
+from tests.support.telegram_webhook import PATH, SECRET, wh_settings
 from tests.support.waiting import until as wait_for
 
 T = TypeVar("T")

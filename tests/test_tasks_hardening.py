@@ -33,7 +33,7 @@ from tests.conftest import ALICE, make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
-from tests.test_scheduler_units import store  # noqa: F401  (the three task stores)
+from tests.support.stores import store  # noqa: F401  (the three task stores)
 from tests.support.waiting import until as wait_until
 
 NOW = 1_796_126_400.0  # Tue 1 Dec 2026 12:00 UTC

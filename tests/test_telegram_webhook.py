@@ -4,67 +4,20 @@ Telegram's webhook requests posted by hand to Talon's own HTTP server."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from channels.telegram import SECRET_HEADER, TelegramChannel
-from talon.config import Settings
 from talon.errors import ConfigError
-from talon.runtime import Runtime, build_runtime, configured_channels, shared_http_server
+from talon.runtime import build_runtime, configured_channels, shared_http_server
 from tests.conftest import ALICE, MALLORY, make_settings
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
-from tests.test_inbound_e2e import jpeg
-
-SECRET = "s3cret_Token-0123456789"
-URL = "https://talon.example.com/telegram/webhook"
-PATH = "/telegram/webhook"
-
-
-def wh_settings(tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI, **extra: object) -> Settings:
-    values: dict[str, object] = dict(TALON_TELEGRAM_WEBHOOK_URL=URL, TALON_TELEGRAM_WEBHOOK_SECRET=SECRET,
-                                     TALON_HTTP_HOST="127.0.0.1", TALON_HTTP_PORT=0)
-    values.update(extra)
-    return make_settings(tmp_path, tg.base_url, llm.base_url, **values)
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings, **channel_kw: Any) -> AsyncIterator[tuple[Runtime, TelegramChannel]]:
-    channel = TelegramChannel(settings, **channel_kw)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
-        yield runtime, channel
-    finally:
-        await runtime.stop()
-
-
-async def post(channel: TelegramChannel, body: dict[str, Any] | bytes, *, secret: str | None = SECRET,
-               path: str = PATH) -> tuple[int, str]:
-    """POST one webhook request to Talon as Telegram would."""
-    assert channel.http is not None
-    headers = {"Content-Type": "application/json"}
-    if secret is not None:
-        headers[SECRET_HEADER] = secret
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with aiohttp.ClientSession() as session:
-        async with session.post(channel.http.local_url + path, data=data, headers=headers) as resp:
-            return resp.status, await resp.text()
-
-
-def update(tg: FakeTelegram, update_id: int, message: dict[str, Any]) -> dict[str, Any]:
-    return {"update_id": update_id, **message}
-
-
-def to_alice(call: Any) -> bool:
-    return str(call.params.get("chat_id")) == str(ALICE)
+from tests.support.images import jpeg
+from tests.support.telegram_webhook import SECRET, URL, wh_settings, running, post, update, to_alice
 
 
 async def test_start_sets_the_webhook_with_the_secret_and_never_polls(

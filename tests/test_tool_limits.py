@@ -14,8 +14,7 @@ from talon.content import ToolCall
 from tests.conftest import ALICE, BOB
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import FakeTelegram
-from tests.test_foundation_e2e import running
-
+from tests.conftest import running_telegram as running
 EVIL = "(a+)+$"  # exponential for a backtracking engine on a line of a's that ends in b
 
 
@@ -94,8 +93,7 @@ def test_sigterm_during_a_long_grep_stops_talon_within_its_stop_grace(tmp_path: 
     import signal
 
     from tests.conftest import TOKEN, settings_env
-    from tests.test_cli_process import start_talon
-
+    from tests.support.process import start_talon
     ws = tmp_path / "media_root" / "telegram" / str(ALICE)
     ws.mkdir(parents=True)
     for n in range(4):  # 20 million short lines: far longer than the 10 s stop grace to search

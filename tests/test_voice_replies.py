@@ -21,11 +21,10 @@ from tests.conftest import ALICE, make_settings
 from tests.fakes.openai_server import FakeOpenAI, last_user_text
 from tests.fakes.telegram import Call, FakeTelegram
 from tests.fakes.twilio import FakeTwilio
-from tests.test_foundation_e2e import running
-from tests.test_whatsapp import ALICE as WA_ALICE
-from tests.test_whatsapp import fetch, post, twilio, wa_settings  # noqa: F401  (twilio is a fixture)
-from tests.test_whatsapp import running as wa_running
-
+from tests.conftest import running_telegram as running
+from tests.support.whatsapp import ALICE as WA_ALICE
+from tests.support.whatsapp import fetch, post, twilio, wa_settings  # noqa: F401  (twilio is a fixture)
+from tests.support.whatsapp import running as wa_running
 FIXTURES = Path(__file__).parent / "fixtures"
 FOX = FIXTURES / "speech_fox.ogg"
 SPANISH = FIXTURES / "speech_es_weather.ogg"

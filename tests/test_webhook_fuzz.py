@@ -23,11 +23,11 @@ from tests.conftest import MALLORY
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
-from tests.test_telegram_webhook import PATH, SECRET, SECRET_HEADER, wh_settings
-from tests.test_telegram_webhook import running as tg_running
-from tests.test_whatsapp import EVE, HOOK, PUBLIC, wa_settings, twilio  # noqa: F401  (twilio is a fixture)
-from tests.test_whatsapp import running as wa_running
-
+from tests.support.telegram_webhook import PATH, SECRET, wh_settings
+from channels.telegram import SECRET_HEADER
+from tests.support.telegram_webhook import running as tg_running
+from tests.support.whatsapp import EVE, HOOK, PUBLIC, wa_settings, twilio  # noqa: F401  (twilio is a fixture)
+from tests.support.whatsapp import running as wa_running
 ODD_VALUES: list[Any] = [None, True, False, 0, -1, 2**70, -2**63, 1.5, float("inf"), "", "x", "\ud800",
                          "a\udfffb", "9" * 400, [], {}, [1, 2], {"x": 1}, [[[]]], "0x10", " 12 "]
 

@@ -12,7 +12,7 @@ from channels.http import HttpServer
 from channels.whatsapp import checked_message_sid, parse_inbound
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
-from tests.test_whatsapp import ALICE, HOOK, PUBLIC, post, running, settings, twilio  # noqa: F401
+from tests.support.whatsapp import ALICE, HOOK, PUBLIC, post, running, settings, twilio  # noqa: F401
 from talon.errors import MalformedWebhook
 
 GOOD = "SM" + "0123456789abcdef" * 2

@@ -11,15 +11,11 @@ import io
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
-import av
-import numpy as np
 import pytest
-import pytest_asyncio
 from PIL import Image
 
 from channels.whatsapp import MediaHosts, MediaPart, TextPart, WhatsAppChannel, parse_inbound, plan_parts
@@ -30,68 +26,15 @@ from talon.errors import ConfigError, MalformedWebhook
 from talon.media import MarkdownMediaRef
 from tests.fakes.openai_server import FakeOpenAI, decode_data_url, image_urls, last_user_text
 from tests.fakes.twilio import FakeTwilio, SentMessage
-# The helpers live in tests/support/whatsapp.py; named here too for the files that import them from here.
-from tests.support.whatsapp import ALICE, BOB, EVE, HOOK, PUBLIC, post, running, wa_settings  # noqa: F401
+from tests.support.images import jpeg, png, wav
+from tests.support.whatsapp import ALICE, BOB, EVE, HOOK, PUBLIC, alice_workspace, fetch, post, running, wa_settings
+from tests.support.whatsapp import settings, twilio  # noqa: F401  (fixtures)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest_asyncio.fixture
-async def twilio() -> AsyncIterator[FakeTwilio]:
-    async with FakeTwilio() as fake:
-        yield fake
-
-
-def alice_workspace(settings: Settings) -> Path:
-    """Alice's own workspace: the only place her agent's files may be sent from."""
-    workspace = settings.workspace_dir("whatsapp", ALICE)
-    workspace.mkdir(parents=True, exist_ok=True)
-    return workspace
-
-
-@pytest.fixture
-def settings(tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> Settings:
-    return wa_settings(tmp_path, twilio, llm)
-
-
-async def fetch(channel: WhatsAppChannel, media_url: str) -> tuple[int, dict[str, str], bytes]:
-    """GET a MediaUrl from Talon's own server, as Twilio would (the public host maps to it)."""
-    assert media_url.startswith(PUBLIC + "/media/")
-    async with aiohttp.ClientSession() as session:
-        async with session.get(channel.http.local_url + urlsplit(media_url).path) as resp:
-            return resp.status, dict(resp.headers), await resp.read()
-
-
-def jpeg(width: int, height: int, color: tuple[int, int, int] = (200, 30, 30)) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), color).save(buf, "JPEG", quality=90)
-    return buf.getvalue()
-
-
-def png(width: int = 64, height: int = 48) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), (10, 120, 200)).save(buf, "PNG")
-    return buf.getvalue()
-
-
 def pdf() -> bytes:
     return pdf_bytes([None])
-
-
-def wav(seconds: float = 1.0, rate: int = 16_000) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    samples = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="wav") as out:
-        stream = out.add_stream("pcm_s16le", rate=rate)
-        stream.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = rate
-        for packet in stream.encode(frame):
-            out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buf.getvalue()
 
 
 def media_messages(messages: list[SentMessage]) -> list[SentMessage]:

@@ -11,9 +11,7 @@ from PIL import Image
 from channels.whatsapp.media import reencode_image
 from talon.config import Limits
 from talon.media import MarkdownMediaRef, outbound_channel_media
-from tests.test_media_edge_cases import _odd_exif
-
-
+from tests.support.images import odd_exif as _odd_exif
 def test_reencoded_image_with_odd_exif_is_upright(tmp_path: Path) -> None:
     pixels = np.zeros((200, 300, 3), dtype=np.uint8)
     pixels[:, :150] = (255, 0, 0)  # red on the left; orientation 6 puts it on top

@@ -17,8 +17,7 @@ from talon.storage.sessions import ChatKey
 from talon.agent.context.summary import SUMMARY_SYSTEM
 from talon.content import AttachmentRef, FileBlock, ImageBlock, Message, TextBlock, ToolCall
 from tests.fakes.openai_server import FakeOpenAI, ToolCall as WireToolCall, last_user_text
-from tests.test_agent_providers import Setup, openai_provider, png
-
+from tests.support.providers import Setup, openai_provider, png
 CHAT = ChatKey("telegram", "31")
 
 

@@ -18,32 +18,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import discord
 
 from talon.bounded import BoundedMap
-from talon.config import Limits, Settings
-from talon.content import InboundFile
-from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
+from talon.config import Settings
+from talon.envelope import InboundMessage
 from talon.errors import ConfigError, DeliveryError, PlatformRateLimited, StreamStopped
 from talon.render.discord import markdown_to_discord, split_for_discord
-from talon.storage.attachments import AttachmentStore
 
-from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
+from channels.base import ChannelHealth, ForwardsTyping, PartsChannel
 from channels.discord.api import CHANNEL, MAX_RATELIMIT_S, DiscordApi, discord_budget, intents
 from channels.discord.approvals import ApprovalPrompts
 from channels.discord.delivery import NO_PINGS, Delivery, target
 from channels.discord.downloads import Downloads
 from channels.discord.intake import Intake
 from channels.edited_view import EditedViews
-from channels.leader import LeaseLeader
-from channels.reply_parts import Part
+from channels.lifecycle import LeaseLedUpdates
 from channels.rooms import ChatterLog
-
-if TYPE_CHECKING:
-    from talon.storage.approvals import Approval
-    from talon.storage.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +69,15 @@ class _Client(discord.AutoShardedClient):
         log.exception("discord: handling %s failed", event_method)
 
 
-class DiscordChannel(Channel):
+class DiscordChannel(LeaseLedUpdates, ForwardsTyping, PartsChannel):
     name = CHANNEL
     typing_interval_s = 8.0
+    lease_task_name = "discord-gateway-lease"
+
+    intake: Intake
+    approvals: ApprovalPrompts
+    delivery: Delivery
+    downloads: Downloads
 
     def __init__(self, settings: Settings) -> None:
         if not settings.discord_configured():
@@ -87,7 +86,6 @@ class DiscordChannel(Channel):
         self.ready = asyncio.Event()
         self.rest = discord.Client(intents=intents(), max_ratelimit_timeout=MAX_RATELIMIT_S)
         self.gateway: _Client | None = None
-        self.leader: LeaseLeader | None = None
         self.api = DiscordApi(settings, discord_budget(), self.rest)
         self.intake = Intake(self.api, allowed_channels=settings.discord_allowed_channel_ids,
                              chatter=ChatterLog(settings.discord_channel_context, "discord_chatter"))
@@ -100,27 +98,18 @@ class DiscordChannel(Channel):
         self.ack = settings.discord_ack_reaction.strip()
         self._reacted: BoundedMap[str, bool] = BoundedMap("discord_reactions")
         self._gateway: asyncio.Task[None] | None = None
-        self._leading: asyncio.Task[None] | None = None
-        self._down: str | None = "not started"
-        self.startup_retry_max_s = 30.0
 
     def serves(self, conversation: InboundMessage) -> str | None:
         if conversation.is_group and not self.intake.serves_channel(conversation.chat_id):
             return f"the channel {conversation.chat_id} is no longer served (not in TALON_DISCORD_ALLOWED_CHANNELS)"
         return None
 
-    def share_updates(self, leases: Leases) -> None:
-        self.leader = LeaseLeader(leases, GATEWAY_LEASE, start=self._open_gateway, stop=self._close_gateway)
+    # --- start, health and stop (channels/lifecycle.py) -------------------------------------------
+    def _platform(self) -> str:
+        return f"Discord at {self.api.base_url}"
 
-    async def start(self, bridge: BridgeHandle) -> None:
-        self.intake.bind(bridge)
-        self.approvals.bind(bridge)
-        await self._retry_start(self._log_in)
-        if self.leader is not None:
-            self._leading = asyncio.create_task(self.leader.run(), name="discord-gateway-lease")
-        else:
-            await self._open_gateway()
-        self._down = None
+    def _lease_name(self) -> str:
+        return GATEWAY_LEASE
 
     async def _log_in(self) -> None:
         try:
@@ -129,11 +118,11 @@ class DiscordChannel(Channel):
             raise ConfigError(f"Discord refused DISCORD_BOT_TOKEN ({exc}): check it", ["DISCORD_BOT_TOKEN"]) from exc
         log.info("discord: logged in as %s at %s", self.rest.user, self.api.base_url)
 
-    async def _open_gateway(self) -> None:
+    async def _open_updates(self) -> None:
         self.gateway = _Client(self)
         self._gateway = asyncio.create_task(self._connect(self.gateway), name="discord-gateway")
 
-    async def _close_gateway(self) -> None:
+    async def _close_updates(self) -> None:
         self.ready.clear()
         gateway, self.gateway = self.gateway, None
         if gateway is not None:
@@ -157,25 +146,8 @@ class DiscordChannel(Channel):
             self._down = f"the gateway connection ended: {type(exc).__name__}: {str(exc)[:200]}"
             log.error("discord: %s", self._down)
 
-    async def _retry_start(self, step: Callable[[], Awaitable[None]]) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await step()
-                return
-            except ConfigError:
-                raise
-            except Exception as exc:
-                self._down = (f"cannot reach Discord at {self.api.base_url} ({type(exc).__name__}: "
-                              f"{str(exc)[:120]}); retrying in {delay:.0f}s")
-                log.warning("discord: %s", self._down)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.startup_retry_max_s)
-
-    def health(self) -> ChannelHealth:
-        if self._down is not None:
-            return ChannelHealth(False, self._down)
-        if self.leader is not None and not self.leader.leading:
+    def _health_up(self) -> ChannelHealth:
+        if self._standing_by():
             return ChannelHealth(True, f"standing by: another worker holds the gateway (lease {GATEWAY_LEASE}); "
                                        f"replies go out from here as {self.rest.user}")
         gateway = self.gateway
@@ -185,10 +157,7 @@ class DiscordChannel(Channel):
 
     async def stop(self) -> None:
         self._down = "stopped"
-        if self._leading is not None:
-            self._leading.cancel()
-            await asyncio.gather(self._leading, return_exceptions=True)
-        await self._close_gateway()
+        await self._stop_receiving()
         await self.rest.close()
         await self.downloads.close()
 
@@ -215,11 +184,7 @@ class DiscordChannel(Channel):
         except DeliveryError as exc:
             raise StreamStopped(str(exc)) from exc
 
-    # --- the Channel methods ---------------------------------------------------------------------
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
-                   resume_id: str | None = None) -> LiveReply | None:
-        return self.live.live_reply(message, placed=placed, resume_id=resume_id)
-
+    # --- the Channel methods not forwarded to a part (channels/base.py) ----------------------------
     async def acknowledge(self, message: InboundMessage) -> None:
         where = target(message.chat_id, message.thread_id)
         if not self.ack or message.key in self._reacted or not self.api.budget.try_spend(where, calls=2):
@@ -233,25 +198,6 @@ class DiscordChannel(Channel):
             where = target(message.chat_id, message.thread_id)
             partial = self.api.messageable(where).get_partial_message(int(message.message_id))
             await self.api.once("reaction", lambda: partial.remove_reaction(self.ack, discord.Object(self.api.bot_id)))
-
-    async def ask_approval(self, approval: Approval, text: str) -> str | None:
-        return await self.approvals.ask_approval(approval, text)
-
-    async def settle_approval(self, approval: Approval, text: str) -> None:
-        await self.approvals.settle_approval(approval, text)
-
-    def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        return self.delivery.reply_parts(reply)
-
-    async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
-                      on_part: PartCallback | None = None) -> None:
-        await self.delivery.deliver(chat_id, reply, skip_parts=skip_parts, on_part=on_part)
-
-    async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
-        return await self.downloads.download(remote, store, limits)
-
-    async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:
-        await self.delivery.send_typing(chat_id, thread_id)
 
 
 def _first_piece(markdown: str) -> str:

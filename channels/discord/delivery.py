@@ -16,30 +16,20 @@ from __future__ import annotations
 
 import io
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import discord
 
 from talon.envelope import OutboundReply, conversation_id
 from talon.errors import DeliveryError
-from talon.media import OutboundMedia
-from talon.media.failures import attach_failure_line
 from talon.render.discord import discord_plain, markdown_to_discord, split_for_discord
-from talon.render.long_reply import REPLY_DOCUMENT_NAME, reply_document
 
-from channels.base import PartCallback, deliver_parts
+from channels.base import PartCallback
 from channels.discord.api import CHANNEL, UPLOAD_MAX_BYTES, DiscordApi
 from channels.edited_view import EditedViews
-from channels.outbound_files import open_for_upload
-from channels.reply_parts import (
-    FilePart,
-    NoticePart,
-    Part,
-    ReplyDocumentPart,
-    RetirePart,
-    TextPart,
-    plan_reply_parts,
-)
+from channels.reply_parts import Part, plan_reply_parts, send_parts
 
 log = logging.getLogger(__name__)
 
@@ -100,69 +90,61 @@ class Delivery:
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
-        where = target(chat_id, reply.thread_id)
-
-        async def send(index: int, part: Part) -> None:
+        def target(index: int) -> _Target:
             reply_to = reply.reply_to_message_id if index == 0 else None
-            await self._send_part(chat_id, where, part, reply.thread_id, reply_to)
+            return _Target(self, chat_id, reply.thread_id, reply_to)
 
-        await deliver_parts(self.reply_parts(reply), send, skip_parts=skip_parts, on_part=on_part)
-
-    async def _send_part(self, chat_id: str, where: str, part: Part, thread_id: str | None,
-                         reply_to: str | None) -> None:
-        if isinstance(part, TextPart) and part.edit is not None:
-            try:
-                await self.edit(where, part.edit, part.markdown)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                log.warning("discord: channel=%s: cannot edit the streamed message %s (%s); sending the answer anew",
-                            where, part.edit, exc)
-                await self.post(where, part.markdown, reply_to=reply_to)
-        elif isinstance(part, TextPart):
-            if discord_plain(part.markdown).strip():
-                await self.post(where, part.markdown, reply_to=reply_to)
-        elif isinstance(part, RetirePart):
-            message = self.api.messageable(where).get_partial_message(int(part.message_id))
-            try:
-                await self.api.call(where, "delete", message.delete)
-            except DeliveryError as exc:
-                log.warning("discord: channel=%s: could not delete the streamed message: %s", where, exc)
-        elif isinstance(part, NoticePart):
-            await self.notice(where, part.text)
-        elif isinstance(part, ReplyDocumentPart):
-            try:
-                await self.upload(where, reply_document(part.text), REPLY_DOCUMENT_NAME, comment=part.note)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                await self.notice(where, attach_failure_line(REPLY_DOCUMENT_NAME, f"Discord refused it ({exc})"))
-        else:
-            await self._send_file(chat_id, where, part, thread_id)
-
-    async def _send_file(self, chat_id: str, where: str, part: FilePart, thread_id: str | None) -> None:
-        root = self.api.settings.workspace_dir(CHANNEL, conversation_id(chat_id, thread_id))
-        opened = open_for_upload(part.ref, root, limit=self.upload_max_bytes, platform="Discord",
-                                 where=f"discord: channel={where}")
-        if isinstance(opened, str):
-            await self.notice(where, opened)
-            return
-        media: OutboundMedia = opened
-        try:
-            media.file.seek(0)
-            data = media.file.read()
-            try:
-                await self.upload(where, data, media.name)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                log.warning("discord: channel=%s: %s refused: %s", where, media.name, exc)
-                await self.notice(where, attach_failure_line(media.name, "Discord refused it"))
-        finally:
-            media.close()
+        await send_parts(self.reply_parts(reply), target, skip_parts=skip_parts, on_part=on_part)
 
     async def upload(self, where: str, data: bytes, name: str, *, comment: str = "") -> None:
         channel = self.api.messageable(where)
         sent = await self.api.call(where, "upload", lambda: channel.send(
             comment or None, file=discord.File(io.BytesIO(data), filename=name), allowed_mentions=NO_PINGS))
         self.sent[str(sent.id)] = True
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A channel or thread as ``channels.reply_parts.send_parts`` sends a reply's parts to it."""
+
+    delivery: Delivery
+    chat_id: str
+    thread_id: str | None
+    reply_to: str | None
+    platform: str = "Discord"
+    retire_verb: str = "delete"
+
+    @property
+    def channel(self) -> str:
+        return target(self.chat_id, self.thread_id)
+
+    @property
+    def where(self) -> str:
+        return f"discord: channel={self.channel}"
+
+    @property
+    def workspace(self) -> Path:
+        return self.delivery.api.settings.workspace_dir(CHANNEL, conversation_id(self.chat_id, self.thread_id))
+
+    @property
+    def upload_max_bytes(self) -> int:
+        return self.delivery.upload_max_bytes
+
+    def plain(self, markdown: str) -> str:
+        return discord_plain(markdown)
+
+    async def post(self, markdown: str) -> None:
+        await self.delivery.post(self.channel, markdown, reply_to=self.reply_to)
+
+    async def edit(self, message_id: str, markdown: str) -> None:
+        await self.delivery.edit(self.channel, message_id, markdown)
+
+    async def retire(self, message_id: str) -> None:
+        message = self.delivery.api.messageable(self.channel).get_partial_message(int(message_id))
+        await self.delivery.api.call(self.channel, "delete", message.delete)
+
+    async def notice(self, text: str) -> None:
+        await self.delivery.notice(self.channel, text)
+
+    async def upload(self, data: bytes, name: str, mime: str, kind: str, *, comment: str = "") -> None:
+        await self.delivery.upload(self.channel, data, name, comment=comment)

@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from nio import LoginResponse, WhoamiResponse
 
-from talon.config import Limits, Settings
-from talon.content import InboundFile
-from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
+from talon.config import Settings
+from talon.envelope import InboundMessage
 from talon.errors import ConfigError, DeliveryError, PlatformRateLimited, StreamStopped
 from talon.render.matrix import split_for_matrix
-from talon.storage.attachments import AttachmentStore
 
-from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
+from channels.base import ChannelHealth, ForwardsReactions, ForwardsTyping, PartsChannel
 from channels.edited_view import EditedViews
-from channels.leader import LeaseLeader
+from channels.lifecycle import LeaseLedUpdates
 from channels.matrix.api import CHANNEL, MatrixApi, check, matrix_budget
 from channels.matrix.approvals import ApprovalPrompts
 from channels.matrix.delivery import Delivery, edit_content, placed, text_content
@@ -36,19 +33,23 @@ from channels.matrix.downloads import Downloads
 from channels.matrix.intake import Intake
 from channels.matrix.reactions import Reactions
 from channels.matrix.sync import Sync
-from channels.reply_parts import Part
 from channels.rooms import ChatterLog
 
 if TYPE_CHECKING:
-    from talon.storage.approvals import Approval
     from talon.storage.leases import Leases
 
 log = logging.getLogger(__name__)
 
 
-class MatrixChannel(Channel):
+class MatrixChannel(LeaseLedUpdates, ForwardsReactions, ForwardsTyping, PartsChannel):
     name = CHANNEL
     typing_interval_s = 8.0
+    lease_task_name = "matrix-sync-lease"
+
+    intake: Intake
+    approvals: ApprovalPrompts
+    delivery: Delivery
+    downloads: Downloads
 
     def __init__(self, settings: Settings) -> None:
         if not settings.matrix_configured():
@@ -71,10 +72,6 @@ class MatrixChannel(Channel):
         self.sync = Sync(self.api, settings.data_dir, on_invite=self.intake.on_invite,
                          on_event=self.intake.on_event, on_reaction=self.approvals.on_reaction)
         self._task: asyncio.Task[None] | None = None
-        self.leader: LeaseLeader | None = None
-        self._leading: asyncio.Task[None] | None = None
-        self._down: str | None = "not started"
-        self.startup_retry_max_s = 30.0
 
     def serves(self, conversation: InboundMessage) -> str | None:
         if conversation.is_group and not self.intake.serves_room(conversation.chat_id):
@@ -85,23 +82,19 @@ class MatrixChannel(Channel):
         """Many workers: one ``/sync`` per account, by the holder of its lease; the token in the
         account data so that the next holder goes on from it (``sync.py``)."""
         self.sync.shared = True
-        self.leader = LeaseLeader(leases, f"matrix:sync:{self.api.user_id}", start=self._start_sync,
-                                  stop=self._stop_sync)
+        super().share_updates(leases)
 
-    async def start(self, bridge: BridgeHandle) -> None:
-        self.intake.bind(bridge)
-        self.approvals.bind(bridge)
-        await self._retry_start(self._log_in)
-        if self.leader is not None:
-            self._leading = asyncio.create_task(self.leader.run(), name="matrix-sync-lease")
-        else:
-            await self._start_sync()
-        self._down = None
+    # --- start, health and stop (channels/lifecycle.py) -------------------------------------------
+    def _platform(self) -> str:
+        return f"the homeserver {self.api.homeserver}"
 
-    async def _start_sync(self) -> None:
+    def _lease_name(self) -> str:
+        return f"matrix:sync:{self.api.user_id}"
+
+    async def _open_updates(self) -> None:
         self._task = asyncio.create_task(self.sync.run(), name="matrix-sync")
 
-    async def _stop_sync(self) -> None:
+    async def _close_updates(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -128,37 +121,17 @@ class MatrixChannel(Channel):
         log.info("matrix: logged in as %s at %s (uploads up to %d bytes)", who.user_id, self.api.homeserver,
                  self.api.upload_max_bytes)
 
-    async def _retry_start(self, step: Callable[[], Awaitable[None]]) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await step()
-                return
-            except ConfigError:
-                raise
-            except Exception as exc:  # unreachable, hanging, 5xx: wait for it
-                self._down = (f"cannot reach the homeserver {self.api.homeserver} ({type(exc).__name__}: "
-                              f"{str(exc)[:120]}); retrying in {delay:.0f}s")
-                log.warning("matrix: %s", self._down)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.startup_retry_max_s)
-
-    def health(self) -> ChannelHealth:
-        if self._down is not None:
-            return ChannelHealth(False, self._down)
-        if self.leader is not None and not self.leader.leading:
+    def _health_up(self) -> ChannelHealth:
+        if self._standing_by():
             return ChannelHealth(True, f"standing by: another worker syncs {self.api.user_id} (lease "
-                                       f"{self.leader.name}); replies go out from here")
+                                       f"{self._lease_name()}); replies go out from here")
         if self._task is not None and self._task.done():
             return ChannelHealth(False, "the sync loop ended")
         return self.sync.health()
 
     async def stop(self) -> None:
         self._down = "stopped"
-        if self._leading is not None:
-            self._leading.cancel()
-            await asyncio.gather(self._leading, return_exceptions=True)
-        await self._stop_sync()
+        await self._stop_receiving()
         await self.api.close()
 
     # --- live views -------------------------------------------------------------------------------
@@ -181,36 +154,6 @@ class MatrixChannel(Channel):
         except DeliveryError as exc:
             raise StreamStopped(str(exc)) from exc
         return str(answer.event_id)
-
-    # --- the Channel methods ---------------------------------------------------------------------
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
-                   resume_id: str | None = None) -> LiveReply | None:
-        return self.live.live_reply(message, placed=placed, resume_id=resume_id)
-
-    async def acknowledge(self, message: InboundMessage) -> None:
-        await self.reactions.acknowledge(message)
-
-    async def unacknowledge(self, message: InboundMessage) -> None:
-        await self.reactions.unacknowledge(message)
-
-    async def ask_approval(self, approval: Approval, text: str) -> str | None:
-        return await self.approvals.ask_approval(approval, text)
-
-    async def settle_approval(self, approval: Approval, text: str) -> None:
-        await self.approvals.settle_approval(approval, text)
-
-    def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        return self.delivery.reply_parts(reply)
-
-    async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
-                      on_part: PartCallback | None = None) -> None:
-        await self.delivery.deliver(chat_id, reply, skip_parts=skip_parts, on_part=on_part)
-
-    async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
-        return await self.downloads.download(remote, store, limits)
-
-    async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:
-        await self.delivery.send_typing(chat_id, thread_id)
 
 
 def _first_piece(markdown: str) -> str:

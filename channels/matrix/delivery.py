@@ -15,31 +15,18 @@ reported after each part so that a restart resumes at the first part not deliver
 
 from __future__ import annotations
 
-import logging
+import io
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from talon.envelope import OutboundReply, conversation_id
-from talon.errors import DeliveryError
-from talon.media import OutboundMedia
-from talon.media.failures import attach_failure_line
-from talon.render.long_reply import REPLY_DOCUMENT_MIME, REPLY_DOCUMENT_NAME, reply_document
 from talon.render.matrix import markdown_to_matrix_html, matrix_plain, split_for_matrix
 
-from channels.base import PartCallback, deliver_parts
+from channels.base import PartCallback
 from channels.edited_view import EditedViews
 from channels.matrix.api import CHANNEL, MatrixApi, check
-from channels.outbound_files import open_for_upload
-from channels.reply_parts import (
-    FilePart,
-    NoticePart,
-    Part,
-    ReplyDocumentPart,
-    RetirePart,
-    TextPart,
-    plan_reply_parts,
-)
-
-log = logging.getLogger(__name__)
+from channels.reply_parts import Part, plan_reply_parts, send_parts
 
 REPLY_MAX_MESSAGES = 8
 _MSGTYPES = {"image": "m.image", "animation": "m.image", "audio": "m.audio", "voice": "m.audio",
@@ -99,71 +86,14 @@ class Delivery:
 
     async def deliver(self, room: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
-        async def send(index: int, part: Part) -> None:
+        def target(index: int) -> _Room:
             reply_to = reply.reply_to_message_id if index == 0 else None
-            await self._send_part(room, part, reply.thread_id, reply_to)
+            return _Room(self, room, reply.thread_id, reply_to)
 
-        await deliver_parts(self.reply_parts(reply), send, skip_parts=skip_parts, on_part=on_part)
+        await send_parts(self.reply_parts(reply), target, skip_parts=skip_parts, on_part=on_part)
 
-    async def _send_part(self, room: str, part: Part, thread_id: str | None, reply_to: str | None) -> None:
-        if isinstance(part, TextPart) and part.edit is not None:
-            try:
-                await self.edit(room, part.edit, part.markdown)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                log.warning("matrix: room=%s: cannot edit the streamed message %s (%s); sending the answer anew",
-                            room, part.edit, exc)
-                await self.post(room, part.markdown, thread_id=thread_id, reply_to=reply_to)
-        elif isinstance(part, TextPart):
-            if matrix_plain(part.markdown).strip():
-                await self.post(room, part.markdown, thread_id=thread_id, reply_to=reply_to)
-        elif isinstance(part, RetirePart):
-            try:
-                await self.api.call(room, "redact", lambda: self.api.client.room_redact(room, part.message_id))
-            except DeliveryError as exc:
-                log.warning("matrix: room=%s: could not redact the streamed message: %s", room, exc)
-        elif isinstance(part, NoticePart):
-            await self.notice(room, part.text, thread_id=thread_id)
-        elif isinstance(part, ReplyDocumentPart):
-            data = reply_document(part.text)
-            try:
-                await self._upload_and_send(room, data, REPLY_DOCUMENT_NAME, REPLY_DOCUMENT_MIME, "document",
-                                            thread_id, caption=part.note)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                await self.notice(room, attach_failure_line(REPLY_DOCUMENT_NAME, f"the homeserver refused it ({exc})"),
-                                  thread_id=thread_id)
-        else:
-            await self._send_file(room, part, thread_id)
-
-    async def _send_file(self, room: str, part: FilePart, thread_id: str | None) -> None:
-        root = self.api.settings.workspace_dir(CHANNEL, conversation_id(room, thread_id))
-        opened = open_for_upload(part.ref, root, limit=self.api.upload_max_bytes, platform="the homeserver",
-                                 where=f"matrix: room={room}")
-        if isinstance(opened, str):
-            await self.notice(room, opened, thread_id=thread_id)
-            return
-        media: OutboundMedia = opened
-        try:
-            media.file.seek(0)
-            data = media.file.read()
-            try:
-                await self._upload_and_send(room, data, media.name, media.mime, media.kind, thread_id)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                log.warning("matrix: room=%s: %s refused: %s", room, media.name, exc)
-                await self.notice(room, attach_failure_line(media.name, "the homeserver refused it"),
-                                  thread_id=thread_id)
-        finally:
-            media.close()
-
-    async def _upload_and_send(self, room: str, data: bytes, name: str, mime: str, kind: str,
+    async def upload_and_send(self, room: str, data: bytes, name: str, mime: str, kind: str,
                                thread_id: str | None, caption: str = "") -> None:
-        import io
-
         def upload() -> Any:
             return self.api.client.upload(io.BytesIO(data), content_type=mime, filename=name, filesize=len(data))
 
@@ -178,3 +108,47 @@ class Delivery:
             content["body"] = caption
         event_id = await self.api.send(room, placed(content, thread_id=thread_id, reply_to=None), "send file")
         self.sent[event_id] = True
+
+
+@dataclass(frozen=True)
+class _Room:
+    """A room (and thread) as ``channels.reply_parts.send_parts`` sends a reply's parts to it."""
+
+    delivery: Delivery
+    room: str
+    thread_id: str | None
+    reply_to: str | None
+    platform: str = "the homeserver"
+    retire_verb: str = "redact"
+
+    @property
+    def where(self) -> str:
+        return f"matrix: room={self.room}"
+
+    @property
+    def workspace(self) -> Path:
+        return self.delivery.api.settings.workspace_dir(CHANNEL, conversation_id(self.room, self.thread_id))
+
+    @property
+    def upload_max_bytes(self) -> int:
+        return self.delivery.api.upload_max_bytes
+
+    def plain(self, markdown: str) -> str:
+        return matrix_plain(markdown)
+
+    async def post(self, markdown: str) -> None:
+        await self.delivery.post(self.room, markdown, thread_id=self.thread_id, reply_to=self.reply_to)
+
+    async def edit(self, message_id: str, markdown: str) -> None:
+        await self.delivery.edit(self.room, message_id, markdown)
+
+    async def retire(self, message_id: str) -> None:
+        api = self.delivery.api
+        await api.call(self.room, "redact", lambda: api.client.room_redact(self.room, message_id))
+
+    async def notice(self, text: str) -> None:
+        await self.delivery.notice(self.room, text, thread_id=self.thread_id)
+
+    async def upload(self, data: bytes, name: str, mime: str, kind: str, *, comment: str = "") -> None:
+        await self.delivery.upload_and_send(self.room, data, name, mime, kind, self.thread_id,
+                                             caption=comment)

@@ -15,26 +15,21 @@ of them: neither needs a lease.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
-from talon.config import Limits, Settings
-from talon.content import InboundFile
-from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
+from talon.bounded import BoundedMap
+from talon.config import Settings
+from talon.envelope import InboundMessage
 from talon.errors import ConfigError, DeliveryError, PlatformRateLimited, StreamStopped
 from talon.render.slack import markdown_to_mrkdwn, split_for_slack
-from talon.storage.attachments import AttachmentStore
-from talon.bounded import BoundedMap
 
-from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
+from channels.base import ChannelHealth, PartsChannel
 from channels.edited_view import EditedViews
 from channels.http import HttpServer
-from channels.reply_parts import Part
+from channels.lifecycle import PlatformLifecycle
 from channels.rooms import ChatterLog
 from channels.slack.api import CHANNEL, Call, SlackApi, slack_budget
 from channels.slack.approvals import ApprovalPrompts
@@ -43,16 +38,18 @@ from channels.slack.downloads import Downloads
 from channels.slack.events import Dispatch, HttpDoor, SocketDoor, Verifier
 from channels.slack.intake import Intake
 
-if TYPE_CHECKING:
-    from talon.storage.approvals import Approval
-
 log = logging.getLogger(__name__)
 
 _REFUSED_TOKEN = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"})
 
 
-class SlackChannel(Channel):
+class SlackChannel(PlatformLifecycle, PartsChannel):
     name = CHANNEL
+
+    intake: Intake
+    approvals: ApprovalPrompts
+    delivery: Delivery
+    downloads: Downloads
 
     def __init__(self, settings: Settings, http: HttpServer | None = None) -> None:
         if not settings.slack_configured():
@@ -84,26 +81,25 @@ class SlackChannel(Channel):
             self.http = http or HttpServer(settings.http_host, settings.http_port)
             self.door = HttpDoor(self.dispatch, Verifier(settings.slack_signing_secret.strip()))
             self.http.add_route("POST", self.events_path, self.door.handle)
-        self._down: str | None = "not started"
-        self.startup_retry_max_s = 30.0
 
     def serves(self, conversation: InboundMessage) -> str | None:
         if conversation.is_group and not self.intake.serves_channel(conversation.chat_id):
             return f"the channel {conversation.chat_id} is no longer served (not in TALON_SLACK_ALLOWED_CHANNELS)"
         return None
 
-    async def start(self, bridge: BridgeHandle) -> None:
-        self.intake.bind(bridge)
-        self.approvals.bind(bridge)
-        await self._retry_start(self._auth_test)
+    # --- start, health and stop (channels/lifecycle.py) -------------------------------------------
+    def _platform(self) -> str:
+        return f"Slack at {self.api.base_url}"
+
+    async def _receive(self) -> None:
         if self.settings.slack_socket_mode:
             self.socket = SocketDoor(self.dispatch, self.settings.slack_app_token.strip(), self.api.client)
             await self._retry_start(self.socket.connect)
         elif self._owns_http and self.http is not None:
             await self.http.start()
-        self._down = None
 
-    async def _auth_test(self) -> None:
+    async def _log_in(self) -> None:
+        """``auth.test``: the token, and the bot's member id (for mentions)."""
         try:
             answer = await self.api.client.auth_test()
         except SlackApiError as exc:
@@ -118,24 +114,7 @@ class SlackChannel(Channel):
                  self.api.team, self.api.base_url,
                  "Socket Mode" if self.settings.slack_socket_mode else f"Events API at {self.events_path}")
 
-    async def _retry_start(self, step: Callable[[], Awaitable[None]]) -> None:
-        delay = 1.0
-        while True:
-            try:
-                await step()
-                return
-            except ConfigError:
-                raise
-            except Exception as exc:  # unreachable, hanging, 5xx: wait for it
-                self._down = (f"cannot reach Slack at {self.api.base_url} ({type(exc).__name__}: "
-                              f"{str(exc)[:120]}); retrying in {delay:.0f}s")
-                log.warning("slack: %s", self._down)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.startup_retry_max_s)
-
-    def health(self) -> ChannelHealth:
-        if self._down is not None:
-            return ChannelHealth(False, self._down)
+    def _health_up(self) -> ChannelHealth:
         if self.socket is not None:
             session = self.socket.client.current_session
             if session is None or session.closed:
@@ -178,11 +157,7 @@ class SlackChannel(Channel):
         except DeliveryError as exc:
             raise StreamStopped(str(exc)) from exc
 
-    # --- the Channel methods ---------------------------------------------------------------------
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
-                   resume_id: str | None = None) -> LiveReply | None:
-        return self.live.live_reply(message, placed=placed, resume_id=resume_id)
-
+    # --- the Channel methods not forwarded to a part (channels/base.py) ----------------------------
     async def acknowledge(self, message: InboundMessage) -> None:
         if not self.ack_reaction or message.message_id.startswith("cmd-") or message.key in self._reacted:
             return
@@ -196,22 +171,6 @@ class SlackChannel(Channel):
         if self._reacted.pop(message.key, None):
             await self.api.once("reaction", lambda: self.api.client.reactions_remove(
                 channel=message.chat_id, timestamp=message.message_id, name=self.ack_reaction))
-
-    async def ask_approval(self, approval: Approval, text: str) -> str | None:
-        return await self.approvals.ask_approval(approval, text)
-
-    async def settle_approval(self, approval: Approval, text: str) -> None:
-        await self.approvals.settle_approval(approval, text)
-
-    def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        return self.delivery.reply_parts(reply)
-
-    async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
-                      on_part: PartCallback | None = None) -> None:
-        await self.delivery.deliver(chat_id, reply, skip_parts=skip_parts, on_part=on_part)
-
-    async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
-        return await self.downloads.download(remote, store, limits)
 
 
 def _first_piece(markdown: str) -> str:

@@ -15,27 +15,17 @@ reported after each part so that a restart resumes at the first part not deliver
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from talon.envelope import OutboundReply, conversation_id
 from talon.errors import DeliveryError
-from talon.media import OutboundMedia
-from talon.media.failures import attach_failure_line
-from talon.render.long_reply import REPLY_DOCUMENT_NAME, reply_document
 from talon.render.slack import markdown_to_mrkdwn, slack_plain, split_for_slack
 
-from channels.base import PartCallback, deliver_parts
+from channels.base import PartCallback
 from channels.edited_view import EditedViews
-from channels.outbound_files import open_for_upload
-from channels.reply_parts import (
-    FilePart,
-    NoticePart,
-    Part,
-    ReplyDocumentPart,
-    RetirePart,
-    TextPart,
-    plan_reply_parts,
-)
+from channels.reply_parts import Part, plan_reply_parts, send_parts
 from channels.slack.api import CHANNEL, UPLOAD_MAX_BYTES, SlackApi, error_code
 
 log = logging.getLogger(__name__)
@@ -88,64 +78,8 @@ class Delivery:
 
     async def deliver(self, channel: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
-        async def send(index: int, part: Part) -> None:
-            await self._send_part(channel, part, reply.thread_id)
-
-        await deliver_parts(self.reply_parts(reply), send, skip_parts=skip_parts, on_part=on_part)
-
-    async def _send_part(self, channel: str, part: Part, thread_ts: str | None) -> None:
-        if isinstance(part, TextPart) and part.edit is not None:
-            try:
-                await self.edit(channel, part.edit, part.markdown)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                log.warning("slack: channel=%s: cannot edit the streamed message %s (%s); sending the answer anew",
-                            channel, part.edit, exc)
-                await self.post(channel, part.markdown, thread_ts=thread_ts)
-        elif isinstance(part, TextPart):
-            if slack_plain(part.markdown).strip():
-                await self.post(channel, part.markdown, thread_ts=thread_ts)
-        elif isinstance(part, RetirePart):
-            try:
-                await self.api.call(channel, "delete", lambda: self.api.client.chat_delete(
-                    channel=channel, ts=part.message_id))
-            except DeliveryError as exc:
-                log.warning("slack: channel=%s: could not delete the streamed message: %s", channel, exc)
-        elif isinstance(part, NoticePart):
-            await self.notice(channel, part.text, thread_ts=thread_ts)
-        elif isinstance(part, ReplyDocumentPart):
-            try:
-                await self.upload(channel, reply_document(part.text), REPLY_DOCUMENT_NAME, thread_ts,
-                                  comment=part.note)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                await self.notice(channel, attach_failure_line(REPLY_DOCUMENT_NAME, f"Slack refused it ({exc})"),
-                                  thread_ts=thread_ts)
-        else:
-            await self._send_file(channel, part, thread_ts)
-
-    async def _send_file(self, channel: str, part: FilePart, thread_ts: str | None) -> None:
-        root = self.api.settings.workspace_dir(CHANNEL, conversation_id(channel, thread_ts))
-        opened = open_for_upload(part.ref, root, limit=self.upload_max_bytes, platform="Slack",
-                                 where=f"slack: channel={channel}")
-        if isinstance(opened, str):
-            await self.notice(channel, opened, thread_ts=thread_ts)
-            return
-        media: OutboundMedia = opened
-        try:
-            media.file.seek(0)
-            data = media.file.read()
-            try:
-                await self.upload(channel, data, media.name, thread_ts)
-            except DeliveryError as exc:
-                if not exc.permanent:
-                    raise
-                log.warning("slack: channel=%s: %s refused: %s", channel, media.name, exc)
-                await self.notice(channel, attach_failure_line(media.name, "Slack refused it"), thread_ts=thread_ts)
-        finally:
-            media.close()
+        where = _Channel(self, channel, reply.thread_id)
+        await send_parts(self.reply_parts(reply), lambda index: where, skip_parts=skip_parts, on_part=on_part)
 
     async def upload(self, channel: str, data: bytes, name: str, thread_ts: str | None, *, comment: str = "") -> None:
         kwargs: dict[str, Any] = {"channel": channel, "content": data, "filename": name, "title": name}
@@ -154,3 +88,46 @@ class Delivery:
         if comment:
             kwargs["initial_comment"] = comment
         await self.api.call(channel, "upload", lambda: self.api.client.files_upload_v2(**kwargs))
+
+
+@dataclass(frozen=True)
+class _Channel:
+    """A channel (and thread) as ``channels.reply_parts.send_parts`` sends a reply's parts to it;
+    Slack's parts do not reply to the message that asked (the thread places them)."""
+
+    delivery: Delivery
+    channel: str
+    thread_ts: str | None
+    platform: str = "Slack"
+    retire_verb: str = "delete"
+
+    @property
+    def where(self) -> str:
+        return f"slack: channel={self.channel}"
+
+    @property
+    def workspace(self) -> Path:
+        return self.delivery.api.settings.workspace_dir(CHANNEL, conversation_id(self.channel, self.thread_ts))
+
+    @property
+    def upload_max_bytes(self) -> int:
+        return self.delivery.upload_max_bytes
+
+    def plain(self, markdown: str) -> str:
+        return slack_plain(markdown)
+
+    async def post(self, markdown: str) -> None:
+        await self.delivery.post(self.channel, markdown, thread_ts=self.thread_ts)
+
+    async def edit(self, message_id: str, markdown: str) -> None:
+        await self.delivery.edit(self.channel, message_id, markdown)
+
+    async def retire(self, message_id: str) -> None:
+        api = self.delivery.api
+        await api.call(self.channel, "delete", lambda: api.client.chat_delete(channel=self.channel, ts=message_id))
+
+    async def notice(self, text: str) -> None:
+        await self.delivery.notice(self.channel, text, thread_ts=self.thread_ts)
+
+    async def upload(self, data: bytes, name: str, mime: str, kind: str, *, comment: str = "") -> None:
+        await self.delivery.upload(self.channel, data, name, self.thread_ts, comment=comment)

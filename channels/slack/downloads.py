@@ -17,10 +17,9 @@ import httpx
 from talon.config import Limits
 from talon.content import InboundFile
 from talon.envelope import RemoteFile
-from talon.errors import DownloadError, DownloadTooLarge, MediaError
 from talon.storage.attachments import AttachmentStore
 
-from channels.base import store_response
+from channels.base import download_into_store
 from channels.slack.api import SlackApi
 from talon.tls import httpx_tls
 
@@ -38,25 +37,9 @@ class Downloads:
         self.http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
-        base = InboundFile(kind=remote.kind, name=remote.name, mime=remote.mime, size=remote.size)
-        name = remote.name or remote.kind
-        if remote.size is not None and remote.size > limits.download_max_bytes:
-            return base.model_copy(update={"notice": str(DownloadTooLarge(name, remote.size, limits.download_max_bytes))})
-        if not fetchable(remote.source, self.api):
-            return base.model_copy(update={"notice": f"{name} has an address Talon does not fetch"})
-        try:
-            async with self.http.stream("GET", remote.source,
-                                        headers={"Authorization": f"Bearer {self.api.token}"}) as resp:
-                if resp.status_code != 200:
-                    raise DownloadError(f"download of {name} failed: HTTP {resp.status_code}")
-                ref = await store_response(resp, store, remote, limit=limits.download_max_bytes,
-                                           mime=remote.mime or resp.headers.get("content-type")
-                                           or "application/octet-stream")
-        except httpx.HTTPError as exc:
-            return base.model_copy(update={"notice": f"download of {name} failed: {type(exc).__name__}"})
-        except MediaError as exc:
-            return base.model_copy(update={"notice": str(exc)})
-        return base.model_copy(update={"ref": ref, "size": ref.bytes})
+        url = remote.source if fetchable(remote.source, self.api) else None
+        return await download_into_store(self.http, url, remote, store, limits,
+                                         headers={"Authorization": f"Bearer {self.api.token}"})
 
     async def close(self) -> None:
         await self.http.aclose()

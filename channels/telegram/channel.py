@@ -19,12 +19,10 @@ from telegram.ext import Application, ApplicationBuilder, CallbackQueryHandler, 
 from telegram.request import HTTPXRequest
 
 from talon.config import Limits, Settings
-from talon.content import InboundFile
-from talon.envelope import InboundMessage, LiveReply, OutboundReply, RemoteFile
+from talon.envelope import InboundMessage
 from talon.errors import ConfigError
-from talon.storage.attachments import AttachmentStore
 
-from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
+from channels.base import BridgeHandle, ChannelHealth, ForwardsReactions, ForwardsTyping, PartsChannel
 from channels.http import HttpServer
 from channels.send_budget import SendBudget
 from channels.telegram.api import CHANNEL, TelegramApi, _retry_seconds, telegram_budget
@@ -33,7 +31,6 @@ from channels.telegram.delivery import Delivery
 from channels.telegram.downloads import Downloads
 from channels.telegram.groups import ChatterLog
 from channels.telegram.intake import Intake
-from channels.telegram.parts import Part
 from channels.telegram.polling import Polling, _PollingRequest
 from channels.telegram.reactions import Reactions
 from channels.telegram.streaming import LiveViews
@@ -42,14 +39,17 @@ from channels.telegram_leader import PollLeader
 from talon.tls import httpx_tls
 
 if TYPE_CHECKING:
-    from talon.storage.approvals import Approval
     from talon.storage.leases import Leases
 
 log = logging.getLogger(__name__)
 
 
-class TelegramChannel(Channel):
+class TelegramChannel(ForwardsReactions, ForwardsTyping, PartsChannel):
     name = CHANNEL
+
+    approvals: ApprovalPrompts
+    delivery: Delivery
+    downloads: Downloads
 
     def __init__(self, settings: Settings, *, watchdog_interval_s: float = 15.0,
                  stall_after_s: float | None = None, http: HttpServer | None = None,
@@ -206,33 +206,3 @@ class TelegramChannel(Channel):
         await self.intake.flush_albums()
         await self.app.shutdown()
         await self._http.aclose()
-
-    # --- the Channel methods, each answered by the part whose job it is -------------------------
-    def live_reply(self, message: InboundMessage, *, placed: Callable[[str], Awaitable[None]] | None = None,
-                   resume_id: str | None = None) -> LiveReply | None:
-        return self.live.live_reply(message, placed=placed, resume_id=resume_id)
-
-    async def acknowledge(self, message: InboundMessage) -> None:
-        await self.reactions.acknowledge(message)
-
-    async def unacknowledge(self, message: InboundMessage) -> None:
-        await self.reactions.unacknowledge(message)
-
-    async def ask_approval(self, approval: Approval, text: str) -> str | None:
-        return await self.approvals.ask_approval(approval, text)
-
-    async def settle_approval(self, approval: Approval, text: str) -> None:
-        await self.approvals.settle_approval(approval, text)
-
-    def reply_parts(self, reply: OutboundReply) -> list[Part]:
-        return self.delivery.reply_parts(reply)
-
-    async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
-                      on_part: PartCallback | None = None) -> None:
-        await self.delivery.deliver(chat_id, reply, skip_parts=skip_parts, on_part=on_part)
-
-    async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
-        return await self.downloads.download(remote, store, limits)
-
-    async def send_typing(self, chat_id: str, thread_id: str | None = None) -> None:
-        await self.delivery.send_typing(chat_id, thread_id)

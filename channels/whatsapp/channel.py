@@ -18,15 +18,12 @@ import logging
 
 
 from talon.config import Limits, Settings
-from talon.content import InboundFile
-from talon.envelope import InboundMessage, OutboundReply, RemoteFile
+from talon.envelope import InboundMessage, OutboundReply
 from talon.errors import TwilioRefused
-from talon.storage.approvals import Approval
-from talon.storage.attachments import AttachmentStore
 from talon.storage.media_links import MediaLinkStore, MemoryMediaLinks
 from talon.storage.whatsapp import WhatsAppStore
 
-from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
+from channels.base import BridgeHandle, Channel, ChannelHealth, ForwardsApprovals, ForwardsDownloads, PartCallback
 from channels.http import HttpServer
 from channels.media_links import MediaLinks
 from channels.whatsapp.api import WINDOW_CODES, TwilioApi
@@ -46,8 +43,11 @@ log = logging.getLogger("channels.whatsapp")
 MEDIA_DRAIN_S = 10.0
 
 
-class WhatsAppChannel(Channel):
+class WhatsAppChannel(ForwardsApprovals, ForwardsDownloads, Channel):
     name = "whatsapp"
+
+    approvals: ApprovalPrompts
+    downloads: Downloads
 
     def __init__(self, settings: Settings, *, http: HttpServer | None = None,
                  retry_base_s: float = 1.0, media_drain_s: float = MEDIA_DRAIN_S,
@@ -175,17 +175,7 @@ class WhatsAppChannel(Channel):
     async def status_lines(self, chat_id: str) -> list[str]:
         return await self.window.status_lines(chat_id)
 
-    # --- inbound media ------------------------------------------------------------------------
-    async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
-        return await self.downloads.download(remote, store, limits)
-
-    # --- outbound -----------------------------------------------------------------------------
-    async def ask_approval(self, approval: Approval, text: str) -> str | None:
-        return await self.approvals.ask_approval(approval, text)
-
-    async def settle_approval(self, approval: Approval, text: str) -> None:
-        await self.approvals.settle_approval(approval, text)
-
+    # --- outbound (downloads and approval prompts: ForwardsDownloads, ForwardsApprovals) -------
     def reply_parts(self, reply: OutboundReply) -> list[Part]:
         return plan_parts(reply, self.limits, can_attach=self.links is not None)
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
+import pytest
+import pytest_asyncio
 
 from channels.whatsapp import WhatsAppChannel
 from talon.config import Settings
 from talon.runtime import Runtime, build_runtime
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
+
 
 PUBLIC = "https://talon.example.test"
 HOOK = "/twilio/whatsapp"
@@ -66,3 +70,29 @@ async def post(channel: WhatsAppChannel, params: dict[str, str], *, signature: s
     async with aiohttp.ClientSession() as session:
         async with session.post(channel.http.local_url + path, data=params, headers=headers) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), await resp.text()
+
+
+@pytest_asyncio.fixture
+async def twilio() -> AsyncIterator[FakeTwilio]:
+    async with FakeTwilio() as fake:
+        yield fake
+
+
+@pytest.fixture
+def settings(tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI) -> Settings:
+    return wa_settings(tmp_path, twilio, llm)
+
+
+async def fetch(channel: WhatsAppChannel, media_url: str) -> tuple[int, dict[str, str], bytes]:
+    """GET a MediaUrl from Talon's own server, as Twilio would (the public host maps to it)."""
+    assert media_url.startswith(PUBLIC + "/media/")
+    async with aiohttp.ClientSession() as session:
+        async with session.get(channel.http.local_url + urlsplit(media_url).path) as resp:
+            return resp.status, dict(resp.headers), await resp.read()
+
+
+def alice_workspace(settings: Settings) -> Path:
+    """Alice's own workspace: the only place her agent's files may be sent from."""
+    workspace = settings.workspace_dir("whatsapp", ALICE)
+    workspace.mkdir(parents=True, exist_ok=True)
+    return workspace
