@@ -33,6 +33,7 @@ from talon.storage.attachments import AttachmentStore
 from channels.base import BridgeHandle, Channel, ChannelHealth, PartCallback
 from channels.discord.api import CHANNEL, MAX_RATELIMIT_S, DiscordApi, discord_budget, intents
 from channels.discord.approvals import ApprovalPrompts
+from channels.discord.commands import SlashCommands
 from channels.discord.delivery import NO_PINGS, Delivery, target
 from channels.discord.downloads import Downloads
 from channels.discord.intake import Intake
@@ -70,6 +71,9 @@ class _Client(discord.AutoShardedClient):
             await self.owner.intake.on_message(after, edited_at=after.edited_at.isoformat())
 
     async def on_interaction(self, interaction: discord.Interaction[Any]) -> None:
+        if interaction.type is discord.InteractionType.application_command:
+            await self.owner.commands.on_interaction(interaction)  # slash commands (commands.py)
+            return
         await self.owner.approvals.on_interaction(interaction)
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
@@ -96,6 +100,7 @@ class DiscordChannel(Channel):
                                 enabled=settings.discord_streaming)
         self.delivery = Delivery(self.api, self.live, self.intake.sent)
         self.approvals = ApprovalPrompts(self.api, self.delivery)
+        self.commands = SlashCommands(self.api, self.intake)
         self.downloads = Downloads(self.api)
         self.ack = settings.discord_ack_reaction.strip()
         self._reacted: BoundedMap[str, bool] = BoundedMap("discord_reactions")
@@ -115,7 +120,9 @@ class DiscordChannel(Channel):
     async def start(self, bridge: BridgeHandle) -> None:
         self.intake.bind(bridge)
         self.approvals.bind(bridge)
+        self.commands.bind(bridge)
         await self._retry_start(self._log_in)
+        await self.commands.register(self.rest)
         if self.leader is not None:
             self._leading = asyncio.create_task(self.leader.run(), name="discord-gateway-lease")
         else:
