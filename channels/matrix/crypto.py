@@ -75,7 +75,7 @@ class TalonClient(AsyncClient):
 
     crypto: E2ee | None = None
 
-    async def room_send(self, room_id: str, message_type: str, content: dict[Any, Any],  # type: ignore[override]
+    async def room_send(self, room_id: str, message_type: str, content: dict[Any, Any],
                         tx_id: str | None = None, ignore_unverified_devices: bool = False) -> Any:
         if self.crypto is not None:
             await self.crypto.before_send(room_id)
@@ -91,7 +91,7 @@ class E2ee:
 
     def __init__(self, api: MatrixApi, data_dir: Path) -> None:
         self.api = api
-        self.client: TalonClient = api.client  # type: ignore[assignment]
+        self.client: TalonClient = api.client
         self.dir = store_dir(data_dir, api.homeserver, api.user_id)
         self.client.crypto = self
         self._plain: BoundedMap[str, float] = BoundedMap("matrix_plain_rooms")  # room -> checked at
@@ -154,7 +154,7 @@ class E2ee:
                 log.error("matrix: uploading the keys of device %s failed (%s)%s", device, answer,
                           "; its keys already on the homeserver belong to a lost store: log in anew "
                           "(a new device)" if new else "")
-        identity = client.olm.account.identity_keys if client.olm is not None else {}
+        identity: dict[str, str] = client.olm.account.identity_keys if client.olm is not None else {}
         log.info("matrix: end-to-end encryption on, device %s (ed25519 %s), key store %s", device,
                  identity.get("ed25519", "?"), db)
 
@@ -258,7 +258,8 @@ class E2ee:
         """An ``m.room.encrypted`` event nio could not decrypt: logged, its key asked for, and its
         sender (when they may speak here) asked to send it again, once per megolm session."""
         sender = str(event.get("sender", ""))
-        content = event.get("content") if isinstance(event.get("content"), dict) else {}
+        raw = event.get("content")
+        content: dict[str, Any] = raw if isinstance(raw, dict) else {}
         session = str(content.get("session_id", ""))
         device = str(content.get("device_id", ""))
         event_id = str(event.get("event_id", ""))
