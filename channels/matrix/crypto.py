@@ -44,7 +44,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from nio import AsyncClient, ErrorResponse, MegolmEvent
+from uuid import uuid4
+
+from nio import AsyncClient, ErrorResponse, MegolmEvent, RoomSendResponse
+from nio.api import Api
 from nio.crypto.attachments import encrypt_attachment
 from nio.exceptions import EncryptionError, GroupEncryptionError, LocalProtocolError, OlmTrustError
 
@@ -77,8 +80,11 @@ class TalonClient(AsyncClient):
 
     async def room_send(self, room_id: str, message_type: str, content: dict[Any, Any],
                         tx_id: str | None = None, ignore_unverified_devices: bool = False) -> Any:
-        if self.crypto is not None:
-            await self.crypto.before_send(room_id)
+        if self.crypto is not None and not await self.crypto.before_send(room_id):
+            # A plain room nio has not synced yet (a reply resumed before the first /sync): nio's
+            # own path would refuse a room it does not know once the key store is open.
+            method, path, data = Api.room_send(self.access_token, room_id, message_type, content, tx_id or uuid4())
+            return await self._send(RoomSendResponse, method, path, data, (room_id,))
         try:
             # Every device is trusted (TOFU) or refused by nio before this: none is left to ask about.
             return await super().room_send(room_id, message_type, content, tx_id, ignore_unverified_devices=True)
@@ -211,21 +217,27 @@ class E2ee:
                          device.ed25519, room_id)
 
     # --- out --------------------------------------------------------------------------------------
-    async def before_send(self, room_id: str) -> None:
+    async def before_send(self, room_id: str) -> bool:
+        """Ready the room for a send; False for a plain room nio does not know (sent as it is)."""
         client = self.client
         if client.olm is None:
             if await self._encrypted_remote(room_id):
                 raise DeliveryError(f"{room_id} is encrypted and this worker does not hold the key store (the "
                                     "worker holding the sync lease does); not sending in the clear")
-            return
+            return True
         room = client.rooms.get(room_id)
-        if room is None or not room.encrypted:
-            return
+        if room is None:
+            if await self._encrypted_remote(room_id):
+                raise DeliveryError(f"{room_id} is encrypted and not synced here yet; not sending in the clear")
+            return False
+        if not room.encrypted:
+            return True
         if not room.members_synced:
             await self._quiet("joined members", client.joined_members(room_id))
         if client.should_query_keys:
             await self._quiet("keys query", client.keys_query())
         self.trust(room_id)
+        return True
 
     def encrypts(self, room_id: str) -> bool:
         room = self.client.rooms.get(room_id)
