@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import stat
@@ -20,10 +21,11 @@ import pytest
 from nio import AsyncClient, AsyncClientConfig, MegolmEvent, RoomCreateResponse, RoomMessage
 from nio.crypto.attachments import decrypt_attachment
 from nio.store import SqliteStore
+from PIL import Image
 
 from talon.config import Settings
 from talon.runtime import Runtime, build_runtime
-from tests.fakes.openai_server import FakeOpenAI, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, image_urls, last_user_text
 from tests.support.matrix_people import Person
 from tests.support.synapse import MatrixUser, Synapse
 
@@ -133,7 +135,7 @@ async def test_an_encrypted_direct_chat_is_answered_encrypted_with_a_file_and_su
     alice_user = synapse.register("alice")
     watcher = Person(synapse.base_url, alice_user)
     settings = settings_for(tmp_path, synapse, bot, llm, TALON_MATRIX_ALLOWED_USERS=alice_user.user_id)
-    llm.queue("The **secret** is safe.", "Here: ![report](report.txt)", "Still here after the restart.")
+    llm.queue("The **secret** is safe.", "A red square.", "Here: ![report](report.txt)", "Still here after the restart.")
     try:
         async with Client(synapse, alice_user, tmp_path / "alice-store") as alice:
             async with running(settings) as runtime:
@@ -145,6 +147,18 @@ async def test_an_encrypted_direct_chat_is_answered_encrypted_with_a_file_and_su
                                   "alice's client to see the bot in the room")
                 await alice.say(room, "what about the secret?")
                 await alice.until(lambda: "The secret is safe." in alice.texts_from(bot.user_id), "the answer")
+                # An encrypted image in: fetched, checked, decrypted, shown to the model.
+                picture = png()
+                uploaded, keys = await alice.nio.upload(io.BytesIO(picture), content_type="image/png",
+                                                        filename="square.png", encrypt=True, filesize=len(picture))
+                assert keys is not None and hasattr(uploaded, "content_uri"), uploaded
+                sent = await alice.nio.room_send(room, "m.room.message", {
+                    "msgtype": "m.image", "body": "square.png",
+                    "file": {"url": uploaded.content_uri, "mimetype": "image/png", **keys},
+                    "info": {"mimetype": "image/png", "size": len(picture), "w": 64, "h": 48}},
+                    ignore_unverified_devices=True)
+                assert hasattr(sent, "event_id"), sent
+                await alice.until(lambda: "A red square." in alice.texts_from(bot.user_id), "the image's answer")
                 workspace = settings.workspace_dir("matrix", room)
                 workspace.mkdir(parents=True, exist_ok=True)
                 (workspace / "report.txt").write_text("the encrypted report\n")
@@ -171,8 +185,9 @@ async def test_an_encrypted_direct_chat_is_answered_encrypted_with_a_file_and_su
     finally:
         watcher.close()
     assert first_device and first_device == second_device
-    assert [last_user_text(r) for r in llm.requests] == ["what about the secret?", "send me the report",
-                                                         "are you still there?"]
+    texts = [last_user_text(r) for r in llm.requests]
+    assert [texts[0], texts[2], texts[3]] == ["what about the secret?", "send me the report", "are you still there?"]
+    assert image_urls(llm.requests[1]) and not image_urls(llm.requests[0])
     # Nothing the bot said went over the homeserver in the clear (its ack reaction and its removal aside).
     bots = [e["type"] for e in raw if e["sender"] == bot.user_id and e["type"] not in ("m.reaction", "m.room.redaction", "m.room.member")]
     assert bots and set(bots) == {"m.room.encrypted"}, bots
@@ -186,6 +201,12 @@ async def test_an_encrypted_direct_chat_is_answered_encrypted_with_a_file_and_su
     assert store.is_relative_to(settings.data_dir) and stat.S_IMODE(os.stat(store).st_mode) == 0o700
     assert files_in[f"olm-{first_device}.db"] == 0o600 and files_in["pickle.key"] == 0o600, files_in
     assert (store / "device_id").read_text() == first_device
+
+
+def png() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), "red").save(out, "PNG")
+    return out.getvalue()
 
 
 async def alice_download(synapse: Synapse, user: MatrixUser, mxc: str) -> bytes:

@@ -34,7 +34,9 @@ with an event it cannot decrypt. matrix-nio does the cryptography (its ``e2e`` e
 from __future__ import annotations
 
 import dataclasses
+import base64
 import hashlib
+import json
 import logging
 import os
 import re
@@ -48,7 +50,7 @@ from uuid import uuid4
 
 from nio import AsyncClient, ErrorResponse, MegolmEvent, RoomSendResponse
 from nio.api import Api
-from nio.crypto.attachments import encrypt_attachment
+from nio.crypto.attachments import decrypt_attachment, encrypt_attachment
 from nio.exceptions import EncryptionError, GroupEncryptionError, LocalProtocolError, OlmTrustError
 
 from talon.bounded import BoundedMap
@@ -147,7 +149,6 @@ class E2ee:
         os.chmod(self.dir, STORE_DIR_MODE)
         name = "olm-" + re.sub(r"[^A-Za-z0-9_-]", "_", device) + ".db"
         db = self.dir / name
-        new = not db.exists()
         self._private(db)  # created 0600 before SQLite opens it (its journal takes the same mode)
         client.config = dataclasses.replace(client.config, store_name=name, pickle_key=self._pickle_key())
         client.store_path = str(self.dir)
@@ -156,10 +157,16 @@ class E2ee:
             self._private(self.dir / "device_id", device)
         if client.should_upload_keys:
             answer = await client.keys_upload()
+            if isinstance(answer, ErrorResponse) and client.olm is not None and not client.olm.account.shared:
+                # The device already has keys on the homeserver, from a store that is not here
+                # (lost, or another worker's data dir): this fresh one must not speak for it.
+                log.error("matrix: device %s already has keys on the homeserver that this key store (%s) does not "
+                          "hold (%s); encrypted rooms are not served from here. Share the data dir between "
+                          "workers, or log in anew (a new device)", device, db, answer)
+                self.stop()
+                return
             if isinstance(answer, ErrorResponse):
-                log.error("matrix: uploading the keys of device %s failed (%s)%s", device, answer,
-                          "; its keys already on the homeserver belong to a lost store: log in anew "
-                          "(a new device)" if new else "")
+                log.error("matrix: uploading the keys of device %s failed (%s)", device, answer)
         identity: dict[str, str] = client.olm.account.identity_keys if client.olm is not None else {}
         log.info("matrix: end-to-end encryption on, device %s (ed25519 %s), key store %s", device,
                  identity.get("ed25519", "?"), db)
@@ -300,3 +307,36 @@ class E2ee:
         await self.api.send(room_id, {"msgtype": "m.notice",
                                       "body": f"{name}: " + RESEND.format(device=self.client.device_id)},
                             "undecryptable notice")
+
+
+# --- encrypted files in ------------------------------------------------------------------------------
+def file_source(content: dict[str, Any]) -> str | None:
+    """An encrypted file's ``mxc://`` URI with its keys in the fragment (``#e2ee=...``), so the
+    download (``downloads.py``), which may run after a restart, can decrypt it; None when the
+    event's ``file`` is not a well-formed EncryptedFile (v2, AES-CTR, with a SHA-256)."""
+    file = content.get("file")
+    if not isinstance(file, dict):
+        return None
+    url, key, iv, hashes = file.get("url"), file.get("key"), file.get("iv"), file.get("hashes")
+    if not (isinstance(url, str) and url.startswith("mxc://") and isinstance(key, dict)
+            and isinstance(key.get("k"), str) and isinstance(iv, str) and isinstance(hashes, dict)
+            and isinstance(hashes.get("sha256"), str)):
+        return None
+    packed = json.dumps({"k": key["k"], "iv": iv, "sha256": hashes["sha256"]}, separators=(",", ":"))
+    return f"{url}#e2ee={base64.urlsafe_b64encode(packed.encode()).decode()}"
+
+
+def split_source(source: str) -> tuple[str, dict[str, str] | None]:
+    """``(mxc URI, its keys or None)``; keys that cannot be read are an error (``ValueError``)."""
+    mxc, sep, fragment = source.partition("#e2ee=")
+    if not sep:
+        return source, None
+    keys = json.loads(base64.urlsafe_b64decode(fragment.encode()))
+    if not isinstance(keys, dict) or not all(isinstance(keys.get(k), str) for k in ("k", "iv", "sha256")):
+        raise ValueError("malformed keys")
+    return mxc, {k: str(keys[k]) for k in ("k", "iv", "sha256")}
+
+
+def decrypt_file(ciphertext: bytes, keys: dict[str, str]) -> bytes:
+    """The plaintext of an encrypted attachment; its SHA-256 checked first (``EncryptionError``)."""
+    return bytes(decrypt_attachment(ciphertext, keys["k"], keys["sha256"], keys["iv"]))

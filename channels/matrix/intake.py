@@ -34,6 +34,7 @@ from talon.groups import speaker_label
 from channels.admission import admit_direct
 from channels.base import BridgeHandle
 from channels.matrix.api import CHANNEL, MatrixApi
+from channels.matrix.crypto import file_source
 from channels.rooms import ChatterLog, describe_unaddressed
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ class Intake:
 
     def _remote(self, content: dict[str, Any], event_id: str) -> RemoteFile | None:
         url = content.get("url")
+        if "file" in content:  # an encrypted room's file: its keys travel with it (crypto.py)
+            url = file_source(content)
         if not isinstance(url, str) or not url.startswith("mxc://"):
             return None
         raw_info = content.get("info")
