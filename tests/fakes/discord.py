@@ -9,6 +9,9 @@ What it imitates, because Talon's behaviour depends on it:
   ``GET /users/@me``, ``GET /oauth2/applications/@me``, ``GET /gateway/bot``, messages (``POST`` as JSON or multipart with
   ``payload_json`` and ``files[n]``; ``PATCH`` only the bot's own: 403 code 50005 otherwise;
   ``DELETE``), reactions (``PUT``/``DELETE .../reactions/{emoji}/@me``), typing, interaction
+  application commands (``PUT /applications/{id}/commands``, the bulk overwrite, each command
+  checked and recorded in ``commands``; ``slash_command`` builds the APPLICATION_COMMAND
+  interaction a person's use sends over the gateway), interaction
   callbacks (authorized by the token in their path; one per interaction: 400 code 40060 for a
   second; with ``with_response`` the callback response object, else 204), attachments served at their URL.
   Discord's error shape ``{"code", "message"}``: 404 10003 Unknown Channel, 404 10008 Unknown
