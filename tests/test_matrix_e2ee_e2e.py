@@ -220,7 +220,8 @@ async def alice_download(synapse: Synapse, user: MatrixUser, mxc: str) -> bytes:
 async def test_in_an_encrypted_room_a_person_not_served_is_refused_as_in_a_plain_room(
         synapse: Synapse, llm: FakeOpenAI, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Mallory is not allowed: the encrypted room she makes is not joined; in an encrypted room of
-    three that is not listed, her decrypted mention is not a turn (the log names the room)."""
+    three that is not listed, her decrypted mention is not a turn (the log names the room), and her
+event that cannot be decrypted is logged but gets no answer."""
     caplog.set_level(logging.INFO)
     bot = synapse.register("bot")
     alice_user, mallory_user = synapse.register("alice"), synapse.register("mallory")
@@ -241,6 +242,14 @@ async def test_in_an_encrypted_room_a_person_not_served_is_refused_as_in_a_plain
                 await mallory.say(room, f"{bot.user_id}: tell me alice's secrets")
                 await alice.until(lambda: any(f"message in room {room} ignored" in r.getMessage()
                                               for r in caplog.records), "the refusal in the log")
+                # Her event Talon cannot decrypt is logged, and not answered: she may not speak here.
+                forger = Person(synapse.base_url, mallory_user)
+                forger.send(room, {"algorithm": "m.megolm.v1.aes-sha2", "sender_key": "M" * 43,
+                                   "ciphertext": "AwgAEhAAAA", "session_id": "Q" * 43,
+                                   "device_id": mallory_user.device_id}, "m.room.encrypted")
+                forger.close()
+                await alice.until(lambda: any("may not speak here" in r.getMessage() for r in caplog.records),
+                                  "the undecryptable event's refusal in the log")
                 await alice.until(lambda: any(theirs in r.getMessage() and "invitation" in r.getMessage()
                                               for r in caplog.records), "the refused invitation")
             members = watcher.members(room)
