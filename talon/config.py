@@ -269,6 +269,10 @@ class Settings(BaseSettings):
     matrix_stream_interval_s: float = Field(default=1.5, ge=0.2, le=60,
                                             validation_alias=_env("TALON_MATRIX_STREAM_INTERVAL"))
     matrix_ack_reaction: str = Field(default="\N{EYES}", validation_alias=_env("TALON_MATRIX_ACK_REACTION"))
+    # End-to-end encrypted rooms (channels/matrix/crypto.py): "tofu" serves them, trusting each
+    # device of a served room's members the first time it is seen (its keys then pinned); "off"
+    # leaves them unserved (logged) and keeps no device keys.
+    matrix_e2ee: Literal["tofu", "off"] = Field(default="tofu", validation_alias=_env("TALON_MATRIX_E2EE"))
     # Seconds a homeserver request may take before it is given up (a sync waits 30 s more).
     matrix_timeout_s: float = Field(default=30.0, gt=0, le=600, validation_alias=_env("TALON_MATRIX_TIMEOUT"))
 

@@ -17,7 +17,7 @@ from talon.runtime import build_runtime
 from tests.fakes.discord import BOT_ID, FakeDiscord
 from tests.fakes.openai_server import FakeOpenAI, image_urls, last_user_text
 from tests.support.discord import (ALICE, CAROL, DM, GENERAL, MALLORY, OTHER, STRANGER_DM, THREAD, discord_env,
-                                   discord_settings, populate, running)
+                                   discord_settings, populate, running, say)
 from tests.support.discord import discord_fake  # noqa: F401  (the fixture)
 
 
@@ -25,12 +25,6 @@ def png(color: str = "red") -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (64, 48), color).save(out, "PNG")
     return out.getvalue()
-
-
-async def say(fake: FakeDiscord, channel: int, user: int, text: str, **kw: object) -> dict[str, object]:
-    data = fake.message_create(channel, user, text, **kw)  # type: ignore[arg-type]
-    await fake.dispatch("MESSAGE_CREATE", data)
-    return data
 
 
 async def test_direct_messages_are_answered_in_order_and_a_stranger_gets_a_pairing_code_only(

@@ -133,4 +133,6 @@ async def test_on_many_workers_one_syncs_and_the_next_goes_on_from_its_token_whe
     assert standing_by.ok and "standing by" in standing_by.detail
     assert final_texts(events, bot.user_id) == ["First.", "Second."]
     assert len(llm.requests) == 2  # "one" was not taken up again by the second worker
-    assert took_over.ok and not (tmp_path / "two" / "data" / "matrix").exists()  # the token came from the homeserver
+    # The token came from the homeserver (the second data dir holds no sync token; only the key
+    # store it opened, unusable for a device whose keys are in the first one's: channels/matrix/crypto.py).
+    assert took_over.ok and not list((tmp_path / "two" / "data" / "matrix").glob("sync-*"))

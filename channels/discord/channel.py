@@ -28,9 +28,10 @@ from talon.envelope import InboundMessage
 from talon.errors import ConfigError, DeliveryError, PlatformRateLimited, StreamStopped
 from talon.render.discord import markdown_to_discord, split_for_discord
 
-from channels.base import ChannelHealth, ForwardsTyping, PartsChannel
+from channels.base import BridgeHandle, ChannelHealth, ForwardsTyping, PartsChannel
 from channels.discord.api import CHANNEL, MAX_RATELIMIT_S, DiscordApi, discord_budget, intents
 from channels.discord.approvals import ApprovalPrompts
+from channels.discord.commands import SlashCommands
 from channels.discord.delivery import NO_PINGS, Delivery, target
 from channels.discord.downloads import Downloads
 from channels.discord.intake import Intake
@@ -63,6 +64,9 @@ class _Client(discord.AutoShardedClient):
             await self.owner.intake.on_message(after, edited_at=after.edited_at.isoformat())
 
     async def on_interaction(self, interaction: discord.Interaction[Any]) -> None:
+        if interaction.type is discord.InteractionType.application_command:
+            await self.owner.commands.on_interaction(interaction)  # slash commands (commands.py)
+            return
         await self.owner.approvals.on_interaction(interaction)
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
@@ -94,6 +98,7 @@ class DiscordChannel(LeaseLedUpdates, ForwardsTyping, PartsChannel):
                                 enabled=settings.discord_streaming)
         self.delivery = Delivery(self.api, self.live, self.intake.sent)
         self.approvals = ApprovalPrompts(self.api, self.delivery)
+        self.commands = SlashCommands(self.api, self.intake)
         self.downloads = Downloads(self.api)
         self.ack = settings.discord_ack_reaction.strip()
         self._reacted: BoundedMap[str, bool] = BoundedMap("discord_reactions")
@@ -110,6 +115,14 @@ class DiscordChannel(LeaseLedUpdates, ForwardsTyping, PartsChannel):
 
     def _lease_name(self) -> str:
         return GATEWAY_LEASE
+
+    async def start(self, bridge: BridgeHandle) -> None:
+        self.commands.bind(bridge)
+        await super().start(bridge)
+
+    async def _receive(self) -> None:
+        await self.commands.register(self.rest)  # logged in: the slash commands, then the gateway
+        await super()._receive()
 
     async def _log_in(self) -> None:
         try:

@@ -22,11 +22,13 @@ from typing import Any, TypeVar
 
 import aiohttp
 import httpx
-from nio import AsyncClient, AsyncClientConfig, ErrorResponse
+from nio import AsyncClientConfig, ErrorResponse
+from nio.store import SqliteStore
 
 from talon.config import Limits, Settings
 from talon.errors import DeliveryError, PlatformRateLimited
 
+from channels.matrix.crypto import TalonClient
 from channels.send_budget import SendBudget, Window
 from talon.tls import httpx_tls
 
@@ -71,10 +73,11 @@ class MatrixApi:
         self.budget = budget
         self.homeserver = settings.matrix_homeserver.strip().rstrip("/")
         self.user_id = settings.matrix_user_id.strip()
+        e2ee = settings.matrix_e2ee != "off"  # the key store is opened later (crypto.py)
         config = AsyncClientConfig(max_limit_exceeded=0, max_timeouts=0,
                                    request_timeout=settings.matrix_timeout_s, store_sync_tokens=False,
-                                   encryption_enabled=False)
-        self.client = AsyncClient(self.homeserver, self.user_id, config=config)
+                                   encryption_enabled=e2ee, store=SqliteStore if e2ee else None)
+        self.client = TalonClient(self.homeserver, self.user_id, config=config)
         if settings.matrix_access_token:
             self.client.access_token = settings.matrix_access_token
             self.client.user_id = self.user_id

@@ -28,6 +28,7 @@ from channels.edited_view import EditedViews
 from channels.lifecycle import LeaseLedUpdates
 from channels.matrix.api import CHANNEL, MatrixApi, check, matrix_budget
 from channels.matrix.approvals import ApprovalPrompts
+from channels.matrix.crypto import E2ee
 from channels.matrix.delivery import Delivery, edit_content, placed, text_content
 from channels.matrix.downloads import Downloads
 from channels.matrix.intake import Intake
@@ -71,6 +72,10 @@ class MatrixChannel(LeaseLedUpdates, ForwardsReactions, ForwardsTyping, PartsCha
         self.downloads = Downloads(self.api)
         self.sync = Sync(self.api, settings.data_dir, on_invite=self.intake.on_invite,
                          on_event=self.intake.on_event, on_reaction=self.approvals.on_reaction)
+        self.crypto = E2ee(self.api, settings.data_dir) if settings.matrix_e2ee != "off" else None
+        if self.crypto is not None:  # encrypted rooms (crypto.py)
+            self.sync.after_batch = self.crypto.after_sync
+            self.intake.on_undecryptable = self.crypto.undecryptable
         self._task: asyncio.Task[None] | None = None
 
     def serves(self, conversation: InboundMessage) -> str | None:
@@ -92,6 +97,8 @@ class MatrixChannel(LeaseLedUpdates, ForwardsReactions, ForwardsTyping, PartsCha
         return f"matrix:sync:{self.api.user_id}"
 
     async def _open_updates(self) -> None:
+        if self.crypto is not None:  # the sync's holder holds the key store (crypto.py)
+            await self._retry_start(self.crypto.start)
         self._task = asyncio.create_task(self.sync.run(), name="matrix-sync")
 
     async def _close_updates(self) -> None:
@@ -99,10 +106,14 @@ class MatrixChannel(LeaseLedUpdates, ForwardsReactions, ForwardsTyping, PartsCha
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if self.crypto is not None:
+            self.crypto.stop()
 
     async def _log_in(self) -> None:
         client = self.api.client
         if not self.settings.matrix_access_token:
+            if self.crypto is not None:  # the same device (and keys) as last time
+                client.device_id = self.crypto.saved_device_id() or ""
             answer = await client.login(self.settings.matrix_password, device_name="Talon")
             if not isinstance(answer, LoginResponse):
                 _refused(answer, "MATRIX_PASSWORD", self.api.homeserver)
@@ -110,6 +121,7 @@ class MatrixChannel(LeaseLedUpdates, ForwardsReactions, ForwardsTyping, PartsCha
         if not isinstance(who, WhoamiResponse):
             _refused(who, "MATRIX_ACCESS_TOKEN", self.api.homeserver)
         assert isinstance(who, WhoamiResponse)
+        client.device_id = who.device_id or client.device_id
         if who.user_id != self.api.user_id:
             raise ConfigError(f"MATRIX_USER_ID is {self.api.user_id}, but the token belongs to {who.user_id}",
                               ["MATRIX_USER_ID", "MATRIX_ACCESS_TOKEN"])

@@ -10,7 +10,9 @@ reported after each part so that a restart resumes at the first part not deliver
 - Files: uploaded to the homeserver's media repository, then sent as ``m.image``, ``m.audio``,
   ``m.video`` or ``m.file`` by their kind. Over the homeserver's upload limit (``m.upload.size``
   from its media config), empty, outside the workspace or refused: the person gets "Could not
-  attach NAME: reason" instead, and the rest of the reply goes on.
+  attach NAME: reason" instead, and the rest of the reply goes on. Into an encrypted room the
+  file is encrypted before the upload and sent with ``file`` (its keys) instead of ``url``
+  (``crypto.py``).
 """
 
 from __future__ import annotations
@@ -94,8 +96,16 @@ class Delivery:
 
     async def upload_and_send(self, room: str, data: bytes, name: str, mime: str, kind: str,
                                thread_id: str | None, caption: str = "") -> None:
+        crypto = self.api.client.crypto
+        keys: dict[str, Any] | None = None
+        body, content_type = data, mime
+        if crypto is not None and crypto.encrypts(room):  # an encrypted attachment (crypto.py)
+            body, keys = crypto.encrypt_file(data)
+            content_type = "application/octet-stream"
+
         def upload() -> Any:
-            return self.api.client.upload(io.BytesIO(data), content_type=mime, filename=name, filesize=len(data))
+            return self.api.client.upload(io.BytesIO(body), content_type=content_type, filename=name,
+                                          filesize=len(body))
 
         async def call() -> Any:
             answer, _ = await upload()
@@ -103,7 +113,11 @@ class Delivery:
 
         uploaded = await self.api.call(room, "upload", call, paced=False)
         content: dict[str, Any] = {"msgtype": _MSGTYPES.get(kind, "m.file"), "body": name, "filename": name,
-                                   "url": uploaded.content_uri, "info": {"mimetype": mime, "size": len(data)}}
+                                   "info": {"mimetype": mime, "size": len(data)}}
+        if keys is None:
+            content["url"] = uploaded.content_uri
+        else:
+            content["file"] = {"url": uploaded.content_uri, "mimetype": mime, **keys}
         if caption:
             content["body"] = caption
         event_id = await self.api.send(room, placed(content, thread_id=thread_id, reply_to=None), "send file")

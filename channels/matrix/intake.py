@@ -14,7 +14,8 @@ bridge.
   the conversation of its thread root: its own session and workspace, as a Telegram topic.
 - **Files.** ``m.image``, ``m.file``, ``m.audio`` (a voice message when it carries
   ``org.matrix.msc3245.voice``) and ``m.video`` reference their ``mxc://`` URI, downloaded during
-  the turn (``downloads.py``). Encrypted rooms are not served (``docs/channels.md``).
+  the turn (``downloads.py``). Encrypted rooms: nio decrypts their events before they come here
+  (``crypto.py``); one it could not decrypt goes to ``on_undecryptable``.
 - **Edits** (``m.replace``) become the edited message's new version; reactions go to the approval
   prompts (``approvals.py``); the bot's own events and other bots' notices are never turns.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from talon.bounded import BoundedMap
@@ -32,6 +34,7 @@ from talon.groups import speaker_label
 from channels.admission import admit_direct
 from channels.base import BridgeHandle
 from channels.matrix.api import CHANNEL, MatrixApi
+from channels.matrix.crypto import file_source
 from channels.rooms import ChatterLog, describe_unaddressed
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,8 @@ class Intake:
         # Events the bot sent (to tell a reply to the bot), bounded and forgotten when idle.
         self.sent: BoundedMap[str, bool] = BoundedMap("matrix_sent_events")
         self._unlisted_logged: BoundedMap[str, bool] = BoundedMap("matrix_unlisted_rooms")
+        # Set when encrypted rooms are served (crypto.py): an event nio could not decrypt.
+        self.on_undecryptable: Callable[[Intake, str, dict[str, Any]], Awaitable[None]] | None = None
 
     def bind(self, bridge: BridgeHandle) -> None:
         self._bridge = bridge
@@ -103,6 +108,16 @@ class Intake:
         if room is None:
             return False
         return int(room.joined_count or len(room.users)) <= 2
+
+    async def may_speak(self, room_id: str, sender: str) -> bool:
+        """Whether ``sender`` is answered in ``room_id`` at all: a listed room's member, or the
+        allowed person of a direct conversation."""
+        if self.is_direct(room_id):
+            return bool(await self.bridge.gate.allowed(CHANNEL, [sender]))
+        return room_id in self.allowed_rooms
+
+    def display(self, room_id: str, user: str) -> str:
+        return self._name(room_id, user)
 
     # --- invitations ----------------------------------------------------------------------------
     async def on_invite(self, room_id: str, inviter: str | None) -> None:
@@ -129,7 +144,10 @@ class Intake:
         sender = str(event.get("sender", ""))
         if sender == self.api.user_id:
             return
-        if event.get("type") == "m.room.encrypted":
+        if event.get("type") == "m.room.encrypted":  # one nio could not decrypt (crypto.py)
+            if self.on_undecryptable is not None:
+                await self.on_undecryptable(self, room_id, event)
+                return
             if room_id not in self._unlisted_logged:
                 self._unlisted_logged[room_id] = True
                 log.warning("matrix: room %s is encrypted; Talon does not serve encrypted rooms yet (use an "
@@ -176,6 +194,8 @@ class Intake:
 
     def _remote(self, content: dict[str, Any], event_id: str) -> RemoteFile | None:
         url = content.get("url")
+        if "file" in content:  # an encrypted room's file: its keys travel with it (crypto.py)
+            url = file_source(content)
         if not isinstance(url, str) or not url.startswith("mxc://"):
             return None
         raw_info = content.get("info")

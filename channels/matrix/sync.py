@@ -55,6 +55,8 @@ class Sync:
         self.batches = 0
         self.shared = False  # many workers: the token lives in the account data (see the docstring)
         self._saved: str | None = None
+        # Run after each batch is handed in (crypto.py: to-device messages, key upload/query/claim).
+        self.after_batch: Callable[[], Awaitable[None]] | None = None
 
     def health(self) -> ChannelHealth:
         if self.failures >= SYNC_FAILURES_DOWN:
@@ -128,6 +130,8 @@ class Sync:
                     delay = min(delay * 2, BACKOFF_MAX_S)
                     continue
                 since = answer.next_batch
+                if self.after_batch is not None:
+                    await self.after_batch()
                 try:
                     await self.save_token(since)
                 except Exception as exc:  # kept in memory; the next batch saves it again

@@ -9,6 +9,9 @@ What it imitates, because Talon's behaviour depends on it:
   ``GET /users/@me``, ``GET /oauth2/applications/@me``, ``GET /gateway/bot``, messages (``POST`` as JSON or multipart with
   ``payload_json`` and ``files[n]``; ``PATCH`` only the bot's own: 403 code 50005 otherwise;
   ``DELETE``), reactions (``PUT``/``DELETE .../reactions/{emoji}/@me``), typing, interaction
+  application commands (``PUT /applications/{id}/commands``, the bulk overwrite, each command
+  checked and recorded in ``commands``; ``slash_command`` builds the APPLICATION_COMMAND
+  interaction a person's use sends over the gateway), interaction
   callbacks (authorized by the token in their path; one per interaction: 400 code 40060 for a
   second; with ``with_response`` the callback response object, else 204), attachments served at their URL.
   Discord's error shape ``{"code", "message"}``: 404 10003 Unknown Channel, 404 10008 Unknown
@@ -129,6 +132,9 @@ class FakeDiscord(LoopbackServer):
         self.members: dict[tuple[int, int], list[int]] = {}  # (guild, user) -> role ids
         self.files: dict[str, tuple[bytes, str]] = {}
         self.interaction_answers: dict[int, list[dict[str, Any]]] = {}
+        self.commands: list[dict[str, Any]] = []  # the application's global commands (bulk overwrite)
+        self.command_puts = 0
+        self._interaction_types: dict[int, int] = {}
         self.gateway_events: list[dict[str, Any]] = []  # what clients sent on the gateway
         self._interaction_tokens: dict[int, str] = {}
         self._rate_limits: dict[str, list[float]] = {}
@@ -268,6 +274,54 @@ class FakeDiscord(LoopbackServer):
             data["user"] = self.users[user_id]
         return data
 
+    def slash_command(self, channel_id: int, name: str, user_id: int) -> dict[str, Any]:
+        """An APPLICATION_COMMAND interaction (type 2) for a registered chat-input command, as the
+        gateway's INTERACTION_CREATE carries it (in a server: ``member`` with its ``user``; in a
+        direct message: ``user``)."""
+        with self._cond:
+            command = next((c for c in self.commands if c["name"] == name), None)
+            if command is None:
+                raise KeyError(f"no registered command /{name}: {[c['name'] for c in self.commands]}")
+            channel = self.channels[channel_id]
+        interaction_id = self.snowflake()
+        token = uuid.uuid4().hex
+        with self._cond:
+            self._interaction_tokens[interaction_id] = token
+            self._interaction_types[interaction_id] = 2
+        data: dict[str, Any] = {
+            "id": str(interaction_id), "application_id": str(APP_ID), "type": 2, "token": token, "version": 1,
+            "data": {"id": command["id"], "name": name, "type": 1}, "channel_id": str(channel_id),
+            "channel": {k: v for k, v in channel.items() if k != "recipients"}, "locale": "en-US",
+            "app_permissions": "0", "entitlements": [], "authorizing_integration_owners": {"0": str(channel_id)},
+            "context": 1 if channel.get("type") == 1 else 0, "attachment_size_limit": UPLOAD_LIMIT,
+        }
+        guild_id = channel.get("guild_id")
+        if guild_id is not None:
+            data["guild_id"] = guild_id
+            data["guild_locale"] = "en-US"
+            data["member"] = self._member(int(guild_id), user_id, with_user=True)
+        else:
+            data["user"] = self.users[user_id]
+        return data
+
+    def _put_commands(self, app: str, body: Any) -> tuple[int, Any]:
+        """The bulk overwrite: the whole list replaced, each command checked as Discord does."""
+        if app != str(APP_ID):
+            raise _Refuse(404, 10002, "Unknown Application")
+        if not isinstance(body, list) or len(body) > 100:
+            raise _Refuse(400, 50035, "Invalid Form Body")
+        made = []
+        for command in body:
+            name, what = command.get("name", ""), command.get("description", "")
+            if not (1 <= len(name) <= 32 and name == name.lower() and name.replace("-", "").replace("_", "").isalnum()
+                    and 1 <= len(what) <= 100 and command.get("type", 1) == 1):
+                raise _Refuse(400, 50035, f"Invalid Form Body (command {name!r})")
+            made.append({**command, "id": str(self.snowflake()), "application_id": str(APP_ID), "version": "1",
+                         "default_member_permissions": None, "nsfw": False, "type": 1})
+        self.commands = made
+        self.command_puts += 1
+        return 200, made
+
     def _member(self, guild_id: int, user_id: int, *, with_user: bool) -> dict[str, Any]:
         roles = self.members.get((guild_id, user_id), [])
         permissions = ADMINISTRATOR if roles else 0
@@ -383,6 +437,11 @@ class FakeDiscord(LoopbackServer):
             return 200, {"url": f"ws://{self.host}:{self.port}/gateway", "shards": 1,
                          "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 0,
                                                  "max_concurrency": 1}}
+        if parts[0] == "applications" and len(parts) == 3 and parts[2] == "commands":
+            if method == "PUT":
+                return self._put_commands(parts[1], body)
+            if method == "GET":
+                return 200, list(self.commands)
         if parts[0] == "interactions" and len(parts) == 4 and method == "POST":
             interaction = int(parts[1])
             if self._interaction_tokens.get(interaction) != parts[2]:
@@ -394,7 +453,7 @@ class FakeDiscord(LoopbackServer):
             if not with_response:
                 return 204, None
             data = body.get("data") or {}
-            return 200, {"interaction": {"id": str(interaction), "type": 3, "response_message_loading": body.get("type") == 5,
+            return 200, {"interaction": {"id": str(interaction), "type": self._interaction_types.get(interaction, 3), "response_message_loading": body.get("type") == 5,
                                          "response_message_ephemeral": bool(int(data.get("flags") or 0) & 64)},
                          "resource": {"type": body.get("type")}}
         if parts[0] != "channels" or len(parts) < 2 or not parts[1].isdigit():

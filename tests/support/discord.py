@@ -66,3 +66,9 @@ async def running(settings: Settings) -> AsyncIterator[Runtime]:
         yield runtime
     finally:
         await runtime.stop()
+
+
+async def say(fake: FakeDiscord, channel: int, user: int, text: str, **kw: object) -> dict[str, object]:
+    data = fake.message_create(channel, user, text, **kw)  # type: ignore[arg-type]
+    await fake.dispatch("MESSAGE_CREATE", data)
+    return data
