@@ -45,7 +45,7 @@ def answer(fake: FakeDiscord, interaction: str) -> dict[str, object] | None:
 async def test_slash_commands_are_registered_answered_for_the_allowed_and_refused_for_others(
         discord_fake: FakeDiscord, llm: FakeOpenAI, tmp_path: Path) -> None:
     settings = discord_settings(tmp_path, discord_fake, llm)
-    async with running(settings, discord_fake):
+    async with running(settings):
         registered = sorted(c["name"] for c in discord_fake.commands)
         mine = await slash(discord_fake, DM, "status", ALICE)
         await discord_fake.wait_until(lambda: discord_fake.texts(DM), "the /status answer")
@@ -73,7 +73,7 @@ async def test_slash_stop_stops_the_live_answer(discord_fake: FakeDiscord, llm: 
     llm.chunk_delay = 0.3
     llm.queue(long)
     settings = discord_settings(tmp_path, discord_fake, llm)
-    async with running(settings, discord_fake):
+    async with running(settings):
         await say(discord_fake, DM, ALICE, "tell me about tides")
         await discord_fake.wait_until(lambda: any(len(m.versions) >= 2 for m in discord_fake.bot_messages(DM)),
                                       "an edit of the live answer")
