@@ -104,7 +104,7 @@ _FENCED = _fence("b", r"`{3,}+(?![^`\n]*+`)", "`") + "|" + _fence("t", r"~{3,}+"
 _PARAGRAPH = rf"(?!{_FENCE_START}|{_INDENT_START})[^\n]*+(?:\n(?!{_BREAK})[^\n]*+)*+{_EOL}"
 _BLOCKS = re.compile(
     rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)"
-    rf"|(?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))+"
+    rf"|(?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})++"
 )
 # Inside a run of text: its segments (a heading line, or a paragraph) and the blank lines between.
 # A line without "![", one without "](", one without ")": a segment made only of one kind of them
@@ -116,7 +116,7 @@ _DEAD_HEAD = rf"{_HEADING_START}(?:{'|'.join(_LACKING)}){_EOL}"
 _DEAD_PARA = rf"(?!{_FENCE_START}|{_INDENT_START})(?:" + "|".join(
     rf"{line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)" for line in _LACKING) + ")"
 _SEGMENTS = re.compile(
-    rf"(?P<dead>(?:(?>{_BLANKS}|{_DEAD_HEAD}|{_DEAD_PARA}))+)"
+    rf"(?P<dead>(?:{_BLANKS}|{_DEAD_HEAD}|{_DEAD_PARA})++)"
     rf"|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}"
 )
 
@@ -620,6 +620,42 @@ def _tail_state(piece: str, line_empty: bool, ends_blank: bool) -> tuple[bool, b
     return True, prev_blank
 
 
+_Step = tuple[str, bool, bool, str]
+
+
+def _gap_step(piece: str, line_empty: bool, ends_blank: bool, held_indent: str) -> _Step:
+    """One piece after a removal (not the last one): what is appended, then the state after it
+    (line_empty, ends_blank, held_indent). A function of its arguments only (see ``_rebuild``)."""
+    if not piece:
+        return "", line_empty, ends_blank, held_indent  # (the gap is still open)
+    rest = piece.lstrip(" \t")
+    if not rest:
+        return "", line_empty, ends_blank, held_indent
+    if rest[0] in "\r\n":
+        if line_empty:
+            rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
+            held_indent = ""
+            if ends_blank:
+                # drop whole blank lines, keep the next content line's indentation
+                content = len(rest) - len(rest.lstrip(" \t\r\n"))
+                rest = rest[rest.rfind("\n", 0, content) + 1 :]
+            if not rest:
+                return "", line_empty, ends_blank, held_indent
+        piece = rest
+    else:
+        piece = held_indent + rest if line_empty else " " + rest
+        held_indent = ""
+    # a reference follows: so do the blanks before it on its line
+    stripped = piece.rstrip(" \t")
+    if "\n" in stripped:
+        line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
+    elif line_empty and stripped.strip(" \t\r"):
+        line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
+    if line_empty:
+        held_indent = piece[len(stripped) :]
+    return stripped, line_empty, ends_blank, held_indent
+
+
 def _rebuild(pieces: list[str]) -> str:
     """The text without the lifted references, closing up the gaps they leave.
 
@@ -628,46 +664,52 @@ def _rebuild(pieces: list[str]) -> str:
     kept when text follows the reference. Text away from a removal is copied untouched.
     ``pieces``: the text before the first removal, between each two, and after the last. One
     pass over them, each looked at once (at its ends), an empty one (references side by side)
-    at the cost of a comparison.
+    at the cost of a comparison. A short piece's step depends on nothing but the piece and the
+    state before it, so it is worked out once per distinct (piece, state) and looked up after:
+    a flood of references between the same few pieces costs a dictionary look-up each.
     """
     out: list[str] = []
-    line_empty = True  # the output's last line has no content yet
-    ends_blank = True  # the output ends with a blank line (or is empty)
-    held_indent = ""  # blanks before a reference at the start of its line
-    last = len(pieces) - 1
-    for i, piece in enumerate(pieces):
-        if i:  # a reference was removed before this piece: close the gap it left
-            if not piece:
-                continue  # (the gap is still open)
-            rest = piece.lstrip(" \t")
-            if not rest:
-                continue
-            if rest[0] in "\r\n":
-                if line_empty:
-                    rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
-                    held_indent = ""
-                    if ends_blank:
-                        # drop whole blank lines, keep the next content line's indentation
-                        content = len(rest) - len(rest.lstrip(" \t\r\n"))
-                        rest = rest[rest.rfind("\n", 0, content) + 1 :]
-                    if not rest:
-                        continue
-                piece = rest
-            else:
-                piece = held_indent + rest if line_empty else " " + rest
-                held_indent = ""
-        if i == last:
-            out.append(piece)
-            return "".join(out)  # the gap is closed: nothing to tidy at the end
-        # a reference follows: so do the blanks before it on its line
-        stripped = piece.rstrip(" \t")
-        out.append(stripped)
-        if "\n" in stripped:
-            line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
-        elif line_empty and stripped.strip(" \t\r"):
-            line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
-        if line_empty:
-            held_indent = piece[len(stripped) :]
+    add = out.append
+    # After the first piece (nothing removed before it): its blanks before the reference go.
+    first = pieces[0]
+    if len(pieces) == 1:
+        return first
+    stripped = first.rstrip(" \t")
+    line_empty, ends_blank = _tail_state(stripped, True, True) if "\n" in stripped else (
+        (False, False) if stripped.strip(" \t\r") else (True, True))
+    held_indent = first[len(stripped) :] if line_empty else ""
+    add(stripped)
+    memo: dict[tuple[str, bool, bool, str], _Step] = {}
+    get = memo.get
+    for piece in pieces[1:-1]:
+        if not piece or piece == " ":
+            continue  # (references side by side, or a space apart: the gap is still open)
+        if len(piece) > 256:
+            step = _gap_step(piece, line_empty, ends_blank, held_indent)
+        else:
+            key = (piece, line_empty, ends_blank, held_indent)
+            step = get(key)
+            if step is None:
+                step = memo[key] = _gap_step(piece, line_empty, ends_blank, held_indent)
+        appended, line_empty, ends_blank, held_indent = step
+        if appended:
+            add(appended)
+    # The last piece: the gap before it is closed, nothing to tidy at its end.
+    piece = pieces[-1]
+    rest = piece.lstrip(" \t")
+    if rest:
+        if rest[0] in "\r\n":
+            if line_empty:
+                rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
+                if ends_blank:
+                    content = len(rest) - len(rest.lstrip(" \t\r\n"))
+                    rest = rest[rest.rfind("\n", 0, content) + 1 :]
+            if rest:
+                add(rest)
+                return "".join(out)
+        else:
+            add(held_indent + rest if line_empty else " " + rest)
+            return "".join(out)
     body = "".join(out)
     if line_empty:
         # the last line vanished: drop the blank lines it leaves at the end
@@ -919,7 +961,7 @@ _MASKED_LOCAL = re.compile(
 # A run of text (group 1), then a run of code (group "code"; none at the end): the
 # block structure as ``_BLOCKS`` reads it, one match per run of code, matched at line starts only.
 _CODE_RUN = re.compile(
-    rf"((?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))*+)"
+    rf"((?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})*+)"
     rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)?"
 )
 # In a run of code, whatever could make or hide an image, open a code span or escape: \x01.
