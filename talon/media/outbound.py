@@ -182,7 +182,12 @@ _TAIL_TO_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\
 # In a segment whose brackets never nest (and without code or backslashes): an image's alt text
 # (group 1), then its whole quick tail (destination in group 2 or 3), or, not consumed, a tail
 # whose plain destination runs into a '(' (group 4 ends at that '('), or neither.
-_FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_PAREN})))?")
+# Only images with a tail that may be read: in such a segment (no backslash, no code) a tail the
+# quick regex cannot read whole is read by the full parser only if its plain destination runs
+# into a '(' (group 4, which may be its first character); any other candidate can lift nothing
+# and is skipped in C, without a Python step.
+_TAIL_TO_ANY_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?(?!<)[^\x00-\x20()\\\x7f]*\("
+_FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))")
 # Or (group 3) a plain destination that runs into a '(' (at the match's end).
 _TAIL_QUICK = re.compile(
     rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
