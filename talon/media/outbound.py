@@ -188,6 +188,11 @@ _TAIL_TO_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\
 # and is skipped in C, without a Python step.
 _TAIL_TO_ANY_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?(?!<)[^\x00-\x20()\\\x7f]*\("
 _FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))")
+# Brackets nested at most two deep (an image's alt text may hold plain ``[...]``: links, or images
+# with brackets-free alt text), and the candidate images there.
+_ALT_ONE_DEEP = r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+"
+_SHALLOW_BRACKETS = re.compile(rf"[^\[\]]*+(?:\[{_ALT_ONE_DEEP}\][^\[\]]*+)*+")
+_SHALLOW_CANDIDATE = re.compile(rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))")
 # Or (group 3) a plain destination that runs into a '(' (at the match's end).
 _TAIL_QUICK = re.compile(
     rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
@@ -790,8 +795,16 @@ class _Lifter:
         if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
                 and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
                 and _FLAT_BRACKETS.fullmatch(text, seg_start, seg_end)):
-            self._flat_segment(seg_start, seg_end)
+            self._flat_segment(seg_start, seg_end, _FLAT_CANDIDATE)
             return
+        if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
+                and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
+                and _SHALLOW_BRACKETS.fullmatch(text, seg_start, seg_end)):
+            if self.labels is None:
+                self.labels = _reference_labels(text)
+            if not self.labels:  # (no image by reference can make the images in its alt text alt text)
+                self._flat_segment(seg_start, seg_end, _SHALLOW_CANDIDATE)
+                return
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
@@ -836,17 +849,20 @@ class _Lifter:
         end = _reference_image_end(self.text, opener, closer, limit, self.labels)
         return consumed if end is None else end
 
-    def _flat_segment(self, seg_start: int, seg_end: int) -> None:
-        """``segment`` for brackets that never nest, without code or backslashes: each image
-        and its everyday tail in one regex step; a tail that runs into a '(' known never to
-        close is dismissed at once; the full parser reads the rest. (An alt text without
-        brackets holds no image, so no image by reference can hide one.)"""
+    def _flat_segment(self, seg_start: int, seg_end: int, candidates: re.Pattern[str]) -> None:
+        """``segment`` for brackets nested at most two deep (``candidates``: _SHALLOW_CANDIDATE)
+        or never (_FLAT_CANDIDATE), without code or backslashes: each image and its everyday
+        tail in one regex step, candidates without a tail the full parser could read skipped in
+        the regex; a tail that runs into a '(' known never to close is dismissed at once; the
+        full parser reads the rest. An image whose tail fails has the images in its alt text
+        read after it, as the bracket pairs' order has them (with no reference definition in the
+        text: an image by reference would have made them alt text)."""
         text = self.text
         tail = self.scanner.tail
         memo = self.scanner.paren_match
         alts, paths, removals = self.alts, self.paths, self.removals
         consumed = seg_start
-        for m in _FLAT_CANDIDATE.finditer(text, seg_start, seg_end):
+        for m in candidates.finditer(text, seg_start, seg_end):
             bang = m.start()
             if bang < consumed:
                 continue  # inside an earlier image's tail
@@ -854,16 +870,48 @@ class _Lifter:
             if group == 2 or group == 3:
                 raw_dest, end = m.group(group), m.end()
             else:
-                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
-                    continue  # the destination runs into a '(' already known never to close
-                parsed = tail(m.end(), seg_end)
+                parsed = None
+                if group != 4 or memo.get(m.end(4) - 1, 0) >= 0:  # (< 0: runs into a dead '(')
+                    parsed = tail(m.end(), seg_end)
                 if parsed is None:
+                    alt_start, alt_end = m.span(1)
+                    if text.find("![", alt_start, alt_end) >= 0:
+                        consumed = self._inner_images(alt_start, alt_end, seg_end, consumed)
                     continue
                 raw_dest, end = parsed
             consumed = end
             alts.append(m.group(1))  # (as written: see _finish)
             paths.append(raw_dest)
             removals.append((bang, end))
+
+    def _inner_images(self, alt_start: int, alt_end: int, seg_end: int, consumed: int) -> int:
+        """The images in the alt text ``text[alt_start:alt_end]`` of an image whose tail failed
+        (their alt texts hold no brackets; a tail may run on past ``alt_end``); returns
+        ``consumed`` past the last one lifted."""
+        text = self.text
+        tail = self.scanner.tail
+        memo = self.scanner.paren_match
+        for m in _FLAT_CANDIDATE.finditer(text, alt_start, seg_end):
+            bang = m.start()
+            if bang >= alt_end:
+                break
+            if bang < consumed:
+                continue
+            group = m.lastindex
+            if group == 2 or group == 3:
+                raw_dest, end = m.group(group), m.end()
+            else:
+                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
+                    continue
+                parsed = tail(m.end(), seg_end)
+                if parsed is None:
+                    continue
+                raw_dest, end = parsed
+            consumed = end
+            self.alts.append(m.group(1))
+            self.paths.append(raw_dest)
+            self.removals.append((bang, end))
+        return consumed
 
 
 # The general case's alt texts and destinations, as written, are unescaped, folded and checked a
