@@ -193,6 +193,9 @@ _FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL
 _ALT_ONE_DEEP = r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+"
 _SHALLOW_BRACKETS = re.compile(rf"[^\[\]]*+(?:\[{_ALT_ONE_DEEP}\][^\[\]]*+)*+")
 _SHALLOW_CANDIDATE = re.compile(rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))")
+# With reference definitions in the text: every candidate, tail or not (an image by reference
+# makes the images in its alt text alt text).
+_SHALLOW_CANDIDATE_ANY = re.compile(rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))?")
 # Or (group 3) a plain destination that runs into a '(' (at the match's end).
 _TAIL_QUICK = re.compile(
     rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
@@ -802,9 +805,8 @@ class _Lifter:
                 and _SHALLOW_BRACKETS.fullmatch(text, seg_start, seg_end)):
             if self.labels is None:
                 self.labels = _reference_labels(text)
-            if not self.labels:  # (no image by reference can make the images in its alt text alt text)
-                self._flat_segment(seg_start, seg_end, _SHALLOW_CANDIDATE)
-                return
+            self._flat_segment(seg_start, seg_end, _SHALLOW_CANDIDATE_ANY if self.labels else _SHALLOW_CANDIDATE)
+            return
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
         consumed = seg_start
@@ -855,8 +857,8 @@ class _Lifter:
         tail in one regex step, candidates without a tail the full parser could read skipped in
         the regex; a tail that runs into a '(' known never to close is dismissed at once; the
         full parser reads the rest. An image whose tail fails has the images in its alt text
-        read after it, as the bracket pairs' order has them (with no reference definition in the
-        text: an image by reference would have made them alt text)."""
+        read after it, as the bracket pairs' order has them, unless it is an image by reference
+        (``_SHALLOW_CANDIDATE_ANY``, for a text with reference definitions)."""
         text = self.text
         tail = self.scanner.tail
         memo = self.scanner.paren_match
@@ -876,6 +878,11 @@ class _Lifter:
                 if parsed is None:
                     alt_start, alt_end = m.span(1)
                     if text.find("![", alt_start, alt_end) >= 0:
+                        if self.labels:  # (an image by reference: its alt text's images stay)
+                            after = self._reference(alt_start - 1, alt_end, seg_end, consumed)
+                            if after != consumed:
+                                consumed = after
+                                continue
                         consumed = self._inner_images(alt_start, alt_end, seg_end, consumed)
                     continue
                 raw_dest, end = parsed
