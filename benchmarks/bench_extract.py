@@ -162,7 +162,8 @@ def hostile_inputs(size: int = MB) -> dict[str, str]:
         "escapes in paragraphs, then one escaped '!'": fill("![a\\]](b.png)\n\n") + "\\![a](b.png)",
         # fifth pass: deep nesting, unterminated everything, one huge line (issue 28, part 4)
         "'![](\\n\\n' * N + ref": fill("![](\n\n") + "![a](b.png)",
-        "nested alt 1000 deep, repeated": _cycle(size, lambda k: "![" * deep + "a" + "](b.png)" * deep + "\n\n"),
+        "nested alt 1000 deep, repeated": _cycle(
+            size, lambda k: "![" * deep + "a" + "](b.png)" * deep + "\n\n"),
         "links 1000 deep around an image, repeated": _cycle(
             size, lambda k: "[" * deep + "![a](b.png)" + "](u)" * deep + "\n"),
         "unterminated fences, images, angles": fill("```\n![a](<b.png\n~~~~\n![[a]("),

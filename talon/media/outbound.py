@@ -31,14 +31,16 @@ possessive quantifiers (no backtracking) that takes runs of fences, blank lines 
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
 lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
 elsewhere code spans and escapes are masked (same length) so that one bracket matcher serves every
-segment: brackets that never nest are paired by one regex, and there each image and its everyday
-tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step; other brackets are paired a
-run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest skipped in
-C; backtick runs go through a "next run of this length" table; each parenthesis match is computed
-once and memoised, one step per parenthesis. The tidying is one pass over the pieces of text
-between the removals, and the references are built by C-level maps over their slots with the
-garbage collector held off (a full collection walking the big lists every quarter of growth made a
-reply with a million references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
+segment: brackets that never nest, or nest at most two deep, are paired by one regex, and there
+each image and its everyday tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step
+(an image without a tail the full parser could read is not even a match); other brackets are
+paired a run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest
+skipped in C; backtick runs go through a "next run of this length" table; each parenthesis match
+is computed once and memoised, one step per parenthesis. The tidying is one pass over the pieces
+of text between the removals (a short piece's step looked up per distinct piece and state), and
+the references are built by C-level maps over their slots with the garbage collector held off
+(a full collection walking the big lists every quarter of growth made a reply with a million
+references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
@@ -195,7 +197,9 @@ _SHALLOW_BRACKETS = re.compile(rf"[^\[\]]*+(?:\[{_ALT_ONE_DEEP}\][^\[\]]*+)*+")
 _SHALLOW_CANDIDATE = re.compile(rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))")
 # With reference definitions in the text: every candidate, tail or not (an image by reference
 # makes the images in its alt text alt text).
-_SHALLOW_CANDIDATE_ANY = re.compile(rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))?")
+_SHALLOW_CANDIDATE_ANY = re.compile(
+    rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))?"
+)
 # Or (group 3) a plain destination that runs into a '(' (at the match's end).
 _TAIL_QUICK = re.compile(
     rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
@@ -697,14 +701,13 @@ def _rebuild(pieces: list[str]) -> str:
     for piece in pieces[1:-1]:
         if not piece or piece == " ":
             continue  # (references side by side, or a space apart: the gap is still open)
-        if len(piece) > 256:
-            step = _gap_step(piece, line_empty, ends_blank, held_indent)
-        else:
-            key = (piece, line_empty, ends_blank, held_indent)
-            step = get(key)
-            if step is None:
-                step = memo[key] = _gap_step(piece, line_empty, ends_blank, held_indent)
-        appended, line_empty, ends_blank, held_indent = step
+        key = (piece, line_empty, ends_blank, held_indent)
+        known = get(key) if len(piece) <= 256 else None  # (a long piece costs more to hash)
+        if known is None:
+            known = _gap_step(piece, line_empty, ends_blank, held_indent)
+            if len(piece) <= 256:
+                memo[key] = known
+        appended, line_empty, ends_blank, held_indent = known
         if appended:
             add(appended)
     # The last piece: the gap before it is closed, nothing to tidy at its end.
@@ -805,7 +808,8 @@ class _Lifter:
                 and _SHALLOW_BRACKETS.fullmatch(text, seg_start, seg_end)):
             if self.labels is None:
                 self.labels = _reference_labels(text)
-            self._flat_segment(seg_start, seg_end, _SHALLOW_CANDIDATE_ANY if self.labels else _SHALLOW_CANDIDATE)
+            shallow = _SHALLOW_CANDIDATE_ANY if self.labels else _SHALLOW_CANDIDATE
+            self._flat_segment(seg_start, seg_end, shallow)
             return
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
