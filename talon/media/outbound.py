@@ -867,6 +867,7 @@ class _Lifter:
         tail = self.scanner.tail
         memo = self.scanner.paren_match
         alts, paths, removals = self.alts, self.paths, self.removals
+        nested = candidates is not _FLAT_CANDIDATE  # (a flat alt text holds no image)
         consumed = seg_start
         for m in candidates.finditer(text, seg_start, seg_end):
             bang = m.start()
@@ -876,24 +877,33 @@ class _Lifter:
             if group == 2 or group == 3:
                 raw_dest, end = m.group(group), m.end()
             else:
-                parsed = None
-                if group != 4 or memo.get(m.end(4) - 1, 0) >= 0:  # (< 0: runs into a dead '(')
-                    parsed = tail(m.end(), seg_end)
+                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
+                    # the destination runs into a '(' already known never to close
+                    if nested:
+                        consumed = self._after_failed(m, seg_end, consumed)
+                    continue
+                parsed = tail(m.end(), seg_end)
                 if parsed is None:
-                    alt_start, alt_end = m.span(1)
-                    if text.find("![", alt_start, alt_end) >= 0:
-                        if self.labels:  # (an image by reference: its alt text's images stay)
-                            after = self._reference(alt_start - 1, alt_end, seg_end, consumed)
-                            if after != consumed:
-                                consumed = after
-                                continue
-                        consumed = self._inner_images(alt_start, alt_end, seg_end, consumed)
+                    if nested:
+                        consumed = self._after_failed(m, seg_end, consumed)
                     continue
                 raw_dest, end = parsed
             consumed = end
             alts.append(m.group(1))  # (as written: see _finish)
             paths.append(raw_dest)
             removals.append((bang, end))
+
+    def _after_failed(self, m: re.Match[str], seg_end: int, consumed: int) -> int:
+        """``consumed`` after an image (match ``m``) whose tail failed: past an image by reference
+        holding images (which stay alt text), or past the images of its alt text, lifted."""
+        alt_start, alt_end = m.span(1)
+        if self.text.find("![", alt_start, alt_end) < 0:
+            return consumed
+        if self.labels:  # (an image by reference: its alt text's images stay)
+            after = self._reference(alt_start - 1, alt_end, seg_end, consumed)
+            if after != consumed:
+                return after
+        return self._inner_images(alt_start, alt_end, seg_end, consumed)
 
     def _inner_images(self, alt_start: int, alt_end: int, seg_end: int, consumed: int) -> int:
         """The images in the alt text ``text[alt_start:alt_end]`` of an image whose tail failed
