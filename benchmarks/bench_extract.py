@@ -80,6 +80,7 @@ def hostile_inputs(size: int = MB) -> dict[str, str]:
     """About ``size`` characters of each hostile pattern. Each holds at least one ``![`` and one
     ``](``, so the early exits for text that can lift nothing never hide the cost."""
     fill = lambda unit: _fill(unit, size)  # noqa: E731
+    deep = max(2, min(1000, size // 100))  # (1000 at the benchmark's sizes, less in the tests' few KB)
     return {
         # brackets and bangs
         "'![' * N": fill("![") + "](",
@@ -159,6 +160,14 @@ def hostile_inputs(size: int = MB) -> dict[str, str]:
         # the whole-reply path refused at the very end (issue 28, part 4, third pass)
         "runs, then one nested image (refused late)": fill("```\n```\n![a](b.png)\n") + "![[a](b)](c.png)",
         "escapes in paragraphs, then one escaped '!'": fill("![a\\]](b.png)\n\n") + "\\![a](b.png)",
+        # fifth pass: deep nesting, unterminated everything, one huge line (issue 28, part 4)
+        "'![](\\n\\n' * N + ref": fill("![](\n\n") + "![a](b.png)",
+        "nested alt 1000 deep, repeated": _cycle(
+            size, lambda k: "![" * deep + "a" + "](b.png)" * deep + "\n\n"),
+        "links 1000 deep around an image, repeated": _cycle(
+            size, lambda k: "[" * deep + "![a](b.png)" + "](u)" * deep + "\n"),
+        "unterminated fences, images, angles": fill("```\n![a](<b.png\n~~~~\n![[a]("),
+        "one line of unterminated everything": fill("![a](<x ![[b](c `d \\( \"e ") + "![a](b.png)",
         # mixes
         "mix of hostile tokens": _soup(size, 28, _HOSTILE_TOKENS),
         "mix of brackets and bangs": _soup(size, 29, ["![", "[", "]", "(", ")", "a", " "]),

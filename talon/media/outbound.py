@@ -31,14 +31,16 @@ possessive quantifiers (no backtracking) that takes runs of fences, blank lines 
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
 lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
 elsewhere code spans and escapes are masked (same length) so that one bracket matcher serves every
-segment: brackets that never nest are paired by one regex, and there each image and its everyday
-tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step; other brackets are paired a
-run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest skipped in
-C; backtick runs go through a "next run of this length" table; each parenthesis match is computed
-once and memoised, one step per parenthesis. The tidying is one pass over the pieces of text
-between the removals, and the references are built by C-level maps over their slots with the
-garbage collector held off (a full collection walking the big lists every quarter of growth made a
-reply with a million references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
+segment: brackets that never nest, or nest at most two deep, are paired by one regex, and there
+each image and its everyday tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step
+(an image without a tail the full parser could read is not even a match); other brackets are
+paired a run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest
+skipped in C; backtick runs go through a "next run of this length" table; each parenthesis match
+is computed once and memoised, one step per parenthesis. The tidying is one pass over the pieces
+of text between the removals (a short piece's step looked up per distinct piece and state), and
+the references are built by C-level maps over their slots with the garbage collector held off
+(a full collection walking the big lists every quarter of growth made a reply with a million
+references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ _FENCED = _fence("b", r"`{3,}+(?![^`\n]*+`)", "`") + "|" + _fence("t", r"~{3,}+"
 _PARAGRAPH = rf"(?!{_FENCE_START}|{_INDENT_START})[^\n]*+(?:\n(?!{_BREAK})[^\n]*+)*+{_EOL}"
 _BLOCKS = re.compile(
     rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)"
-    rf"|(?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))+"
+    rf"|(?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})++"
 )
 # Inside a run of text: its segments (a heading line, or a paragraph) and the blank lines between.
 # A line without "![", one without "](", one without ")": a segment made only of one kind of them
@@ -116,7 +118,7 @@ _DEAD_HEAD = rf"{_HEADING_START}(?:{'|'.join(_LACKING)}){_EOL}"
 _DEAD_PARA = rf"(?!{_FENCE_START}|{_INDENT_START})(?:" + "|".join(
     rf"{line}(?:\n(?!{_BREAK}){line})*+(?:\n(?={_BREAK})|\Z)" for line in _LACKING) + ")"
 _SEGMENTS = re.compile(
-    rf"(?P<dead>(?:(?>{_BLANKS}|{_DEAD_HEAD}|{_DEAD_PARA}))+)"
+    rf"(?P<dead>(?:{_BLANKS}|{_DEAD_HEAD}|{_DEAD_PARA})++)"
     rf"|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}"
 )
 
@@ -182,7 +184,22 @@ _TAIL_TO_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?[^\x00-\x20()\\\x7f<][^\x00-\x20()\\\
 # In a segment whose brackets never nest (and without code or backslashes): an image's alt text
 # (group 1), then its whole quick tail (destination in group 2 or 3), or, not consumed, a tail
 # whose plain destination runs into a '(' (group 4 ends at that '('), or neither.
-_FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_PAREN})))?")
+# Only images with a tail that may be read: in such a segment (no backslash, no code) a tail the
+# quick regex cannot read whole is read by the full parser only if its plain destination runs
+# into a '(' (group 4, which may be its first character); any other candidate can lift nothing
+# and is skipped in C, without a Python step.
+_TAIL_TO_ANY_PAREN = r"\([ \t]*(?:\r?\n[ \t]*)?(?!<)[^\x00-\x20()\\\x7f]*\("
+_FLAT_CANDIDATE = re.compile(rf"!\[([^\[\]]*+)\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))")
+# Brackets nested at most two deep (an image's alt text may hold plain ``[...]``: links, or images
+# with brackets-free alt text), and the candidate images there.
+_ALT_ONE_DEEP = r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+"
+_SHALLOW_BRACKETS = re.compile(rf"[^\[\]]*+(?:\[{_ALT_ONE_DEEP}\][^\[\]]*+)*+")
+_SHALLOW_CANDIDATE = re.compile(rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))")
+# With reference definitions in the text: every candidate, tail or not (an image by reference
+# makes the images in its alt text alt text).
+_SHALLOW_CANDIDATE_ANY = re.compile(
+    rf"!\[({_ALT_ONE_DEEP})\](?:{_TAIL_QUICK_BODY}|(?=({_TAIL_TO_ANY_PAREN})))?"
+)
 # Or (group 3) a plain destination that runs into a '(' (at the match's end).
 _TAIL_QUICK = re.compile(
     rf"\({_WS}(?:<([^<>\r\n\\]*+)>|(?!<)([^\x00-\x20()\\\x7f]*+))"
@@ -620,6 +637,42 @@ def _tail_state(piece: str, line_empty: bool, ends_blank: bool) -> tuple[bool, b
     return True, prev_blank
 
 
+_Step = tuple[str, bool, bool, str]
+
+
+def _gap_step(piece: str, line_empty: bool, ends_blank: bool, held_indent: str) -> _Step:
+    """One piece after a removal (not the last one): what is appended, then the state after it
+    (line_empty, ends_blank, held_indent). A function of its arguments only (see ``_rebuild``)."""
+    if not piece:
+        return "", line_empty, ends_blank, held_indent  # (the gap is still open)
+    rest = piece.lstrip(" \t")
+    if not rest:
+        return "", line_empty, ends_blank, held_indent
+    if rest[0] in "\r\n":
+        if line_empty:
+            rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
+            held_indent = ""
+            if ends_blank:
+                # drop whole blank lines, keep the next content line's indentation
+                content = len(rest) - len(rest.lstrip(" \t\r\n"))
+                rest = rest[rest.rfind("\n", 0, content) + 1 :]
+            if not rest:
+                return "", line_empty, ends_blank, held_indent
+        piece = rest
+    else:
+        piece = held_indent + rest if line_empty else " " + rest
+        held_indent = ""
+    # a reference follows: so do the blanks before it on its line
+    stripped = piece.rstrip(" \t")
+    if "\n" in stripped:
+        line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
+    elif line_empty and stripped.strip(" \t\r"):
+        line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
+    if line_empty:
+        held_indent = piece[len(stripped) :]
+    return stripped, line_empty, ends_blank, held_indent
+
+
 def _rebuild(pieces: list[str]) -> str:
     """The text without the lifted references, closing up the gaps they leave.
 
@@ -628,46 +681,51 @@ def _rebuild(pieces: list[str]) -> str:
     kept when text follows the reference. Text away from a removal is copied untouched.
     ``pieces``: the text before the first removal, between each two, and after the last. One
     pass over them, each looked at once (at its ends), an empty one (references side by side)
-    at the cost of a comparison.
+    at the cost of a comparison. A short piece's step depends on nothing but the piece and the
+    state before it, so it is worked out once per distinct (piece, state) and looked up after:
+    a flood of references between the same few pieces costs a dictionary look-up each.
     """
     out: list[str] = []
-    line_empty = True  # the output's last line has no content yet
-    ends_blank = True  # the output ends with a blank line (or is empty)
-    held_indent = ""  # blanks before a reference at the start of its line
-    last = len(pieces) - 1
-    for i, piece in enumerate(pieces):
-        if i:  # a reference was removed before this piece: close the gap it left
-            if not piece:
-                continue  # (the gap is still open)
-            rest = piece.lstrip(" \t")
-            if not rest:
-                continue
-            if rest[0] in "\r\n":
-                if line_empty:
-                    rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
-                    held_indent = ""
-                    if ends_blank:
-                        # drop whole blank lines, keep the next content line's indentation
-                        content = len(rest) - len(rest.lstrip(" \t\r\n"))
-                        rest = rest[rest.rfind("\n", 0, content) + 1 :]
-                    if not rest:
-                        continue
-                piece = rest
-            else:
-                piece = held_indent + rest if line_empty else " " + rest
-                held_indent = ""
-        if i == last:
-            out.append(piece)
-            return "".join(out)  # the gap is closed: nothing to tidy at the end
-        # a reference follows: so do the blanks before it on its line
-        stripped = piece.rstrip(" \t")
-        out.append(stripped)
-        if "\n" in stripped:
-            line_empty, ends_blank = _tail_state(stripped, line_empty, ends_blank)
-        elif line_empty and stripped.strip(" \t\r"):
-            line_empty = ends_blank = False  # (not line_empty implies not ends_blank)
-        if line_empty:
-            held_indent = piece[len(stripped) :]
+    add = out.append
+    # After the first piece (nothing removed before it): its blanks before the reference go.
+    first = pieces[0]
+    if len(pieces) == 1:
+        return first
+    stripped = first.rstrip(" \t")
+    line_empty, ends_blank = _tail_state(stripped, True, True) if "\n" in stripped else (
+        (False, False) if stripped.strip(" \t\r") else (True, True))
+    held_indent = first[len(stripped) :] if line_empty else ""
+    add(stripped)
+    memo: dict[tuple[str, bool, bool, str], _Step] = {}
+    get = memo.get
+    for piece in pieces[1:-1]:
+        if not piece or piece == " ":
+            continue  # (references side by side, or a space apart: the gap is still open)
+        key = (piece, line_empty, ends_blank, held_indent)
+        known = get(key) if len(piece) <= 256 else None  # (a long piece costs more to hash)
+        if known is None:
+            known = _gap_step(piece, line_empty, ends_blank, held_indent)
+            if len(piece) <= 256:
+                memo[key] = known
+        appended, line_empty, ends_blank, held_indent = known
+        if appended:
+            add(appended)
+    # The last piece: the gap before it is closed, nothing to tidy at its end.
+    piece = pieces[-1]
+    rest = piece.lstrip(" \t")
+    if rest:
+        if rest[0] in "\r\n":
+            if line_empty:
+                rest = rest[2:] if rest.startswith("\r\n") else rest[1:]
+                if ends_blank:
+                    content = len(rest) - len(rest.lstrip(" \t\r\n"))
+                    rest = rest[rest.rfind("\n", 0, content) + 1 :]
+            if rest:
+                add(rest)
+                return "".join(out)
+        else:
+            add(held_indent + rest if line_empty else " " + rest)
+            return "".join(out)
     body = "".join(out)
     if line_empty:
         # the last line vanished: drop the blank lines it leaves at the end
@@ -743,7 +801,15 @@ class _Lifter:
         if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
                 and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
                 and _FLAT_BRACKETS.fullmatch(text, seg_start, seg_end)):
-            self._flat_segment(seg_start, seg_end)
+            self._flat_segment(seg_start, seg_end, _FLAT_CANDIDATE)
+            return
+        if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
+                and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
+                and _SHALLOW_BRACKETS.fullmatch(text, seg_start, seg_end)):
+            if self.labels is None:
+                self.labels = _reference_labels(text)
+            shallow = _SHALLOW_CANDIDATE_ANY if self.labels else _SHALLOW_CANDIDATE
+            self._flat_segment(seg_start, seg_end, shallow)
             return
         spans = code_spans(text, seg_start, seg_end) if text.find("`", seg_start, seg_end) >= 0 else []
         span_starts = [s for s, _ in spans]
@@ -789,17 +855,21 @@ class _Lifter:
         end = _reference_image_end(self.text, opener, closer, limit, self.labels)
         return consumed if end is None else end
 
-    def _flat_segment(self, seg_start: int, seg_end: int) -> None:
-        """``segment`` for brackets that never nest, without code or backslashes: each image
-        and its everyday tail in one regex step; a tail that runs into a '(' known never to
-        close is dismissed at once; the full parser reads the rest. (An alt text without
-        brackets holds no image, so no image by reference can hide one.)"""
+    def _flat_segment(self, seg_start: int, seg_end: int, candidates: re.Pattern[str]) -> None:
+        """``segment`` for brackets nested at most two deep (``candidates``: _SHALLOW_CANDIDATE)
+        or never (_FLAT_CANDIDATE), without code or backslashes: each image and its everyday
+        tail in one regex step, candidates without a tail the full parser could read skipped in
+        the regex; a tail that runs into a '(' known never to close is dismissed at once; the
+        full parser reads the rest. An image whose tail fails has the images in its alt text
+        read after it, as the bracket pairs' order has them, unless it is an image by reference
+        (``_SHALLOW_CANDIDATE_ANY``, for a text with reference definitions)."""
         text = self.text
         tail = self.scanner.tail
         memo = self.scanner.paren_match
         alts, paths, removals = self.alts, self.paths, self.removals
+        nested = candidates is not _FLAT_CANDIDATE  # (a flat alt text holds no image)
         consumed = seg_start
-        for m in _FLAT_CANDIDATE.finditer(text, seg_start, seg_end):
+        for m in candidates.finditer(text, seg_start, seg_end):
             bang = m.start()
             if bang < consumed:
                 continue  # inside an earlier image's tail
@@ -808,15 +878,61 @@ class _Lifter:
                 raw_dest, end = m.group(group), m.end()
             else:
                 if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
-                    continue  # the destination runs into a '(' already known never to close
+                    # the destination runs into a '(' already known never to close
+                    if nested:
+                        consumed = self._after_failed(m, seg_end, consumed)
+                    continue
                 parsed = tail(m.end(), seg_end)
                 if parsed is None:
+                    if nested:
+                        consumed = self._after_failed(m, seg_end, consumed)
                     continue
                 raw_dest, end = parsed
             consumed = end
             alts.append(m.group(1))  # (as written: see _finish)
             paths.append(raw_dest)
             removals.append((bang, end))
+
+    def _after_failed(self, m: re.Match[str], seg_end: int, consumed: int) -> int:
+        """``consumed`` after an image (match ``m``) whose tail failed: past an image by reference
+        holding images (which stay alt text), or past the images of its alt text, lifted."""
+        alt_start, alt_end = m.span(1)
+        if self.text.find("![", alt_start, alt_end) < 0:
+            return consumed
+        if self.labels:  # (an image by reference: its alt text's images stay)
+            after = self._reference(alt_start - 1, alt_end, seg_end, consumed)
+            if after != consumed:
+                return after
+        return self._inner_images(alt_start, alt_end, seg_end, consumed)
+
+    def _inner_images(self, alt_start: int, alt_end: int, seg_end: int, consumed: int) -> int:
+        """The images in the alt text ``text[alt_start:alt_end]`` of an image whose tail failed
+        (their alt texts hold no brackets; a tail may run on past ``alt_end``); returns
+        ``consumed`` past the last one lifted."""
+        text = self.text
+        tail = self.scanner.tail
+        memo = self.scanner.paren_match
+        for m in _FLAT_CANDIDATE.finditer(text, alt_start, seg_end):
+            bang = m.start()
+            if bang >= alt_end:
+                break
+            if bang < consumed:
+                continue
+            group = m.lastindex
+            if group == 2 or group == 3:
+                raw_dest, end = m.group(group), m.end()
+            else:
+                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
+                    continue
+                parsed = tail(m.end(), seg_end)
+                if parsed is None:
+                    continue
+                raw_dest, end = parsed
+            consumed = end
+            self.alts.append(m.group(1))
+            self.paths.append(raw_dest)
+            self.removals.append((bang, end))
+        return consumed
 
 
 # The general case's alt texts and destinations, as written, are unescaped, folded and checked a
@@ -919,7 +1035,7 @@ _MASKED_LOCAL = re.compile(
 # A run of text (group 1), then a run of code (group "code"; none at the end): the
 # block structure as ``_BLOCKS`` reads it, one match per run of code, matched at line starts only.
 _CODE_RUN = re.compile(
-    rf"((?:(?>{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH}))*+)"
+    rf"((?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})*+)"
     rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)?"
 )
 # In a run of code, whatever could make or hide an image, open a code span or escape: \x01.
