@@ -19,11 +19,12 @@ through a temporary file at most one at a time: memory stays flat whatever the s
 
 ``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
 relative names, each exactly once, each matching the manifest, nothing missing, nothing extra.
-``restore`` verifies first, then extracts into a data dir and a media root that are empty or
-absent (never over live data), checking every file again as it is written, then indexes the
-messages for search, or, with a database URL, copies the stores into that (empty) database with
-``talon.storage.migrate`` and its checks. Anything that fails, Ctrl-C included, removes what the
-restore wrote.
+``restore`` reads the archive once, into a data dir and a media root that are empty or absent
+(never over live data): each member is checked as ``verify`` checks it before it is written, and
+hashed as it is written; only when the whole archive matched its manifest does it index the
+messages for search, or, with a database URL, copy the stores into that (empty) database with
+``talon.storage.migrate`` and its checks. Anything that fails, a tampered archive or Ctrl-C
+included, removes what the restore wrote.
 """
 
 from __future__ import annotations
