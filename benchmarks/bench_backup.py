@@ -99,8 +99,8 @@ def make_deployment(root: Path, size_mb: int, rng: random.Random) -> dict[str, i
         size = min(left, rng.randint(20 << 10, 400 << 10))
         path = blob_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = (" ".join(rng.choice(words) for _ in range(200)) + "\n").encode()
-        path.write_bytes((text * (size // len(text) + 1))[:size])
+        doc = (" ".join(rng.choice(words) for _ in range(200)) + "\n").encode()
+        path.write_bytes((doc * (size // len(doc) + 1))[:size])
         left -= size
         counts["documents"] += 1
     left = int(budget * 0.70)
@@ -173,8 +173,8 @@ def one_size(size_mb: int, work: Path, rounds: int, with_zstd_tar: bool) -> dict
         sizes = {"archive": arch.stat().st_size, "tar": ref.stat().st_size}
         for leftover in ("refx", "restored", "zrefx"):
             shutil.rmtree(root / leftover, ignore_errors=True)
-        for leftover in (ref, arch, zref):
-            leftover.unlink(missing_ok=True)
+        for made in (ref, arch, zref):
+            made.unlink(missing_ok=True)
         settle(root)
     shutil.rmtree(root)
     med = {label: {k: statistics.median(x[k] for x in xs) for k in ("wall", "cpu")} | {"rss": max(x["rss"] for x in xs)}

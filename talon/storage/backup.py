@@ -175,7 +175,7 @@ class _Writer:
             self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=GZIP_LEVEL)
         self._sink = _Sink(self._zst)
         self.tar = tarfile.open(fileobj=self._sink, mode="w", format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]
-        self.tar.copybufsize = _CHUNK  # type: ignore[attr-defined]  # 1 MB reads, not 16 KB
+        self.tar.copybufsize = _CHUNK  # 1 MB reads, not 16 KB
         self.manifest_files: dict[str, tuple[int, str]] = {}
         self.progress, self.expected, self.done = progress, expected, 0
 
@@ -192,7 +192,7 @@ class _Writer:
     def add_file(self, name: str, path: Path | str, size: int | None = None) -> None:
         with open(path, "rb", buffering=0) as fh:
             st = os.fstat(fh.fileno())
-            self.add(name, fh, st.st_size if size is None else size, st.st_mtime)  # type: ignore[arg-type]
+            self.add(name, fh, st.st_size if size is None else size, st.st_mtime)
 
     def _advance(self, n: int) -> None:
         self.done += n
@@ -311,7 +311,7 @@ def _members(path: Path) -> Iterator[tuple[str, tarfile.TarInfo, IO[bytes] | Non
     try:
         with _damaged(path):
             while (member := tar.next()) is not None:
-                tar.members.clear()  # tarfile keeps every member it read: memory flat, not per file
+                tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every member it read: memory flat, not per file
                 yield member.name, member, tar.extractfile(member) if member.isfile() else None, tar
     finally:
         tar.close()
