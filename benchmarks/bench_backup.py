@@ -1,133 +1,213 @@
-"""Backup and restore of a large deployment: throughput against the disk's own, memory flat.
+"""Backup and restore of a large deployment against the disk's own speed, memory flat.
 
-Run: ``python benchmarks/bench_backup.py`` (1 GB of data; ``--size-mb 200`` for a quick check).
+Run: ``python benchmarks/bench_backup.py`` (1 GB; ``--size-mb 200`` for a quick check).
 
-A data dir is made with ``--size-mb`` of attachments (incompressible random files of 8 MB, the
-shape of photos and documents) and a few thousand conversation lines, then, in one run:
+A data dir and a media root are made with ``--size-mb`` of a mixed deployment (the shares are in
+``make_deployment``): thousands of small conversation files (``main.jsonl``, ``CURRENT``,
+``CHAT``, a summary under ``context/``), SQLite stores in WAL mode (an inbox, tasks, usage),
+attachments (incompressible photos of 40 KB to 3 MB and videos of 24 MB, the shape of JPEG and
+MP4; compressible documents), and a workspace with a memory file per chat. Then, in one run, on
+the same data and the same disk (the archive and the restored tree beside the source):
 
-- **disk**: the same files copied with ``shutil.copyfile`` into a scratch directory (read and
-  write, what the disk does with no archive format at all): the yardstick;
-- **backup**: ``talon backup PATH.tar.zst`` as a process of its own;
-- **restore**: ``talon restore`` of that archive into a new directory (it verifies the archive
-  first, so it reads it twice: its figure is per byte read);
+- **reference backup**: ``tar -cf ref.tar data media_root`` (GNU tar, uncompressed) and an fsync
+  of the archive (``talon backup`` fsyncs its archive too);
+- **talon backup**: ``talon backup PATH.tar.zst`` (the default compression) as a process of its
+  own;
+- **reference restore**: ``tar -xf ref.tar`` into a new directory;
+- **talon restore**: ``talon restore`` of the archive into a new directory (verifying every file,
+  rebuilding the search index);
+- also, for the record, ``tar -I 'zstd -1 -T0' -cf`` / ``-xf``: the same with compression.
 
-each timed, with the peak RSS of the process sampled every 20 ms (tests/processes.tree_rss). The
-figures: backup and restore MB/s over disk MB/s, and the peak RSS at this size over the peak at a
-tenth of it (run first, the same way): flat memory is a ratio near 1, whatever the size.
+Each is run ``--rounds`` times interleaved (reference, talon, reference, talon ...), with the
+dirty pages written out (``sync -f``) between runs, untimed. Reported: the median wall time of
+each, talon over the reference (the bar: about 1.2x or less), and CPU seconds (user + system of
+the process and its children, from ``wait4``), which the other work on a shared machine moves
+less than the wall time. Peak RSS is ``ru_maxrss`` of the process; flat memory is the peak at
+``--size-mb`` over the peak at a tenth of it (run first, the same way), near 1 whatever the size.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import shutil
+import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.processes import tree_rss  # noqa: E402
-
 MB = 1 << 20
-FILE_MB = 8
 
 
-def make_deployment(root: Path, size_mb: int) -> None:
-    data = root / "data"
-    blobs = data / "attachments"
-    for n in range(max(1, size_mb // FILE_MB)):
-        name = f"{n:064x}"
-        (blobs / name[:2]).mkdir(parents=True, exist_ok=True)
-        with open(blobs / name[:2] / name, "wb") as fh:
-            fh.write(os.urandom(FILE_MB * MB))
-    chat = data / "sessions" / "telegram" / "1"
-    chat.mkdir(parents=True)
-    with open(chat / "main.jsonl", "w") as fh:
-        for i in range(5000):
-            fh.write('{"role":"user","content":[{"type":"text","text":"message %d about the boiler"}],"at":%d}\n'
-                     % (i, 1_700_000_000 + i))
-    (root / "media_root").mkdir()
+def _random_file(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(size))
 
 
-def run_measured(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, int]:
-    """(seconds, peak RSS of the process tree) of a command."""
+def make_deployment(root: Path, size_mb: int, rng: random.Random) -> dict[str, int]:
+    """A mixed deployment of about ``size_mb``: 8% conversations, 10% SQLite, 12% documents,
+    70% photos and videos. How many files of each kind."""
+    data, media = root / "data", root / "media_root"
+    budget = size_mb * MB
+    counts = {"session files": 0, "sqlite": 0, "photos": 0, "videos": 0, "documents": 0, "workspace files": 0}
+    # Conversations: ~24 KB per chat, four files each.
+    chats = max(10, int(budget * 0.08) // (24 << 10))
+    words = "boiler kettle march invoice garden tomorrow photo meeting please thanks train dinner".split()
+    for c in range(chats):
+        chat = data / "sessions" / "telegram" / str(100000 + c)
+        (chat / "context").mkdir(parents=True)
+        lines = []
+        for i in range(60):
+            text = " ".join(rng.choice(words) for _ in range(40))
+            lines.append(json.dumps({"role": "user" if i % 2 == 0 else "assistant",
+                                     "content": [{"type": "text", "text": f"{i} {text}"}], "at": 1_700_000_000 + i}))
+        (chat / "main.jsonl").write_text("\n".join(lines) + "\n")
+        (chat / "CURRENT").write_text("main\n")
+        (chat / "CHAT").write_text(json.dumps({"channel": "telegram", "chat_id": str(100000 + c)}))
+        (chat / "context" / "1.archive.md").write_text("Summary: " + " ".join(rng.choice(words) for _ in range(300)))
+        ws = media / "telegram" / str(100000 + c)
+        ws.mkdir(parents=True)
+        (ws / "AGENTS.md").write_text("# Memory\n" + " ".join(rng.choice(words) for _ in range(80)))
+        counts["session files"] += 4
+        counts["workspace files"] += 1
+    # SQLite stores in WAL mode, as Talon keeps them.
+    for name, share in (("inbox.sqlite3", 0.06), ("tasks.sqlite3", 0.01), ("control.sqlite3", 0.03)):
+        conn = sqlite3.connect(data / name)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)")
+        rows = int(budget * share) // 600
+        conn.executemany("INSERT INTO t (body) VALUES (?)",
+                         ((" ".join(rng.choice(words) for _ in range(60)) + f" {i}",) for i in range(rows)))
+        conn.commit()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        counts["sqlite"] += 1
+    # Attachments by sha256 name: documents (compressible), photos and videos (incompressible).
+    def blob_path() -> Path:
+        name = "%064x" % rng.getrandbits(256)
+        return data / "attachments" / name[:2] / name
+
+    left = int(budget * 0.12)
+    while left > 0:
+        size = min(left, rng.randint(20 << 10, 400 << 10))
+        path = blob_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = (" ".join(rng.choice(words) for _ in range(200)) + "\n").encode()
+        path.write_bytes((doc * (size // len(doc) + 1))[:size])
+        left -= size
+        counts["documents"] += 1
+    left = int(budget * 0.70)
+    video = 24 * MB
+    while left > 0:
+        if counts["videos"] * video < budget * 0.30 and left >= video:
+            _random_file(blob_path(), video)
+            left -= video
+            counts["videos"] += 1
+        else:
+            size = min(left, rng.randint(40 << 10, 3 * MB))
+            _random_file(blob_path(), size)
+            left -= size
+            counts["photos"] += 1
+    return counts
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(root) for f in files)
+
+
+def timed(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+          fsync: Path | None = None) -> dict[str, float]:
+    """Wall seconds, CPU seconds (user + system, with reaped children) and peak RSS of a command."""
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    peak = 0
-    watched = psutil.Process(proc.pid)
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            try:
-                peak = max(peak, tree_rss(watched))
-            except psutil.Error:
-                pass
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    out, _ = proc.communicate()
-    done.set()
-    sampler.join()
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if fsync is not None:
+        fd = os.open(fsync, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    wall = time.monotonic() - started
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[3:])} failed:\n{out.decode(errors='replace')}")
-    return time.monotonic() - started, peak
+        raise SystemExit(f"{' '.join(argv)} failed:\n{out.decode(errors='replace')}")
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss / 1024}
 
 
-def disk_copy(src: Path, dst: Path) -> float:
-    started = time.monotonic()
-    for path in src.rglob("*"):
-        if path.is_file():
-            target = dst / path.relative_to(src)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-    with open(dst / ".sync", "wb") as fh:
-        os.fsync(fh.fileno())
-    return time.monotonic() - started
+def settle(path: Path) -> None:
+    subprocess.run(["sync", "-f", str(path)], check=True)
 
 
-def one_size(size_mb: int, work: Path) -> dict[str, float]:
+def one_size(size_mb: int, work: Path, rounds: int, with_zstd_tar: bool) -> dict[str, object]:
     root = work / f"size{size_mb}"
-    make_deployment(root, size_mb)
+    counts = make_deployment(root, size_mb, random.Random(size_mb))
+    total = tree_bytes(root / "data") + tree_bytes(root / "media_root")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
     env |= {"TALON_DATA_DIR": str(root / "data"), "TALON_MEDIA_ROOT": str(root / "media_root"),
             "PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(root / "config")}
     cli = [sys.executable, "-m", "talon.cli"]
-    disk_s = disk_copy(root / "data", root / "copy")
-    shutil.rmtree(root / "copy")
-    archive = root / "talon.tar.zst"
-    backup_s, backup_rss = run_measured([*cli, "backup", str(archive)], env, root)
-    restore_s, restore_rss = run_measured([*cli, "restore", str(archive), "--data-dir", str(root / "restored" / "data")],
-                                          env, root)
-    mb = size_mb
-    result = {"disk": mb / disk_s, "backup": mb / backup_s, "restore": 2 * mb / restore_s,
-              "backup_rss": backup_rss / MB, "restore_rss": restore_rss / MB}
+    runs: dict[str, list[dict[str, float]]] = {}
+    settle(root)
+    for r in range(rounds):
+        def go(label: str, argv: list[str], fsync: Path | None = None) -> None:
+            runs.setdefault(label, []).append(timed(argv, env=env, cwd=root, fsync=fsync))
+            settle(root)
+
+        ref, arch, zref = root / "ref.tar", root / "talon.tar.zst", root / "ref.tar.zst"
+        go("ref backup", ["tar", "-cf", str(ref), "data", "media_root"], fsync=ref)
+        go("talon backup", [*cli, "backup", str(arch)])
+        if with_zstd_tar:
+            go("tar+zstd backup", ["tar", "-I", "zstd -1 -T0", "-cf", str(zref), "data", "media_root"], fsync=zref)
+        (root / "refx").mkdir()
+        go("ref restore", ["tar", "-xf", str(ref), "-C", str(root / "refx")])
+        go("talon restore", [*cli, "restore", str(arch), "--data-dir", str(root / "restored" / "data")])
+        if with_zstd_tar:
+            (root / "zrefx").mkdir()
+            go("tar+zstd restore", ["tar", "-I", "zstd -T0", "-xf", str(zref), "-C", str(root / "zrefx")])
+        sizes = {"archive": arch.stat().st_size, "tar": ref.stat().st_size}
+        for leftover in ("refx", "restored", "zrefx"):
+            shutil.rmtree(root / leftover, ignore_errors=True)
+        for made in (ref, arch, zref):
+            made.unlink(missing_ok=True)
+        settle(root)
     shutil.rmtree(root)
-    return result
+    med = {label: {k: statistics.median(x[k] for x in xs) for k in ("wall", "cpu")} | {"rss": max(x["rss"] for x in xs)}
+           for label, xs in runs.items()}
+    return {"bytes": total, "counts": counts, "median": med, "sizes": sizes}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-zstd-tar", action="store_true", help="skip the tar+zstd figures")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="talon-bench-backup-", dir=os.environ.get("TMPDIR")) as tmp:
-        small = one_size(max(FILE_MB, args.size_mb // 10), Path(tmp))
-        big = one_size(args.size_mb, Path(tmp))
-    for name, r in ((f"{max(FILE_MB, args.size_mb // 10)} MB", small), (f"{args.size_mb} MB", big)):
-        print(f"{name}: disk copy {r['disk']:.0f} MB/s; backup {r['backup']:.0f} MB/s "
-              f"({r['backup'] / r['disk']:.2f}x disk), peak RSS {r['backup_rss']:.0f} MB; restore "
-              f"{r['restore']:.0f} MB/s read ({r['restore'] / r['disk']:.2f}x disk), peak RSS {r['restore_rss']:.0f} MB")
-    print(f"memory: peak RSS at {args.size_mb} MB over at a tenth: backup {big['backup_rss'] / small['backup_rss']:.2f}x, "
-          f"restore {big['restore_rss'] / small['restore_rss']:.2f}x (flat: near 1)")
+        tenth = max(16, args.size_mb // 10)
+        small = one_size(tenth, Path(tmp), 1, False)
+        big = one_size(args.size_mb, Path(tmp), args.rounds, not args.no_zstd_tar)
+    m = big["median"]
+    mb = big["bytes"] / MB  # type: ignore[operator]
+    print(f"machine: {os.cpu_count()} cores, {os.uname().sysname} {os.uname().release}; "
+          f"tree: {mb:.0f} MB, {sum(big['counts'].values())} files {big['counts']}")  # type: ignore[attr-defined]
+    print(f"archive {big['sizes']['archive'] / MB:.0f} MB (.tar.zst), tar {big['sizes']['tar'] / MB:.0f} MB; "  # type: ignore[index]
+          f"median of {args.rounds} rounds:")
+    for label, t in m.items():  # type: ignore[attr-defined]
+        print(f"  {label:17s} {t['wall']:6.2f} s wall ({mb / t['wall']:5.0f} MB/s), {t['cpu']:6.2f} s CPU, "
+              f"peak RSS {t['rss']:.0f} MB")
+    for what in ("backup", "restore"):
+        ref, ours = m[f"ref {what}"], m[f"talon {what}"]  # type: ignore[index]
+        print(f"{what}: talon / tar = {ours['wall'] / ref['wall']:.2f}x wall, {ours['cpu'] / ref['cpu']:.2f}x CPU")
+    sm = small["median"]
+    print(f"memory: peak RSS at {args.size_mb} MB over at {tenth} MB: backup "
+          f"{m['talon backup']['rss'] / sm['talon backup']['rss']:.2f}x, restore "  # type: ignore[index]
+          f"{m['talon restore']['rss'] / sm['talon restore']['rss']:.2f}x (flat: near 1)")  # type: ignore[index]
 
 
 if __name__ == "__main__":

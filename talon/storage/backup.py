@@ -19,11 +19,12 @@ through a temporary file at most one at a time: memory stays flat whatever the s
 
 ``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
 relative names, each exactly once, each matching the manifest, nothing missing, nothing extra.
-``restore`` verifies first, then extracts into a data dir and a media root that are empty or
-absent (never over live data), checking every file again as it is written, then indexes the
-messages for search, or, with a database URL, copies the stores into that (empty) database with
-``talon.storage.migrate`` and its checks. Anything that fails, Ctrl-C included, removes what the
-restore wrote.
+``restore`` reads the archive once, into a data dir and a media root that are empty or absent
+(never over live data): each member is checked as ``verify`` checks it before it is written, and
+hashed as it is written; only when the whole archive matched its manifest does it index the
+messages for search, or, with a database URL, copy the stores into that (empty) database with
+``talon.storage.migrate`` and its checks. Anything that fails, a tampered archive or Ctrl-C
+included, removes what the restore wrote.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
+# zstd level 1 on every core: faster than the disk here, and within a few % of level 3 on what
+# Talon keeps (photos and voice notes are compressed already); see docs/backup.md, Figures.
+ZSTD_LEVEL = 1
+GZIP_LEVEL = 1
 # Files of a data dir that are not archived: derived (the search index), SQLite's side files (the
 # backup API reads through them), logs and leftovers of interrupted writes.
 _SKIP_NAMES = {"local_model.log"}
@@ -77,11 +82,12 @@ class Manifest:
     format: int = FORMAT
 
     def to_json(self) -> bytes:
-        return json.dumps({
-            "format": self.format, "source": self.source, "schema_version": self.schema_version,
-            "created": self.created,
-            "files": [{"path": k, "size": s, "sha256": h} for k, (s, h) in sorted(self.files.items())],
-        }, indent=1).encode("utf-8")
+        """One file a line (json's C encoder per entry: no list of dicts as large as the archive's
+        file count, and no pure-Python indenting encoder)."""
+        head = json.dumps({"format": self.format, "source": self.source, "schema_version": self.schema_version,
+                           "created": self.created})
+        lines = [json.dumps({"path": k, "size": s, "sha256": h}) for k, (s, h) in sorted(self.files.items())]
+        return (head[:-1] + ', "files": [\n' + ",\n".join(lines) + "\n]}\n").encode("utf-8")
 
     @classmethod
     def from_json(cls, data: bytes) -> "Manifest":
@@ -108,26 +114,68 @@ def _compression(path: Path) -> str:
     raise BackupError(f"{path.name}: name the archive .tar.zst or .tar.gz")
 
 
+class _Sink:
+    """What tarfile writes into: counts the bytes (tarfile's ``tell``) and gathers its small
+    writes (headers, padding) into blocks, so the compressor sees large writes only."""
+
+    def __init__(self, out: Any) -> None:
+        self.out, self.pos, self.buf = out, 0, bytearray()
+
+    def write(self, data: bytes) -> int:
+        n = len(data)
+        self.pos += n
+        if n >= _CHUNK // 4:
+            if self.buf:
+                self.out.write(self.buf)
+                self.buf = bytearray()
+            self.out.write(data)
+        else:
+            self.buf += data
+            if len(self.buf) >= _CHUNK:
+                self.out.write(self.buf)
+                self.buf = bytearray()
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        if self.buf:
+            self.out.write(self.buf)
+            self.buf = bytearray()
+
+
+def _threads() -> int:
+    """zstd's worker threads: one fewer than the cores (the main thread reads, hashes and writes
+    tar), at least one (so compressing overlaps the rest), at most four (level 1 needs no more)."""
+    return max(1, min((os.cpu_count() or 1) - 1, 4))
+
+
 class _Writer:
-    """A tar stream into ``path`` (written as ``path.partial``, renamed when complete)."""
+    """A tar stream into ``path`` (written as ``path.partial``, renamed when complete).
+
+    zstandard compresses at level 1 on every core (``threads``; one standard zstd frame, what
+    any zstd reads), so reading, hashing and compressing overlap; tarfile writes in its
+    non-streaming mode into a ``_Sink`` (no copying of a stream buffer per write)."""
 
     def __init__(self, path: Path, progress: Progress | None, expected: int) -> None:
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         self.kind = _compression(path)
-        self._raw = os.fdopen(open_private(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+        self._raw = os.fdopen(open_private(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb", buffering=0)
         self._zst: Any = None  # the compressing stream (zstandard or gzip)
         if self.kind == "zst":
             import zstandard
 
-            self._zst = zstandard.ZstdCompressor(level=1).stream_writer(self._raw, closefd=False)
-            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK)
+            self._zst = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=_threads()).stream_writer(
+                self._raw, closefd=False, write_size=_CHUNK)
         else:
             import gzip
 
-            self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6)
-            self.tar = tarfile.open(fileobj=self._zst, mode="w|", format=tarfile.PAX_FORMAT, bufsize=_CHUNK)
-        self.tar.copybufsize = _CHUNK  # type: ignore[attr-defined]  # 1 MB reads, not 16 KB
+            self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=GZIP_LEVEL)
+        self._sink = _Sink(self._zst)
+        self.tar = tarfile.open(fileobj=self._sink, mode="w", format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]
+        self.tar.copybufsize = _CHUNK  # 1 MB reads, not 16 KB
         self.manifest_files: dict[str, tuple[int, str]] = {}
         self.progress, self.expected, self.done = progress, expected, 0
 
@@ -136,12 +184,13 @@ class _Writer:
         info.size, info.mode, info.mtime = size, 0o600, int(mtime if mtime is not None else time.time())
         reader = _HashingReader(fh, size, self._advance)
         self.tar.addfile(info, reader)
+        self.tar.members.clear()  # tarfile keeps every member it wrote: memory flat, not per file
         if reader.read_bytes != size:
             raise BackupError(f"{name} changed while it was archived (read {reader.read_bytes} of {size} bytes)")
         self.manifest_files[name] = (size, reader.sha.hexdigest())
 
-    def add_file(self, name: str, path: Path, size: int | None = None) -> None:
-        with open(path, "rb") as fh:
+    def add_file(self, name: str, path: Path | str, size: int | None = None) -> None:
+        with open(path, "rb", buffering=0) as fh:
             st = os.fstat(fh.fileno())
             self.add(name, fh, st.st_size if size is None else size, st.st_mtime)
 
@@ -157,6 +206,7 @@ class _Writer:
         info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
         self.tar.addfile(info, io.BytesIO(data))
         self.tar.close()
+        self._sink.flush()
         if self._zst is not None:
             self._zst.close()
         self._raw.flush()
@@ -191,17 +241,61 @@ class _HashingReader(io.RawIOBase):
         return data
 
 
+class _Forward:
+    """A decompressed stream as tarfile's non-streaming mode reads it: ``read(n)`` gives n bytes
+    unless the stream ends, ``seek`` moves forward only (by reading), ``tell``."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.pos = stream, 0
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            data = self.stream.read()
+        else:
+            data = self.stream.read(n)
+            if 0 < len(data) < n:
+                parts = [data]
+                got = len(data)
+                while got < n and (more := self.stream.read(n - got)):
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
+        self.pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self.pos + offset
+        if whence not in (0, 1) or target < self.pos:
+            raise OSError("the archive is read forward only")
+        while self.pos < target:
+            if not self.read(min(_CHUNK, target - self.pos)):
+                break
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        pass
+
+
 def _open_reader(path: Path) -> tuple[tarfile.TarFile, list[Any]]:
+    """The archive's tar, read in tarfile's non-streaming mode over a decompressing reader that
+    only ever moves forward (tarfile's stream mode copies its whole buffer for every header)."""
     if not path.is_file():
         raise BackupError(f"{path}: no such archive")
     kind = _compression(path)
-    raw = open(path, "rb")
+    raw = open(path, "rb", buffering=0)
     if kind == "zst":
         import zstandard
 
-        stream = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK), [stream, raw]
-    return tarfile.open(fileobj=raw, mode="r|gz", bufsize=_CHUNK), [raw]
+        stream: Any = zstandard.ZstdDecompressor().stream_reader(raw, read_size=_CHUNK, closefd=False)
+    else:
+        import gzip
+
+        stream = gzip.GzipFile(fileobj=raw, mode="rb")
+    forward = _Forward(stream)
+    return tarfile.open(fileobj=forward, mode="r:"), [forward, stream, raw]  # type: ignore[call-overload]
 
 
 def _safe_member_name(name: str) -> str:
@@ -216,7 +310,8 @@ def _members(path: Path) -> Iterator[tuple[str, tarfile.TarInfo, IO[bytes] | Non
     tar, closers = _open_reader(path)
     try:
         with _damaged(path):
-            for member in tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every member it read: memory flat, not per file
                 yield member.name, member, tar.extractfile(member) if member.isfile() else None, tar
     finally:
         tar.close()
@@ -244,9 +339,19 @@ class _damaged:
 
 def verify(path: Path, progress: Progress | None = None) -> Manifest:
     """Read the whole archive and check it against its manifest; the manifest, or BackupError."""
+    return _read_checked(path, progress, None)
+
+
+def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], Path] | None) -> Manifest:
+    """One pass over the archive checking every member (and, with ``place``, writing each one to
+    ``place(name)`` as it is read and hashed); the manifest once everything matched it, else
+    BackupError. What was written is only good when this returns: the caller removes it otherwise."""
     seen: dict[str, tuple[int, str]] = {}
     manifest: Manifest | None = None
     done = 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    made: set[Path] = set()
     with _damaged(path):
         for name, member, fh, _ in _members(path):
             if manifest is not None:
@@ -261,14 +366,31 @@ def verify(path: Path, progress: Progress | None = None) -> Manifest:
                 raise BackupError(f"the archive holds {name!r}, which is not a regular file: refused")
             if name in seen:
                 raise BackupError(f"the archive holds {name!r} twice: refused")
+            out = -1
+            if place is not None:
+                target = place(name)
+                try:
+                    if target.parent not in made:
+                        private_dir(target.parent)
+                        made.add(target.parent)
+                    out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                except OSError as exc:
+                    raise BackupError(f"could not write {target}: {exc}") from None
             sha = hashlib.sha256()
             size = 0
-            while chunk := fh.read(_CHUNK):
-                sha.update(chunk)
-                size += len(chunk)
-                done += len(chunk)
-                if progress is not None:
-                    progress(done, 0)
+            try:
+                while n := fh.readinto(view):  # type: ignore[attr-defined]
+                    chunk = view[:n]
+                    sha.update(chunk)
+                    if out >= 0:
+                        _write_all(out, chunk, target)
+                    size += n
+                    done += n
+                    if progress is not None:
+                        progress(done, 0)
+            finally:
+                if out >= 0:
+                    os.close(out)
             seen[name] = (size, sha.hexdigest())
     if manifest is None:
         raise BackupError(f"{path.name} has no manifest (not a complete Talon archive): refused")
@@ -290,28 +412,45 @@ def verify(path: Path, progress: Progress | None = None) -> Manifest:
     return manifest
 
 
+def _write_all(fd: int, chunk: memoryview, target: Path) -> None:
+    try:
+        while chunk:
+            chunk = chunk[os.write(fd, chunk):]
+    except OSError as exc:  # the target's disk, not the archive
+        raise BackupError(f"could not write {target}: {exc}") from None
+
+
 # --- backup ---------------------------------------------------------------------------------
 def _dir_size(root: Path) -> int:
     total = 0
-    if root.is_dir():
-        for dirpath, _, files in os.walk(root):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, name)).st_size
-                except OSError:
-                    pass
+    for _, _, entry in _scan(str(root), ""):
+        try:
+            total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            pass
     return total
+
+
+def _scan(top: str, prefix: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+    """(path, relative name, entry) of the regular files under ``top``, sorted by name, without
+    following or yielding symbolic links (one ``scandir`` per directory, no ``stat`` per file)."""
+    try:
+        with os.scandir(top) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        rel = prefix + entry.name
+        if entry.is_dir(follow_symlinks=False):
+            yield from _scan(entry.path, rel + "/")
+        elif entry.is_file(follow_symlinks=False):
+            yield entry.path, rel, entry
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, str]]:
     """Regular files under ``root`` (symbolic links are not followed nor archived), sorted."""
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(dirpath, d)))
-        for name in sorted(files):
-            path = Path(dirpath) / name
-            if path.is_symlink() or not path.is_file():
-                continue
-            yield path, path.relative_to(root).as_posix()
+    for path, rel, _ in _scan(str(root), ""):
+        yield Path(path), rel
 
 
 def _skip_data_file(rel: str, *, postgres: bool) -> bool:
@@ -363,7 +502,7 @@ def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
     try:
         dst = sqlite3.connect(str(dst_path))
         try:
-            src.backup(dst, pages=256)
+            src.backup(dst, pages=-1)  # in one step: a writer cannot make it start over
             with dst:
                 for table, statement in _SCRUB.get(src_path.name, []):
                     if dst.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
@@ -391,17 +530,17 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
     writer = _Writer(path, progress, expected)
     try:
         with tempfile.TemporaryDirectory(prefix=".talon-backup-", dir=path.parent) as scratch:
-            for file, rel in _walk(data_dir):
+            for file, rel, _ in _scan(str(data_dir), ""):
                 if _skip_data_file(rel, postgres=postgres):
                     continue
                 name = f"data/{rel}"
                 if rel.endswith(".sqlite3"):
                     snap = Path(scratch) / "snapshot.sqlite3"
-                    _sqlite_snapshot(file, snap)
+                    _sqlite_snapshot(Path(file), snap)
                     writer.add_file(name, snap)
                     snap.unlink()
                 elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
-                    writer.add_file(name, file, _complete_lines_size(file))
+                    writer.add_file(name, file, _complete_lines_size(Path(file)))
                 else:
                     writer.add_file(name, file)
             if postgres:
@@ -409,7 +548,7 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
 
                 export_postgres(database_url, writer, Path(scratch))
             if media_root.is_dir():
-                for file, rel in _walk(media_root):
+                for file, rel, _ in _scan(str(media_root), ""):
                     writer.add_file(f"media/{rel}", file)
         manifest = Manifest(source="postgres" if postgres else "embedded", schema_version=SCHEMA_VERSION,
                             created=time.time())
@@ -442,28 +581,51 @@ class RestoreResult:
     indexed: int
 
 
+def _topmost_missing(path: Path) -> Path | None:
+    """The highest directory of ``path`` (itself included) that does not exist yet."""
+    if path.exists():
+        return None
+    while not path.parent.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
 def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, database_url: str = "",
             progress: Progress | None = None) -> RestoreResult:
-    """Verify, then restore into empty places; what was restored where."""
+    """Restore into empty places, verifying as it goes, in one pass; what was restored where.
+
+    Every member is checked as ``verify`` does while it is written (never outside the data dir or
+    the media root: safe relative names, regular files only, each created anew); the archive counts
+    as restored only once the whole of it matched its manifest. Until then nothing else happens
+    (no search index, no database), and any failure (a tampered or truncated archive, a full disk,
+    Ctrl-C) removes everything the restore wrote, directories it made included."""
     from talon.workspaces import check_dirs_apart
     from talon.errors import ConfigError
 
+    path = Path(path)
     data_dir = Path(data_dir).absolute()
     media_root = Path(media_root).absolute() if media_root is not None else data_dir.parent / "media_root"
     try:
         check_dirs_apart(media_root, data_dir)
     except ConfigError as exc:
         raise BackupError(f"the data dir and the media root may not nest: {exc}") from None
+    _compression(path)
+    if not path.is_file():
+        raise BackupError(f"{path}: no such archive")
     create_data = _empty_or_absent(data_dir, "the data dir")
     create_media = _empty_or_absent(media_root, "the media root")
     if database_url:
         _check_database_empty(database_url)
-    manifest = verify(path)
+    made = [m for m in (_topmost_missing(data_dir), _topmost_missing(media_root)) if m is not None]
+
+    def place(name: str) -> Path:
+        top, rel = name.split("/", 1)
+        return (data_dir if top == "data" else media_root) / rel
+
     try:
         private_dir(data_dir)
         media_root.mkdir(parents=True, exist_ok=True)
-        with _damaged(path):
-            _extract(path, manifest, data_dir, media_root, progress)
+        manifest = _read_checked(path, progress, place)
         indexed = 0
         if database_url:
             _into_database(data_dir, database_url)
@@ -480,36 +642,11 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
             elif directory.is_dir():
                 for child in directory.iterdir():
                     shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        for top in made:  # and the directories above them the restore made
+            shutil.rmtree(top, ignore_errors=True)
         if database_url:
             _empty_database(database_url)
         raise
-
-
-def _extract(path: Path, manifest: Manifest, data_dir: Path, media_root: Path, progress: Progress | None) -> None:
-    """Write every member, checking it again (the archive may have changed since verified)."""
-    done = 0
-    for name, _, fh, _ in _members(path):
-        if name == MANIFEST:
-            continue
-        _safe_member_name(name)
-        if fh is None or name not in manifest.files:
-            raise BackupError(f"the archive changed since it was verified ({name}): refused")
-        top, rel = name.split("/", 1)
-        target = (data_dir if top == "data" else media_root) / rel
-        private_dir(target.parent)
-        sha = hashlib.sha256()
-        with os.fdopen(open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as out:
-            while chunk := fh.read(_CHUNK):
-                sha.update(chunk)
-                try:
-                    out.write(chunk)
-                except OSError as exc:  # the target's disk, not the archive
-                    raise BackupError(f"could not write {target}: {exc}") from None
-                done += len(chunk)
-                if progress is not None:
-                    progress(done, manifest.total_bytes)
-        if sha.hexdigest() != manifest.files[name][1]:
-            raise BackupError(f"{name} changed since the archive was verified: refused")
 
 
 def _filled_tables() -> tuple[str, ...]:

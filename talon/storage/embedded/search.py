@@ -49,6 +49,7 @@ _CHAT_SPAN = 1 << 32
 # Pending entries are written after this many, or this many seconds after the first of them (or
 # before a search, or at close).
 FLUSH_AFTER = 256
+BULK_FLUSH = 4096  # messages per transaction when indexing whole logs (index_files)
 FLUSH_AFTER_S = 1.0
 
 
@@ -84,6 +85,7 @@ class SearchIndex:
         self._nums: dict[str, int] = {}  # chat -> its number
         self._next: dict[int, int] = {}  # chat number -> the next id in its range
         self._since = 0.0
+        self._hold = False  # set while ``catch_up`` adds: it flushes (and counts) itself
 
     def add(self, chat: ChatKey, thread: str, entries: Iterable[tuple[int, Message]], end: int | None = None, *,
             start: int | None = None) -> None:
@@ -104,7 +106,7 @@ class SearchIndex:
         now = time.monotonic()
         if not self._since:
             self._since = now
-        if len(self._pending) >= FLUSH_AFTER or now - self._since >= FLUSH_AFTER_S:
+        if not self._hold and (len(self._pending) >= FLUSH_AFTER or now - self._since >= FLUSH_AFTER_S):
             self.flush()
 
     def _coverage(self, key: str, thread: str) -> int:
@@ -164,10 +166,13 @@ class SearchIndex:
             self._next[num] = int(top[0]) + 1 if top and top[0] is not None else num * _CHAT_SPAN
         return num
 
-    def catch_up(self, chat: ChatKey, chat_dir: Path) -> tuple[int, int]:
+    def catch_up(self, chat: ChatKey, chat_dir: Path, *, bulk: bool = False) -> tuple[int, int]:
         """Index what the chat's logs hold past what is covered (lines a crash left out of the
-        index, or logs from before it existed): (lines read, messages newly indexed)."""
-        added = self.flush()
+        index, or logs from before it existed): (lines read, messages newly indexed). ``bulk``
+        (``index_files``): written in transactions of ``BULK_FLUSH`` messages across chats, not one
+        or more per chat (an FTS5 commit per chat is most of the time of indexing many small
+        chats); the caller flushes at the end."""
+        added = 0 if bulk else self.flush()
         read = 0
         key = str(chat)
         covered = {str(t): int(c) for t, c in self._conn.execute(
@@ -187,17 +192,20 @@ class SearchIndex:
                 end = line_end
                 if len(batch) >= 500:
                     self._add_now(chat, log_file.stem, batch, end)
-                    added += self.flush()
+                    if not bulk or len(self._pending) >= BULK_FLUSH:
+                        added += self.flush()
                     batch = []
             self._add_now(chat, log_file.stem, batch, end)
-            added += self.flush()
+            if not bulk or len(self._pending) >= BULK_FLUSH:
+                added += self.flush()
         return read, added
 
     def _add_now(self, chat: ChatKey, thread: str, batch: list[tuple[int, Message]], end: int) -> None:
-        self._since = time.monotonic()  # no flush from inside add: the caller flushes
-        saved = self._since
-        self.add(chat, thread, batch, end)
-        self._since = saved
+        self._hold = True  # no flush from inside add: the caller flushes
+        try:
+            self.add(chat, thread, batch, end)
+        finally:
+            self._hold = False
 
     def search(self, chat: ChatKey, words: list[str], limit: int, chat_dir: Path | None = None) -> list[SearchHit]:
         """Every word, this chat only, newest first; what is pending is written first and, with
@@ -285,9 +293,9 @@ def index_files(index: SearchIndex, sessions_root: Path) -> tuple[int, int]:
         return 0, 0
     for channel_dir in sorted(p for p in sessions_root.iterdir() if p.is_dir()):
         for chat_dir in sorted(p for p in channel_dir.iterdir() if p.is_dir()):
-            r, a = index.catch_up(chat_of(chat_dir), chat_dir)
+            r, a = index.catch_up(chat_of(chat_dir), chat_dir, bulk=True)
             read, added = read + r, added + a
-    return read, added
+    return read, added + index.flush()
 
 
 def chat_of(chat_dir: Path) -> ChatKey:

@@ -1,0 +1,151 @@
+"""The one-pass restore and the faster archive writer (issue 30, "backup and restore at disk
+speed"): archives of the earlier writer still restore, a tampered member found only after other
+files were written still leaves nothing behind, an interrupted restore leaves nothing, and the
+search index built in bulk counts and finds every message. Small trees: the speed is measured in
+benchmarks/bench_backup.py, not here."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from talon.errors import BackupError
+from talon.storage.backup import MANIFEST, backup, restore, verify
+from talon.storage.embedded.search import INDEX_FILE, SearchIndex
+from talon.storage.sessions import ChatKey
+from talon.cli.reindex import index_embedded
+
+
+def tree(root: Path, chats: int = 3, lines: int = 5) -> tuple[Path, Path]:
+    data, media = root / "data", root / "media_root"
+    for c in range(chats):
+        chat = data / "sessions" / "telegram" / str(100 + c)
+        chat.mkdir(parents=True)
+        (chat / "CHAT").write_text(f"telegram:{100 + c}")
+        with open(chat / "main.jsonl", "w") as fh:
+            for i in range(lines):
+                fh.write(json.dumps({"role": "user", "content": [{"type": "text", "text": f"kettle {c} line {i}"}],
+                                     "at": 1_700_000_000 + i}) + "\n")
+        (media / "telegram" / str(100 + c)).mkdir(parents=True)
+        (media / "telegram" / str(100 + c) / "AGENTS.md").write_text(f"memory of chat {c}")
+    (data / "attachments" / "ab").mkdir(parents=True)
+    (data / "attachments" / "ab" / ("ab" + "0" * 62)).write_bytes(os.urandom(300_000))
+    return data, media
+
+
+def members(archive: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
+    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as z, \
+            tarfile.open(fileobj=z, mode="r|") as tar:
+        return [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+
+
+def write_as_before(dst: Path, entries: list[tuple[tarfile.TarInfo, bytes]]) -> None:
+    """As the writer before the one-pass restore did: tarfile's stream mode, one zstd thread."""
+    with open(dst, "wb") as raw:
+        z = zstandard.ZstdCompressor(level=1).stream_writer(raw, closefd=False)
+        with tarfile.open(fileobj=z, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20) as tar:
+            for info, data in entries:
+                tar.addfile(info, io.BytesIO(data))
+        z.close()
+
+
+def nothing_left(root: Path) -> None:
+    assert not root.exists(), sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+def test_an_archive_of_the_earlier_writer_verifies_and_restores(tmp_path: Path) -> None:
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "now.tar.zst"
+    manifest = backup(archive, data, media)
+    old = tmp_path / "before.tar.zst"
+    write_as_before(old, members(archive))
+    assert verify(old).files == manifest.files
+    result = restore(old, tmp_path / "new" / "deep" / "data")
+    assert result.indexed == 15
+    assert (result.media_root / "telegram" / "101" / "AGENTS.md").read_text() == "memory of chat 1"
+    for name, (size, _) in manifest.files.items():
+        top, rel = name.split("/", 1)
+        restored = (result.data_dir if top == "data" else result.media_root) / rel
+        assert restored.stat().st_size == size
+        assert oct(restored.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_member_tampered_after_others_were_written_leaves_nothing(tmp_path: Path) -> None:
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "good.tar.zst"
+    backup(archive, data, media)
+    entries = members(archive)
+    last_data = max(i for i, (m, _) in enumerate(entries) if m.name != MANIFEST)
+    info, body = entries[last_data]
+    entries[last_data] = (info, body[:-1] + bytes([body[-1] ^ 1]))  # same size, one bit off
+    bad = tmp_path / "bad.tar.zst"
+    write_as_before(bad, entries)
+    with pytest.raises(BackupError, match="does not match its sha256"):
+        verify(bad)
+    target = tmp_path / "restore" / "under"
+    with pytest.raises(BackupError, match="does not match its sha256"):
+        restore(bad, target / "data")
+    nothing_left(tmp_path / "restore")
+    # a member past the manifest, and one not in it, are refused the same way
+    extra = tarfile.TarInfo("media/telegram/100/late.md")
+    extra.size = 4
+    for label, changed in (("after", [*entries[:last_data], (info, body), *entries[last_data + 1:], (extra, b"late")]),
+                           ("unlisted", [(extra, b"late"), *entries[:last_data], (info, body), *entries[last_data + 1:]])):
+        hostile = tmp_path / f"{label}.tar.zst"
+        write_as_before(hostile, changed)
+        with pytest.raises(BackupError, match="after its manifest|not in its manifest"):
+            restore(hostile, tmp_path / label / "data")
+        nothing_left(tmp_path / label)
+
+
+def test_an_interrupted_restore_leaves_nothing_half_written(tmp_path: Path) -> None:
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, data, media)
+    seen: list[int] = []
+
+    def interrupt(done: int, total: int) -> None:
+        seen.append(done)
+        if done > 100_000:  # inside the attachment, after the sessions were written
+            raise KeyboardInterrupt
+
+    empty_media = tmp_path / "m"
+    empty_media.mkdir()  # an empty media root that exists stays, emptied
+    with pytest.raises(KeyboardInterrupt):
+        restore(archive, tmp_path / "r" / "data", empty_media, progress=interrupt)
+    assert seen and max(seen) > 100_000
+    nothing_left(tmp_path / "r")
+    assert empty_media.is_dir() and not any(empty_media.iterdir())
+    # and the same archive restores whole afterwards
+    assert restore(archive, tmp_path / "r" / "data", empty_media).indexed == 15
+
+
+def test_a_truncated_zstd_archive_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, data, media)
+    cut = tmp_path / "cut.tar.zst"
+    cut.write_bytes(archive.read_bytes()[: archive.stat().st_size * 2 // 3])
+    with pytest.raises(BackupError, match="damaged|not a complete"):
+        restore(cut, tmp_path / "r" / "data")
+    nothing_left(tmp_path / "r")
+
+
+def test_bulk_indexing_counts_and_finds_every_message_of_long_logs(tmp_path: Path) -> None:
+    data, _ = tree(tmp_path, chats=3, lines=1300)  # past one batch of 500 and one FTS flush
+    assert index_embedded(data) == (3900, 3900)
+    assert index_embedded(data) == (0, 0)  # covered: nothing twice
+    index = SearchIndex(data / INDEX_FILE)
+    try:
+        hits = index.search(ChatKey("telegram", "102"), ["kettle", "1299"], 10)
+        assert [h.text for h in hits] == ["kettle 2 line 1299"]
+        # chat 102's line, asked in chat 101: never found there
+        assert index.search(ChatKey("telegram", "101"), ["kettle", "2", "line", "1299"], 10) == []
+    finally:
+        index.close()
