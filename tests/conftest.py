@@ -3,6 +3,10 @@ and Talon settings pointed at them. Nothing here touches the internet."""
 
 from __future__ import annotations
 
+from tests.support.parallel import keep_bytecode
+
+keep_bytecode()  # first: before anything below is imported (tests/support/parallel.py)
+
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -18,6 +22,7 @@ from tests.fakes.telegram import FakeTelegram
 from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.support.synapse import synapse  # noqa: F401  (a real Matrix homeserver, once per session)
 from tests.support.parallel import group_heavy_modules, heavy_first, run_dir
+from tests.support.parallel import pytest_xdist_auto_num_workers  # noqa: F401  (two workers per core)
 from tests.support.parallel import pytest_runtest_protocol  # noqa: F401  (tests marked alone run alone)
 from tests.support.tiers import pytest_collection_finish, pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup  # noqa: F401
 

@@ -286,12 +286,17 @@ async def test_a_daemonising_servers_grandchild_is_gone_after_close(tmp_path: Pa
 
 
 # --- a cap on per-chat processes; each chat on its own -----------------------------------------
-async def test_thirty_chats_run_at_most_the_cap_least_recently_used_stopped_first(tmp_path: Path) -> None:
+# Twelve chats through a cap of four: eight servers stopped to make room, each a real sandboxed
+# process start (thirty chats through eight showed nothing more, at three times the time).
+CHATS, CAP = 12, 4
+
+
+async def test_twelve_chats_run_at_most_the_cap_least_recently_used_stopped_first(tmp_path: Path) -> None:
     marker = f"cap-{os.getpid()}-{time.monotonic_ns()}"
     manager, registry = manager_for({"t": {"command": sys.executable, "args": [TEST_SERVER, "stdio", marker],
-                                           "cwd": "${WORKSPACE}"}}, per_chat_max=8, call_timeout_s=120)
+                                           "cwd": "${WORKSPACE}"}}, per_chat_max=CAP, call_timeout_s=120)
     workspaces = []
-    for n in range(30):
+    for n in range(CHATS):
         workspaces.append(tmp_path / f"chat{n}")
         workspaces[-1].mkdir()
     most = 0
@@ -316,14 +321,14 @@ async def test_thirty_chats_run_at_most_the_cap_least_recently_used_stopped_firs
         for workspace in workspaces[1:]:
             answers.append(await call(registry, "mcp__t__whoami", {}, ctx(workspace)))
         assert manager.per_chat.get(("t", workspaces[0])) is busy_connection and busy_connection.client is not None
-        # The 8 most recently used remain: chat 0 (busy) and the last 7.
-        assert set(manager.per_chat) == {("t", w) for w in [workspaces[0], *workspaces[-7:]]}
+        # The CAP most recently used remain: chat 0 (busy) and the last CAP - 1.
+        assert set(manager.per_chat) == {("t", w) for w in [workspaces[0], *workspaces[-(CAP - 1):]]}
         busy.cancel()
     finally:
         sampler.cancel()
         await manager.close()
     assert all(not a.is_error and "start=" in text(a) for a in answers)
-    assert most <= 8
+    assert most <= CAP
     await until(lambda: not processes_with(marker), 10, "every server gone")
 
 
@@ -351,25 +356,28 @@ async def test_one_chats_failed_start_never_hides_the_tools_from_another(tmp_pat
 
 
 # --- bounded output -------------------------------------------------------------------------
-async def _ticker(lateness: list[float], stop: asyncio.Event) -> None:
+async def _ticker(lateness: list[tuple[float, float]], stop: asyncio.Event) -> None:
     """Another chat's turn on the same loop, over and over: a turn takes many steps of the loop
-    (reads, writes, model and Bot API round trips); here 100 of them, timed as a whole."""
+    (reads, writes, model and Bot API round trips); here 100 of them, timed as a whole, in the
+    loop thread's own CPU time and in wall time. The CPU time is what the loop spent on other
+    work meanwhile (reading the flood): another process's load on the machine does not add to
+    it, so the test need not run alone. The wall time catches a loop blocked without computing
+    (a blocking read), with room for the scheduler of a busy machine."""
     while not stop.is_set():
-        before = time.monotonic()
+        cpu, wall = time.thread_time(), time.monotonic()
         for _ in range(100):
             await asyncio.sleep(0)
-        lateness.append(time.monotonic() - before)
+        lateness.append((time.thread_time() - cpu, time.monotonic() - wall))
         await asyncio.sleep(0.01)
 
 
-@pytest.mark.alone  # the event loop's lateness is measured: no other worker's load meanwhile
 @pytest.mark.parametrize("newline", [True, False], ids=["100MB-line", "endless-line"])
 async def test_a_100_mb_result_line_fails_the_call_restarts_the_server_and_never_stalls_the_loop(
         tmp_path: Path, newline: bool) -> None:
     manager, registry = manager_for({"t": {"command": sys.executable, "args": [TEST_SERVER, "stdio"]}},
                                     call_timeout_s=120)
     await manager.start()
-    lateness: list[float] = []
+    lateness: list[tuple[float, float]] = []
     stop = asyncio.Event()
     try:
         before = text(await call(registry, "mcp__t__whoami", {}, ToolContext()))
@@ -387,7 +395,9 @@ async def test_a_100_mb_result_line_fails_the_call_restarts_the_server_and_never
     assert flooded.is_error and "larger than 4,000,000 bytes (TALON_MCP_MAX_RESULT)" in text(flooded)
     assert "the server is being restarted" in text(flooded)
     assert re.findall(r"start=(\w+)", before) != re.findall(r"start=(\w+)", after)  # another start
-    assert max(lateness) < 0.5, f"another turn took {max(lateness):.2f}s"
+    cpu, wall = max(c for c, _ in lateness), max(w for _, w in lateness)
+    assert cpu < 0.5, f"another turn waited while the loop computed {cpu:.2f} s"
+    assert wall < 2.0, f"another turn took {wall:.2f} s"
     assert took < 30
 
 
