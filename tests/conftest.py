@@ -200,7 +200,6 @@ _SLOW_TESTS = frozenset({
     "test_links_planted_in_a_workspace_are_not_followed_and_link_members_are_refused",
     "test_a_backup_while_messages_arrive_holds_whole_messages",
     "test_export_names_every_message_and_keeps_everything",
-    "test_time_per_mb_at_4_mb_stays_that_of_1_mb",  # the extractor at 1 MB and 4 MB, best of several
     # a whole runtime built (and, for WhatsApp, run against the Twilio fake): 0.35 to 1.2 s each
     "test_on_whatsapp_too_a_chat_cannot_send_another_chats_file",
     "test_runtime_builds_the_agent_with_workspace_tools",
