@@ -89,8 +89,11 @@ def heavy_first(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per core (see above); ``--maxprocesses`` still caps it."""
-    return 2 * (os.cpu_count() or 1)
+    """``-n auto``: two workers per core (see above), one for the unit tier alone (``-m unit``:
+    its tests do not wait, so a second worker per core only collects the suite once more);
+    ``--maxprocesses`` still caps it."""
+    cores = os.cpu_count() or 1
+    return cores if str(config.getoption("markexpr", "")).strip() == "unit" else 2 * cores
 
 
 def keep_bytecode() -> None:
