@@ -24,6 +24,7 @@ import psutil
 import pytest
 from PIL import Image
 
+from talon.agent.tools import mcp as mcp_module
 from talon.agent.tools.mcp import McpManager, mcp_tool_name
 from talon.agent.tools.mcp_config import load_mcp_config, parse_mcp_config
 from talon.storage.sessions import ChatKey
@@ -298,7 +299,11 @@ async def test_a_server_that_crashes_mid_call_gives_a_tool_error_and_is_restarte
 
 
 async def test_a_server_that_fails_to_start_leaves_talon_running_without_its_tools(
-        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tg: FakeTelegram, llm: FakeOpenAI, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first retry a minute after the failure, not a second: within the test the broken server
+    # stays failed (with a 1 s backoff a loaded machine's /status could catch it starting again).
+    monkeypatch.setattr(mcp_module, "_BACKOFF_FIRST_S", 60.0)
     settings = mcp_settings(tmp_path, tg, llm, {
         "broken": {"command": sys.executable,
                    "args": ["-c", "import sys; sys.stderr.write('boom: no API key configured\\n'); sys.exit(2)"]},

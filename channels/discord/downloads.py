@@ -29,7 +29,8 @@ def fetchable(url: str, api: DiscordApi) -> bool:
 class Downloads:
     def __init__(self, api: DiscordApi) -> None:
         self.api = api
-        self.http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=False)
+        self.http = httpx.AsyncClient(verify=httpx_tls(),
+                                      timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=False)
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         url = remote.source if fetchable(remote.source, self.api) else None

@@ -82,7 +82,8 @@ class MatrixApi:
             self.client.access_token = settings.matrix_access_token
             self.client.user_id = self.user_id
         # Media and a few calls nio does not stream go over httpx with the same token.
-        self.http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(settings.matrix_timeout_s, connect=10.0),
+        self.http = httpx.AsyncClient(verify=httpx_tls(),
+                                      timeout=httpx.Timeout(settings.matrix_timeout_s, connect=10.0),
                                       follow_redirects=False)
         self.upload_max_bytes = 50 * 1024 * 1024  # until the homeserver says (media/config at start)
         self.display_name = ""

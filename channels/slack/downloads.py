@@ -34,7 +34,8 @@ def fetchable(url: str, api: SlackApi) -> bool:
 class Downloads:
     def __init__(self, api: SlackApi, timeout_s: float) -> None:
         self.api = api
-        self.http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
+        self.http = httpx.AsyncClient(verify=httpx_tls(),
+                                      timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
 
     async def download(self, remote: RemoteFile, store: AttachmentStore, limits: Limits) -> InboundFile:
         url = remote.source if fetchable(remote.source, self.api) else None

@@ -84,7 +84,8 @@ class TelegramChannel(ForwardsReactions, ForwardsTyping, PartsChannel):
         self.delivery = Delivery(self.api, self.live)
         self.reactions = Reactions(self.api, settings.telegram_ack_reaction)
         self.approvals = ApprovalPrompts(self.api)
-        self._http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
+        self._http = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(30.0, connect=10.0),
+                                       follow_redirects=False)
         self.downloads = Downloads(self.api, self._http)
         self.polling = Polling(self.api, poll_request, watchdog_interval_s=watchdog_interval_s,
                                stall_after_s=stall_after_s or (settings.telegram_poll_timeout_s + 60.0))

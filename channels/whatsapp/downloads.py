@@ -77,7 +77,8 @@ class Downloads:
         self._client: httpx.AsyncClient | None = None
 
     def start(self) -> None:
-        self._client = httpx.AsyncClient(verify=httpx_tls(), timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
+        self._client = httpx.AsyncClient(verify=httpx_tls(),
+                                         timeout=httpx.Timeout(30.0, connect=10.0), follow_redirects=False)
 
     async def close(self) -> None:
         if self._client is not None:
