@@ -6,7 +6,6 @@ to the tree's command with its user, and answered once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import discord
@@ -15,18 +14,8 @@ import pytest
 from discord import app_commands
 
 from tests.fakes.discord import TOKEN, FakeDiscord
-
-GUILD, GENERAL, DM, ALICE = 500, 501, 503, 600
-
-
-@pytest.fixture
-async def discord_fake() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord() as fake:
-        fake.add_user(ALICE, "alice")
-        fake.add_guild(GUILD, "Crew")
-        fake.add_channel(GENERAL, "general", guild_id=GUILD)
-        fake.add_channel(DM, "", recipient=ALICE)
-        yield fake
+from tests.support.discord import ALICE, DM, GENERAL, GUILD
+from tests.support.discord import discord_fake  # noqa: F401  (the fixture)
 
 
 async def test_command_tree_sync_is_recorded_and_a_slash_command_reaches_its_callback(

@@ -7,7 +7,6 @@ it does not serve as in a plain room, and keeps its device and keys across a res
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import logging
 import os
@@ -24,8 +23,8 @@ from nio.store import SqliteStore
 from PIL import Image
 
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
 from tests.fakes.openai_server import FakeOpenAI, image_urls, last_user_text
+from tests.support.matrix import matrix_settings, running
 from tests.support.matrix_people import Person
 from tests.support.synapse import MatrixUser, Synapse
 
@@ -100,25 +99,11 @@ class Client:
 
 
 def settings_for(tmp_path: Path, synapse: Synapse, bot: MatrixUser, llm: FakeOpenAI, **extra: object) -> Settings:
-    values: dict[str, object] = dict(
-        MATRIX_HOMESERVER=synapse.base_url, MATRIX_USER_ID=bot.user_id, MATRIX_PASSWORD=bot.password,
-        OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="test-key", TALON_MODEL="openai:fake-model",
-        TALON_MEDIA_ROOT=str(tmp_path / "media_root"), TALON_DATA_DIR=str(tmp_path / "data"),
-        TALON_MODEL_MAX_RETRIES=0, TALON_MODEL_TIMEOUT=30, TALON_ACK_DELAY=0, TALON_MATRIX_STREAM_INTERVAL=0.2)
+    """The shared Matrix settings, signed in with the password (a device of Talon's own, kept
+    across restarts) unless a test passes the access token back."""
+    values: dict[str, object] = dict(MATRIX_ACCESS_TOKEN="", MATRIX_PASSWORD=bot.password)
     values.update(extra)
-    return Settings(_env_file=None, **values)  # type: ignore[arg-type]
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Runtime]:
-    from channels.matrix import MatrixChannel
-
-    runtime = build_runtime(settings, [MatrixChannel(settings)])
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
+    return matrix_settings(tmp_path, synapse, bot, llm, **values)
 
 
 async def encrypted_room(client: Client, invite: list[str], *, direct: bool) -> str:

@@ -265,6 +265,11 @@ class FakeDiscord(LoopbackServer):
             "entitlements": [], "authorizing_integration_owners": {}, "context": 0,
             "attachment_size_limit": UPLOAD_LIMIT,
         }
+        return self._invoked_by(data, channel, user_id)
+
+    def _invoked_by(self, data: dict[str, Any], channel: dict[str, Any], user_id: int) -> dict[str, Any]:
+        """Who an interaction is from, as Discord says it: in a server a ``member`` with its
+        ``user`` (and the server), in a direct message the ``user``."""
         guild_id = channel.get("guild_id")
         if guild_id is not None:
             data["guild_id"] = guild_id
@@ -295,14 +300,7 @@ class FakeDiscord(LoopbackServer):
             "app_permissions": "0", "entitlements": [], "authorizing_integration_owners": {"0": str(channel_id)},
             "context": 1 if channel.get("type") == 1 else 0, "attachment_size_limit": UPLOAD_LIMIT,
         }
-        guild_id = channel.get("guild_id")
-        if guild_id is not None:
-            data["guild_id"] = guild_id
-            data["guild_locale"] = "en-US"
-            data["member"] = self._member(int(guild_id), user_id, with_user=True)
-        else:
-            data["user"] = self.users[user_id]
-        return data
+        return self._invoked_by(data, channel, user_id)
 
     def _put_commands(self, app: str, body: Any) -> tuple[int, Any]:
         """The bulk overwrite: the whole list replaced, each command checked as Discord does."""

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
+from talon.runtime import Runtime
+from tests.support.runtime import started
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.matrix_people import Person
 from tests.support.synapse import Synapse
@@ -31,12 +32,8 @@ def matrix_settings(tmp_path: Path, synapse: Synapse, bot: Any, llm: FakeOpenAI,
 async def running(settings: Settings) -> AsyncIterator[Runtime]:
     from channels.matrix import MatrixChannel
 
-    runtime = build_runtime(settings, [MatrixChannel(settings)])
-    await runtime.start()
-    try:
+    async with started(settings, [MatrixChannel(settings)]) as runtime:
         yield runtime
-    finally:
-        await runtime.stop()
 
 
 @contextlib.contextmanager

@@ -13,8 +13,9 @@ import aiohttp
 
 from channels.telegram import SECRET_HEADER, TelegramChannel
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
+from talon.runtime import Runtime
 from tests.conftest import ALICE, make_settings
+from tests.support.runtime import started
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 
@@ -34,12 +35,8 @@ def wh_settings(tmp_path: Path, tg: FakeTelegram, llm: FakeOpenAI, **extra: obje
 @contextlib.asynccontextmanager
 async def running(settings: Settings, **channel_kw: Any) -> AsyncIterator[tuple[Runtime, TelegramChannel]]:
     channel = TelegramChannel(settings, **channel_kw)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
+    async with started(settings, [channel]) as runtime:
         yield runtime, channel
-    finally:
-        await runtime.stop()
 
 
 async def post(channel: TelegramChannel, body: dict[str, Any] | bytes, *, secret: str | None = SECRET,

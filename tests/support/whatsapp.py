@@ -13,7 +13,8 @@ import pytest_asyncio
 
 from channels.whatsapp import WhatsAppChannel
 from talon.config import Settings
-from talon.runtime import Runtime, build_runtime
+from talon.runtime import Runtime
+from tests.support.runtime import started
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
 
@@ -51,12 +52,8 @@ def wa_settings(tmp_path: Path, twilio: FakeTwilio, llm: FakeOpenAI, **extra: ob
 async def running(settings: Settings, *, media_drain_s: float = 0.0) -> AsyncIterator[tuple[Runtime, WhatsAppChannel]]:
     # No wait at stop for media links nobody fetches (the fake Twilio does not fetch them itself).
     channel = WhatsAppChannel(settings, retry_base_s=0.01, media_drain_s=media_drain_s)
-    runtime = build_runtime(settings, [channel])
-    await runtime.start()
-    try:
+    async with started(settings, [channel]) as runtime:
         yield runtime, channel
-    finally:
-        await runtime.stop()
 
 
 async def post(channel: WhatsAppChannel, params: dict[str, str], *, signature: str | None = None,
