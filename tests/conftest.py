@@ -21,10 +21,10 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
 from tests.pg import pg_server, pg_url  # noqa: F401  (PostgreSQL fixtures)
 from tests.support.synapse import synapse  # noqa: F401  (a real Matrix homeserver, once per session)
-from tests.support.parallel import group_heavy_modules, heavy_first, run_dir
+from tests.support.parallel import check_groups, compile_ahead, group_heavy_modules, groups_lost, heavy_first, run_dir
 from tests.support.parallel import pytest_xdist_auto_num_workers  # noqa: F401  (two workers per core)
 from tests.support.parallel import pytest_runtest_protocol  # noqa: F401  (tests marked alone run alone)
-from tests.support.tiers import pytest_collection_finish, pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup  # noqa: F401
+from tests.support.tiers import freeze_after_collection, pytest_runtest_call, pytest_runtest_makereport, pytest_runtest_setup  # noqa: F401
 
 if TYPE_CHECKING:
     from talon.runtime import Runtime
@@ -220,6 +220,19 @@ def _is_e2e(item: pytest.Item) -> bool:
         return True
     callspec = getattr(item, "callspec", None)  # a store fixture parametrized over the backends
     return callspec is not None and "postgres" in callspec.params.values()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    compile_ahead(config)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    check_groups(session)
+    freeze_after_collection()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    groups_lost(session)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

@@ -88,7 +88,8 @@ def test_building_talon_with_its_defaults_imports_no_media_or_speech_library(tmp
 # --- memory at rest ------------------------------------------------------------------------------
 
 
-@pytest.mark.alone  # the process tree's RSS at rest, and waits for it to go quiet: nothing else runs
+# Not marked alone: another test's load changes neither the tree's RSS nor when it goes quiet
+# (wait_quiet waits for its own CPU use to stop, however slowly it comes).
 def test_talon_run_with_its_defaults_is_lean_at_rest_and_still_hears_a_voice_note(tmp_path: Path) -> None:
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
         env = clean_env(**settings_env(tmp_path, tg.base_url, llm.base_url))

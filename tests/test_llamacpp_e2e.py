@@ -59,9 +59,10 @@ def llama_server(*args: str) -> Iterator[str]:
             proc.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def llama() -> Iterator[str]:
-    """The server's root URL; one server for the module (loading takes about a second). Its
+    """The server's root URL; a server for each test (loading takes about a second of CPU), so
+    that the tests, each a minute long on a loaded machine, can run on two workers at once. Its
     sampling seed is fixed at 1234: with it the refitted request once overran the stated window
     every time (the summary came out long), so that case runs on every run, not only when a
     random seed happens to hit it, and every test here sees the same replies each run."""
@@ -69,7 +70,7 @@ def llama() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def llama_long() -> Iterator[str]:
     """A server whose replies always run to the requested length (end-of-text ignored)."""
     with llama_server("4096", "ignore-eos") as url:

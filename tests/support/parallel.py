@@ -9,6 +9,8 @@
 - **Heavy module fixtures stay on one worker**: a test that uses a module- or session-scoped
   fixture defined in its own test file (a speech model, a llama.cpp server) is put in the xdist
   group of its file, so the fixture is made once, not once per worker.
+  If pytest-xdist cannot mark the groups (pytest 9.2 with xdist 3.8), the run fails at its end,
+  saying so (``check_groups``), rather than quietly making those fixtures once per worker.
 - **Heavy files first**: files with end-to-end tests go to the workers first and the unit tier last,
   so the small tests fill the end of the run instead of one long test making the other worker wait.
 - **Two workers per core** (``-n auto``, ``pytest_xdist_auto_num_workers``): most of the suite's
@@ -72,9 +74,37 @@ def group_heavy_modules(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(module))
 
 
+def check_groups(session: pytest.Session) -> None:
+    """In a worker: note it if pytest-xdist's ``loadgroup`` did not take effect. It marks a grouped
+    test by adding ``@group`` to its node id, which pytest 9.2 no longer lets it change
+    (pytest-dev/pytest-xdist#1386); every worker then silently made every heavy module fixture
+    again (two llama.cpp servers, three Whisper models). pyproject.toml keeps pytest below 9.2
+    until xdist follows. The controller fails the run at its end (``groups_lost``)."""
+    if worker() is None or not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
+    if lost:
+        (run_dir() / "groups-lost.txt").write_text(f"{len(lost)} tests, the first {lost[0]}")
+
+
+def groups_lost(session: pytest.Session) -> None:
+    """In the controller, at the end: a run whose groups were lost fails, saying why."""
+    note = run_dir() / "groups-lost.txt"
+    if worker() is None and note.is_file():
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"pytest-xdist's --dist loadgroup grouped nothing ({note.read_text()}): "
+                                "see tests/support/parallel.py check_groups", red=True)
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+
 def heavy_first(items: list[pytest.Item]) -> None:
-    """Tests marked ``alone`` first of all, then files with e2e tests, then files with slow ones,
-    then the rest; each file's tests in their own order (a module's fixtures are made once).
+    """Tests marked ``alone`` first of all, then the groups of tests that share a heavy fixture
+    (each runs on one worker, one test after the other: the longest units of work), then files
+    with e2e tests, then files with slow ones, then the rest; each file's tests in their own order
+    (a module's fixtures are made once). pyproject.toml turns off xdist's own reordering
+    (``--no-loadscope-reorder``, which put the biggest groups first, before the ``alone`` tests).
 
     ``alone`` tests first: an exclusive turn waits for every test already running to end, and
     meanwhile no other test starts, so an ``alone`` test that arrived while a 30-second test ran
@@ -85,7 +115,13 @@ def heavy_first(items: list[pytest.Item]) -> None:
     for item in items:
         tier = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
         rank[item.path] = min(rank.get(item.path, 2), tier)
-    items.sort(key=lambda item: -1 if item.get_closest_marker("alone") is not None else rank[item.path])
+
+    def key(item: pytest.Item) -> int:
+        if item.get_closest_marker("alone") is not None:
+            return -2
+        return -1 if item.get_closest_marker("xdist_group") is not None else rank[item.path]
+
+    items.sort(key=key)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -94,6 +130,59 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     ``--maxprocesses`` still caps it."""
     cores = os.cpu_count() or 1
     return cores if str(config.getoption("markexpr", "")).strip() == "unit" else 2 * cores
+
+
+def compile_ahead(config: pytest.Config) -> None:
+    """In the controller of a parallel run, before its workers start: compile Talon and the tests
+    (the test modules as pytest rewrites them) on every core, once. On a clean clone each worker
+    otherwise compiled all of them itself at the same moment (7 s of CPU each, four times over).
+    Uses pytest's own rewriting (``_pytest.assertion.rewrite``, not public): if that changes,
+    nothing is compiled ahead and the workers compile as before."""
+    if worker() is not None or not config.getoption("numprocesses", None) or sys.dont_write_bytecode:
+        return
+    import compileall
+
+    try:
+        from _pytest.assertion import rewrite
+
+        state = config.stash[rewrite.assertstate_key]
+    except (ImportError, AttributeError, KeyError):
+        return
+    root = config.rootpath
+    sources = sorted(path for package in ("talon", "channels", "tests") for path in (root / package).rglob("*.py"))
+    rewritten = {"conftest.py"}
+
+    def one(path: Path) -> None:
+        try:
+            if path.name.startswith("test_") or path.name in rewritten:
+                pyc = rewrite.get_cache_dir(path) / (path.name[:-3] + rewrite.PYC_TAIL)
+                if pyc.exists():  # the workers check that it is still that source's
+                    return
+                rewrite.try_makedirs(pyc.parent)
+                source_stat, code = rewrite._rewrite_test(path, config)
+                rewrite._write_pyc(state, code, source_stat, pyc)
+            else:
+                compileall.compile_file(path, quiet=2)  # only if out of date
+        except Exception:  # noqa: BLE001  (a broken file: its worker reports it, as usual)
+            pass
+
+    cores = max(1, min(len(os.sched_getaffinity(0)), 8))
+    children = []
+    for index in range(1, cores):  # forked: the rewriting needs this process's config
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for path in sources[index::cores]:
+                    one(path)
+            finally:
+                os._exit(0)
+        children.append(pid)
+    try:
+        for path in sources[0::cores]:
+            one(path)
+    finally:
+        for pid in children:
+            os.waitpid(pid, 0)
 
 
 def keep_bytecode() -> None:

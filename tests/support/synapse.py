@@ -1,7 +1,8 @@
 """A real Matrix homeserver for the tests: Synapse (the ``matrix-synapse`` package) started on
 loopback with a generated configuration in a temporary directory, SQLite, no federation, media
-capped at ``UPLOAD_MAX_BYTES``. One homeserver serves the whole test session (each xdist worker
-starts its own); tests register fresh users through the shared-secret admin API
+capped at ``UPLOAD_MAX_BYTES``. One homeserver serves the whole test run: under pytest-xdist the
+first worker that needs it starts it and the others use it (its address in the run's directory,
+under a file lock), and tests/support/keeper.py stops it when the run ends; tests register fresh users through the shared-secret admin API
 (``/_synapse/admin/v1/register``), so they never see each other's rooms.
 
 Start-up waits for ``/_matrix/client/versions`` to answer (a condition, never a fixed sleep) and
@@ -10,8 +11,11 @@ fails with the homeserver's own log when it does not come up in ``START_TIMEOUT_
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
+import json
+import os
 import secrets
 import shutil
 import socket
@@ -46,7 +50,8 @@ class MatrixUser:
 class Synapse:
     """A running homeserver: its base URL, and users made on it."""
 
-    def __init__(self, base_url: str, shared_secret: str, directory: Path, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, base_url: str, shared_secret: str, directory: Path,
+                 process: subprocess.Popen[bytes] | None) -> None:
         self.base_url = base_url
         self._secret = shared_secret
         self.directory = directory
@@ -207,6 +212,7 @@ def start_synapse(directory: Path) -> Synapse:
 
 
 def stop_synapse(server: Synapse) -> None:
+    assert server.process is not None
     server.process.terminate()
     try:
         server.process.wait(timeout=30)
@@ -215,9 +221,36 @@ def stop_synapse(server: Synapse) -> None:
         server.process.wait(timeout=30)
 
 
+def _shared_synapse() -> Synapse:
+    """The run's homeserver under pytest-xdist: started by the first worker to ask, handed to a
+    keeper that stops it when the run's controller exits; the others read where it is."""
+    from tests.support.parallel import run_dir
+
+    where = run_dir() / "synapse.json"
+    with open(run_dir() / "synapse.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if where.is_file():
+            known = json.loads(where.read_text())
+            return Synapse(known["base_url"], known["secret"], Path(known["directory"]), None)
+        directory = Path(tempfile.mkdtemp(prefix="talon-test-synapse-"))
+        server = start_synapse(directory)
+        assert server.process is not None
+        subprocess.run([sys.executable, "-m", "tests.support.keeper", str(os.getppid()),
+                        str(server.process.pid), str(directory)],
+                       cwd=Path(__file__).resolve().parents[2], check=True, timeout=60)
+        where.write_text(json.dumps({"base_url": server.base_url, "secret": server._secret,
+                                     "directory": str(directory)}))
+        return server
+
+
 @pytest.fixture(scope="session")
 def synapse() -> Iterator[Synapse]:
-    """One homeserver for the session (per xdist worker)."""
+    """One homeserver for the run (shared by the xdist workers, see above)."""
+    from tests.support.parallel import worker
+
+    if worker() is not None:
+        yield _shared_synapse()
+        return
     directory = Path(tempfile.mkdtemp(prefix="talon-test-synapse-"))
     server = start_synapse(directory)
     try:

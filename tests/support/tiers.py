@@ -105,7 +105,7 @@ def _measured(item: pytest.Item) -> Generator[None, Any, Any]:
         cost[1] += time.perf_counter() - wall
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+def freeze_after_collection() -> None:
     """Warm the imports and freeze what is alive after collection (see above)."""
     if not _warmed:
         warm_imports()
