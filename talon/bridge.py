@@ -108,9 +108,15 @@ class _Running:
     item: InboxItem
     task: "asyncio.Task[OutboundReply] | None" = None
     stopped: str = ""  # why it was cancelled: "stop" (/stop) or "interrupt" (a new message)
-    partial: str = ""  # the reply text of the current model step, as streamed so far
+    streamed: list[str] = field(default_factory=list)  # the current model step's reply, as streamed so far
     absorbed: list[InboxItem] = field(default_factory=list)  # messages that joined it (steer)
     acknowledged: bool = False  # the acknowledgement reaction was shown (and is to be cleared)
+
+    @property
+    def partial(self) -> str:
+        """The current model step's reply so far (joined when asked: appending each delta to one
+        string copied the whole reply every time, quadratic in a long answer)."""
+        return "".join(self.streamed)
 
 
 @dataclass
@@ -693,7 +699,7 @@ class Bridge:
         held: list[str] = []
 
         async def on_text(delta: str) -> None:
-            running.partial += delta
+            running.streamed.append(delta)
             if live is None:
                 return
             if quiet_until and time.monotonic() < quiet_until:
@@ -706,7 +712,7 @@ class Bridge:
 
         async def on_step(asked_for_tools: bool) -> None:
             if asked_for_tools:
-                running.partial = ""  # the preamble is in the session with its tool calls
+                running.streamed.clear()  # the preamble is in the session with its tool calls
                 held.clear()  # a preamble never shown needs no replacing either
             if live is not None and live.on_step is not None:
                 await live.on_step(asked_for_tools)

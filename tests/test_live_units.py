@@ -4,10 +4,11 @@ cut, and how LiveText paces, replaces and stops its updates."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
-from channels.live_text import LiveText, safe_prefix
+from channels.live_text import LiveText, PrefixScanner, safe_prefix
 from channels.telegram.parts import RetirePart, TextPart, plan_parts
 from talon.config import Limits
 from talon.envelope import OutboundReply
@@ -45,6 +46,27 @@ def test_every_prefix_of_a_marked_up_answer_renders_to_the_same_markup_as_its_fi
         # no raw markup marker is ever shown: what is open is cut, what is closed is rendered
         visible = html.replace("<pre>", "").replace("</pre>", "")
         assert "**" not in visible and "~~" not in visible, (cut, prefix, html)
+
+
+# Pieces that open, close and break markup, line endings Python splits lines at, and plain text.
+_PIECES = ["a", "b c", " ", "\n", "\n\n", "`", "```", "~~~", "  ```py\n", "*", "**", "* ", "_", "__", "~~",
+           "[", "]", "(", ")", "](", "\\", "x_y", "\r", "\r\n", "\x0c", "\u2028", "é"]
+
+
+def test_a_growing_answer_is_cut_where_its_whole_text_would_be_cut() -> None:
+    """The scanner of a stream keeps what is certain and looks again only at the last line: at
+    every length, in pieces of every size, it cuts where a scan of the whole text cuts."""
+    rng = random.Random(28)
+    for _ in range(500):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 60)))
+        scanner, end = PrefixScanner(), 0
+        while end < len(text):
+            end = min(len(text), end + rng.randint(1, 7))
+            assert scanner.prefix(text[:end]) == safe_prefix(text[:end]), repr(text[:end])
+    # A text that does not extend the previous one (a preamble replaced) is scanned anew.
+    scanner = PrefixScanner()
+    assert scanner.prefix("**bold** and `co") == "**bold** and"
+    assert scanner.prefix("plain") == "plain"
 
 
 async def test_live_text_paces_updates_and_a_tool_preamble_is_replaced() -> None:
