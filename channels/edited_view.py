@@ -19,7 +19,7 @@ from talon.bounded import BoundedMap
 from talon.envelope import InboundMessage, LiveReply, conversation_id
 from talon.media import extract_markdown_media
 
-from channels.live_text import LiveText
+from channels.live_text import HEAD_CHARS, LiveText
 from channels.send_budget import SendBudget
 
 Post = Callable[[InboundMessage, str], Awaitable[str]]  # markdown -> the new message's id
@@ -36,7 +36,7 @@ class EditedView:
         self.message = message
         self.message_id = resume_id
         self._placed = placed
-        self.text = LiveText(self.show, interval_s=views.interval_s)
+        self.text = LiveText(self.show, interval_s=views.interval_s, head_chars=views.head_chars)
 
     @property
     def showing(self) -> bool:
@@ -70,12 +70,13 @@ class EditedViews:
     """The live view of each conversation whose answer is being written."""
 
     def __init__(self, name: str, budget: SendBudget, *, post: Post, edit: Edit, first_piece: FirstPiece,
-                 interval_s: float, enabled: bool = True) -> None:
+                 interval_s: float, head_chars: int = HEAD_CHARS, enabled: bool = True) -> None:
         self.budget = budget
         self.post = post
         self.edit = edit
         self.first_piece = first_piece
         self.interval_s = interval_s
+        self.head_chars = head_chars
         self.enabled = enabled
         self._views: BoundedMap[str, EditedView] = BoundedMap(f"{name}_live_views", in_use=_writing)
 

@@ -93,6 +93,27 @@ async def test_live_text_paces_updates_and_a_tool_preamble_is_replaced() -> None
     assert len(shown) <= 1 + (0.05 + 0.25 + 0.6 + 0.3) / 0.2 + 1  # about once per interval
 
 
+async def test_a_long_answer_shows_its_head_only() -> None:
+    shown: list[str] = []
+    more = asyncio.Event()
+
+    async def show(text: str) -> bool:
+        shown.append(text)
+        more.set()
+        return True
+
+    paragraph = "Some **bold** and `code` here.\n\n"
+    live = LiveText(show, interval_s=0, head_chars=1000)
+    for count in (20, 40):  # 620 characters, then 1,860: past the head
+        await live.on_text(paragraph * count)
+        await asyncio.wait_for(more.wait(), 10)
+        more.clear()
+    await live.close()
+    head = safe_prefix((paragraph * 60)[:1000])
+    assert 900 < len(head) <= 1000
+    assert shown == [safe_prefix(paragraph * 20), head]
+
+
 async def test_live_text_retries_a_dropped_update_and_stops_for_good_after_stream_stopped() -> None:
     calls: list[str] = []
     answers = iter([False, True, "stop"])

@@ -26,7 +26,7 @@ from talon.bounded import BoundedMap
 from talon.config import Settings
 from talon.envelope import InboundMessage
 from talon.errors import ConfigError, DeliveryError, PlatformRateLimited, StreamStopped
-from talon.render.discord import markdown_to_discord, split_for_discord
+from talon.render.discord import DISCORD_TEXT_LIMIT, markdown_to_discord, split_for_discord
 
 from channels.base import BridgeHandle, ChannelHealth, ForwardsTyping, PartsChannel
 from channels.discord.api import CHANNEL, MAX_RATELIMIT_S, DiscordApi, discord_budget, intents
@@ -95,6 +95,7 @@ class DiscordChannel(LeaseLedUpdates, ForwardsTyping, PartsChannel):
                              chatter=ChatterLog(settings.discord_channel_context, "discord_chatter"))
         self.live = EditedViews(CHANNEL, self.api.budget, post=self._live_post, edit=self._live_edit,
                                 first_piece=_first_piece, interval_s=settings.discord_stream_interval_s,
+                                head_chars=4 * DISCORD_TEXT_LIMIT,
                                 enabled=settings.discord_streaming)
         self.delivery = Delivery(self.api, self.live, self.intake.sent)
         self.approvals = ApprovalPrompts(self.api, self.delivery)

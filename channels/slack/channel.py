@@ -24,7 +24,7 @@ from talon.bounded import BoundedMap
 from talon.config import Settings
 from talon.envelope import InboundMessage
 from talon.errors import ConfigError, DeliveryError, PlatformRateLimited, StreamStopped
-from talon.render.slack import markdown_to_mrkdwn, split_for_slack
+from talon.render.slack import SLACK_TEXT_LIMIT, markdown_to_mrkdwn, split_for_slack
 
 from channels.base import ChannelHealth, PartsChannel
 from channels.edited_view import EditedViews
@@ -63,6 +63,7 @@ class SlackChannel(PlatformLifecycle, PartsChannel):
                              chatter=ChatterLog(settings.slack_channel_context, "slack_chatter"))
         self.live = EditedViews(CHANNEL, self.api.budget, post=self._live_post, edit=self._live_edit,
                                 first_piece=_first_piece, interval_s=settings.slack_stream_interval_s,
+                                head_chars=4 * SLACK_TEXT_LIMIT,
                                 enabled=settings.slack_streaming)
         self.delivery = Delivery(self.api, self.live, self.intake.threads)
         self.approvals = ApprovalPrompts(self.api, self.delivery, self.intake)

@@ -63,7 +63,8 @@ class TelegramLiveView:
         self.message_id = _int_or_none(resume_id)
         self._placed = placed
         self.html = True
-        self.text = LiveText(self.show, interval_s=views.api.settings.telegram_stream_interval_s)
+        self.text = LiveText(self.show, interval_s=views.api.settings.telegram_stream_interval_s,
+                             head_chars=4 * views.api.limits.telegram_text_max)
 
     @property
     def showing(self) -> bool:
