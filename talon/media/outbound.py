@@ -1144,7 +1144,7 @@ _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
 # same spans when every backtick of the run of text is in one of them).
 _LONE_SPAN = re.compile(r"(?<!`)`[^`\n\[\]]++`(?!`)")
 _MASKED_LOCAL = re.compile(
-    rf"(!\[([^\[\]\\`\n]*+)\]\(([ \t]*+)(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\))"
+    rf"(!\[([^\[\]\\`\n]*+)\]\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\))"
 )
 
 
@@ -1253,12 +1253,12 @@ def _lift_masked(
             return None
         masked = masked[:cut]
     parts = _MASKED_LOCAL.split(masked)
-    # [text, image, alt, blanks, path, text, ...]: the offsets from the lengths, summed in C
-    lengths: list[int] = [0] * (2 * (len(parts) // 5) + 1)
-    lengths[0::2] = map(len, parts[0::5])
-    lengths[1::2] = map(len, parts[1::5])
+    # [text, image, alt, path, text, ...]: the offsets from the lengths, summed in C
+    lengths: list[int] = [0] * (2 * (len(parts) // 4) + 1)
+    lengths[0::2] = map(len, parts[0::4])
+    lengths[1::2] = map(len, parts[1::4])
     ends = list(accumulate(lengths))
-    alts, paths = parts[2::5], parts[4::5]
+    alts, paths = parts[2::4], parts[3::4]
     if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
         alts, paths = _translated(alts, _UNESCAPE, text), _translated(paths, _UNESCAPE, text)
     elif ticks:  # as written: the spans' backticks put back
