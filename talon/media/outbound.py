@@ -1315,8 +1315,8 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
             pos = stops[-1]
         if cut < len(text):  # the rest, from a boundary of blocks, the run-by-run way
             lifter.alts, lifter.paths = alts, paths
-            runs = [(max(start, cut), end) for start, end in (_runs_from_blocks(blocks, cut) if blocks else _text_runs(text))
-                    if end > cut]
+            after = _runs_from_blocks(blocks, cut) if blocks else _text_runs(text)
+            runs = [(max(start, cut), end) for start, end in after if end > cut]
     else:
         runs = _runs_from_blocks(blocks) if blocks else _text_runs(text)
     for run_start, run_end in runs:
