@@ -5,7 +5,9 @@ A destination's parentheses are matched for its whole stretch at once (runs of '
 of ')'), the '(' that never close kept as intervals; a chain of images whose destinations each
 run into such a '(' is skipped in one regex step; a segment whose images hold no bracket in their
 alt text is read by the flat regex whatever the links around them. Every output must be the
-oracle's, and the new paths must really be taken.
+oracle's, and the new paths must really be taken. An image starting inside an earlier image's
+tail but running on past it no longer hides the images in the rest of it (the regex paths missed
+them; the oracle reads them).
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ TOKENS = {
 
 @pytest.mark.parametrize("kind", list(TOKENS))
 @pytest.mark.parametrize("seed", range(2))
-def test_generated_inputs_give_the_old_output(kind: str, seed: int) -> None:
+def test_generated_inputs_give_the_old_output(kind: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    if seed:  # every stretch by runs, however short (these inputs' stretches mostly are)
+        monkeypatch.setattr(outbound, "_SHORT_STRETCH", 0)
     rnd = random.Random(f"{kind}-{seed}")
     tokens = TOKENS[kind]
     for _ in range(250):
@@ -58,6 +62,11 @@ CASES = [
     "[" * 40 + "![a](b.png)" + "](u)" * 40,
     "[![a](b.png)" * 30 + "]" * 30,
     "[[![a](b.png)](u) ![c](d(e).png)]",
+    # An image that starts inside an earlier image's tail but runs on past it: the images in the
+    # rest of it are read on their own (main before this pass lost them in the two-deep path).
+    "![](![())![](x)]([(]",
+    "![](()![)![](a)]((",
+    '![e](p "![q](<") ![b](c.png) >)',
 ]
 
 

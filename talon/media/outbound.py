@@ -174,6 +174,8 @@ _DEST_STRETCH = re.compile(r"(?:[^\x00-\x20\x7f\\]++|\\[\s\S])*+")
 _PAREN_RUN = re.compile(
     r"(\((?:[^()\\\x00-\x20\x7f]*+\()*+)|(\)(?:[^()\\\x00-\x20\x7f]*+\))*+)|\\[\s\S]"
 )
+# A stretch this short is matched one parenthesis at a time (the runs' set-up costs more there).
+_SHORT_STRETCH = 64
 _OPEN_PAREN = re.compile(r"\(")
 # A chain of destinations, each running into the next '(' through an image: ``(text![alt]``
 # followed by '(' (no bracket, blank, escape or '<' in the text, no bracket or blank in the alt).
@@ -359,13 +361,17 @@ class _Scanner:
         A destination ends at whitespace or ``limit`` (a '(' open there never closes), and a '('
         closes at the first ')' after it where the parentheses between balance: a function of
         what follows it only, so every '(' of the stretch is matched at once (``_match_runs``)
-        and remembered; a stretch that runs into one matched before is read the old way.
+        and remembered; a short stretch, or one that runs into one matched before, is read one
+        parenthesis at a time. (Every answer is the exact match, so how each was found, and
+        which are remembered, changes nothing but the time.)
         """
         known = self.known(p)
         if known is not None:
             return known
         stop = _DEST_STRETCH.match(self.text, p + 1, limit)
         z = stop.end() if stop is not None else p + 1
+        if z - p <= _SHORT_STRETCH:
+            return self._close_paren_stepwise(p, limit)  # (a few steps: cheaper than the runs)
         i = bisect_right(self._done_starts, p)
         if i < len(self._done_starts) and self._done_starts[i] < z:
             return self._close_paren_stepwise(p, limit)  # (a stretch read before starts in it)
@@ -967,6 +973,11 @@ class _Lifter:
             for m in current:
                 bang = m.start()
                 if bang < consumed:
+                    if m.end() > consumed:
+                        # It starts inside an earlier image's tail but runs on past it: the
+                        # images in the rest of it (its alt text, its tail) are read on their own.
+                        matches = candidates.finditer(text, consumed, seg_end)
+                        break
                     continue  # inside an earlier image's tail
                 group = m.lastindex
                 if group == 2 or group == 3:
