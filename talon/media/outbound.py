@@ -31,12 +31,15 @@ possessive quantifiers (no backtracking) that takes runs of fences, blank lines 
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
 lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
 elsewhere code spans and escapes are masked (same length) so that one bracket matcher serves every
-segment: brackets that never nest, or nest at most two deep, are paired by one regex, and there
+segment: brackets that never nest, or nest at most two deep, or images whose alt text holds no
+bracket whatever the links around them, are paired by one regex, and there
 each image and its everyday tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step
 (an image without a tail the full parser could read is not even a match); other brackets are
 paired a run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest
-skipped in C; backtick runs go through a "next run of this length" table; each parenthesis match
-is computed once and memoised, one step per parenthesis. The tidying is one pass over the pieces
+skipped in C; backtick runs go through a "next run of this length" table; a destination's
+parentheses are matched for its whole stretch at once, a step per run of '(' or ')', and
+remembered (those that never close as intervals), and a chain of ``![a](`` running into them is
+skipped in C. The tidying is one pass over the pieces
 of text between the removals (a short piece's step looked up per distinct piece and state), and
 the references are built by C-level maps over their slots with the garbage collector held off
 (a full collection walking the big lists every quarter of growth made a reply with a million
