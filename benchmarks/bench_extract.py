@@ -1,6 +1,7 @@
 """How the outbound extractor scales on hostile input: ms per MB at 1 MB and 4 MB, and their ratio.
 
-Run: ``python benchmarks/bench_extract.py`` (``--quick``: 1 MB only). For each input it prints the
+Run: ``python benchmarks/bench_extract.py`` (``--quick``: 1 MB only; ``--only WORD``, repeatable:
+only the inputs whose name holds one of the words, case-insensitive). For each input it prints the
 CPU time per MB (the best of a few runs, measured with ``time.process_time`` so that other
 processes on the machine do not count) at 1 MB and at 4 MB, and ``4MB/1MB``, the ratio of the two
 per-MB figures measured in this run: a linear extractor keeps it near 1.0 (a quadratic one would
@@ -186,6 +187,8 @@ def _cpu_ms_per_mb(text: str, repeat: int) -> float:
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    args = sys.argv[1:]
+    only = [args[i + 1].lower() for i, arg in enumerate(args[:-1]) if arg == "--only"]
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average {load} on {os.cpu_count()} cores (CPU time is measured: other processes"
           " only slow it through shared caches)")
@@ -193,6 +196,8 @@ def main() -> None:
     print(f"{'input':<40} {'1 MB':>8} {'4 MB':>8} {'4MB/1MB':>8}   (CPU ms per MB)")
     print(f"{'normal reply':<40} {_cpu_ms_per_mb(normal, 3):8.1f}")
     one, four = hostile_inputs(MB), ({} if quick else hostile_inputs(4 * MB))
+    if only:
+        one = {name: text for name, text in one.items() if any(word in name.lower() for word in only)}
     worst_name, worst, worst_ratio = "", 0.0, 0.0
     for name, text in one.items():
         small = _cpu_ms_per_mb(text, 3)

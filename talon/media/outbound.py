@@ -31,12 +31,15 @@ possessive quantifiers (no backtracking) that takes runs of fences, blank lines 
 whole; a run of text whose images are all plain ``![alt](path)`` (no nesting, escapes or code) is
 lifted by one ``split`` (the text between the images, their alt texts and paths, as strings);
 elsewhere code spans and escapes are masked (same length) so that one bracket matcher serves every
-segment: brackets that never nest, or nest at most two deep, are paired by one regex, and there
+segment: brackets that never nest, or nest at most two deep, or images whose alt text holds no
+bracket whatever the links around them, are paired by one regex, and there
 each image and its everyday tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step
 (an image without a tail the full parser could read is not even a match); other brackets are
 paired a run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest
-skipped in C; backtick runs go through a "next run of this length" table; each parenthesis match
-is computed once and memoised, one step per parenthesis. The tidying is one pass over the pieces
+skipped in C; backtick runs go through a "next run of this length" table; a destination's
+parentheses are matched for its whole stretch at once, a step per run of '(' or ')', and
+remembered (those that never close as intervals), and a chain of ``![a](`` running into them is
+skipped in C. The tidying is one pass over the pieces
 of text between the removals (a short piece's step looked up per distinct piece and state), and
 the references are built by C-level maps over their slots with the garbage collector held off
 (a full collection walking the big lists every quarter of growth made a reply with a million
@@ -47,7 +50,7 @@ from __future__ import annotations
 
 import gc
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate, repeat
@@ -161,11 +164,27 @@ _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS_ONLY = re.compile(r"[\[\]]")
 _FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
 _FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
+_NESTED_IMAGE = re.compile(r"!\[[^\[\]]*+\[")  # an image whose alt text holds a bracket
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
 # What a plain destination's parenthesis matching stops at: an escape (two characters, the
 # second whatever it is), a parenthesis, or what ends a destination.
 _DEST_SPECIAL = re.compile(r"\\[\s\S]|[()\x00-\x20\x7f]")
+# A destination's stretch up to what ends it (whitespace or a control character; an escaped one
+# does not), and in it the runs of '(' or of ')' (group 1 or 2) with nothing but plain characters
+# between them, and escapes.
+_DEST_STRETCH = re.compile(r"(?:[^\x00-\x20\x7f\\]++|\\[\s\S])*+")
+_PAREN_RUN = re.compile(
+    r"(\((?:[^()\\\x00-\x20\x7f]*+\()*+)|(\)(?:[^()\\\x00-\x20\x7f]*+\))*+)|\\[\s\S]"
+)
+# A stretch this short is matched one parenthesis at a time (the runs' set-up costs more there).
+_SHORT_STRETCH = 64
+_OPEN_PAREN = re.compile(r"\(")
+# A chain of destinations, each running into the next '(' through an image: ``(text![alt]``
+# followed by '(' (no bracket, blank, escape or '<' in the text, no bracket or blank in the alt).
+_DEAD_CHAIN = re.compile(r"(?:\((?:[^\[\]()\\\x00-\x20\x7f<!]++|!(?!\[))*+!\[[^\[\]()\\\x00-\x20\x7f]*+\](?=\())*+")
+_CLOSE_PAREN = re.compile(r"\)")
+_START = re.Match.start
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
 _TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
 _SPACES = re.compile(r"\s+")
@@ -231,6 +250,11 @@ class _Scanner:
     def __init__(self, text: str) -> None:
         self.text = text
         self.paren_match: dict[int, int] = {}
+        # '(' known never to close, as intervals (every '(' in [start, end) is open for good),
+        # sorted; and where each stretch read at once started (see ``_close_paren``).
+        self._dead_starts: list[int] = []
+        self._dead_ends: list[int] = []
+        self._done_starts: list[int] = []
         # The first ')' at or after ``_close_from`` (-1: none): every tail needs one, and calls
         # come in increasing order, so one forward pointer answers them all in linear time.
         self._close_from = 0
@@ -256,7 +280,7 @@ class _Scanner:
             self._close_from = p
             if self._next_close < 0 or self._next_close >= limit:
                 return None  # no ')' left in reach: no destination can close
-        if quick is not None and self.paren_match.get(quick.end() - 1, 0) < 0:
+        if quick is not None and (self.known(quick.end() - 1) or 0) < 0:
             return None  # the destination runs into a '(' already known never to close
         q = self._skip_ws(p + 1, limit)
         if q >= limit:
@@ -324,15 +348,91 @@ class _Scanner:
                 return p  # ')' that closes the reference, whitespace or a control character
         return min(p, limit)
 
+    def known(self, q: int) -> int | None:
+        """The memoised match of the '(' at ``q`` (-1: it never closes), or None if not known."""
+        found = self.paren_match.get(q)
+        if found is not None:
+            return found
+        i = bisect_right(self._dead_starts, q) - 1
+        if i >= 0 and q < self._dead_ends[i]:
+            return -1
+        return None
+
     def _close_paren(self, p: int, limit: int) -> int:
         """Index of the ')' balancing the '(' at ``p`` within one destination, or -1.
 
-        One step per parenthesis, escape or the character that ends the destination (a regex
-        finds the next of them); parentheses already matched are stepped over.
+        A destination ends at whitespace or ``limit`` (a '(' open there never closes), and a '('
+        closes at the first ')' after it where the parentheses between balance: a function of
+        what follows it only, so every '(' of the stretch is matched at once (``_match_runs``)
+        and remembered; a short stretch, or one that runs into one matched before, is read one
+        parenthesis at a time. (Every answer is the exact match, so how each was found, and
+        which are remembered, changes nothing but the time.)
         """
+        known = self.known(p)
+        if known is not None:
+            return known
+        stop = _DEST_STRETCH.match(self.text, p + 1, limit)
+        z = stop.end() if stop is not None else p + 1
+        if z - p <= _SHORT_STRETCH:
+            return self._close_paren_stepwise(p, limit)  # (a few steps: cheaper than the runs)
+        i = bisect_right(self._done_starts, p)
+        if i < len(self._done_starts) and self._done_starts[i] < z:
+            return self._close_paren_stepwise(p, limit)  # (a stretch read before starts in it)
+        self._match_runs(p, z)
+        insort(self._done_starts, p)
+        known = self.known(p)
+        return -1 if known is None else known
+
+    def _match_runs(self, p: int, z: int) -> None:
+        """Match every '(' of ``text[p:z]`` (a stretch without whitespace, from a '('): a stack of
+        runs of '(' (the text between two of them holding no parenthesis, escape or blank) against
+        runs of ')', one step per run; the pairs are recorded by C-level maps over their positions,
+        the '(' left open as intervals (``_dead_starts``/``_dead_ends``), not one by one."""
+        text = self.text
         memo = self.paren_match
-        if p in memo:
-            return memo[p]
+        # Each open run: [start, end of its still open part, how many '(' are open there,
+        # their positions (made when first needed) or None].
+        stack: list[list[Any]] = []
+        for m in _PAREN_RUN.finditer(text, p, z):
+            kind = m.lastindex
+            if kind == 1:
+                s, e = m.span()
+                stack.append([s, e, text.count("(", s, e), None])
+                continue
+            if kind != 2 or not stack:
+                continue  # an escape, or ')' that close nothing
+            s, e = m.span()
+            count = text.count(")", s, e)
+            closes: Any = range(s, e) if count == e - s else None
+            used = 0
+            while used < count and stack:
+                top = stack[-1]
+                o_start, o_end, open_count, positions = top
+                take = min(open_count, count - used)
+                if positions is None:
+                    positions = top[3] = (range(o_start, o_end) if open_count == o_end - o_start
+                                          else list(map(_START, _OPEN_PAREN.finditer(text, o_start, o_end))))
+                if closes is None:
+                    closes = list(map(_START, _CLOSE_PAREN.finditer(text, s, e)))
+                opened = positions[open_count - take : open_count]
+                memo.update(zip(reversed(opened), closes[used : used + take]))
+                used += take
+                if take == open_count:
+                    stack.pop()
+                else:
+                    top[2] = open_count - take
+                    top[1] = opened[0]  # (the open part now ends at the first '(' matched)
+        for o_start, o_end, _, _ in stack:
+            i = bisect_right(self._dead_starts, o_start)
+            self._dead_starts.insert(i, o_start)
+            self._dead_ends.insert(i, o_end)
+
+    def _close_paren_stepwise(self, p: int, limit: int) -> int:
+        """``_close_paren`` one step per parenthesis, escape or the character that ends the
+        destination (a regex finds the next of them); parentheses already matched are stepped
+        over, one known never to close ends it."""
+        memo = self.paren_match
+        known_at = self.known
         text = self.text
         stack = [p]
         push, pop = stack.append, stack.pop
@@ -343,7 +443,7 @@ class _Scanner:
                 continue
             ch = text[i]
             if ch == "(":
-                known = memo.get(i)
+                known = known_at(i)
                 if known is None:
                     push(i)
                 elif known < 0:
@@ -798,13 +898,14 @@ class _Lifter:
         text = self.text
         if text.find("![", seg_start, seg_end) < 0 or text.find("](", seg_start, seg_end) < 0:
             return
-        if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
-                and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
-                and _FLAT_BRACKETS.fullmatch(text, seg_start, seg_end)):
+        plain = text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
+        if plain and _NESTED_IMAGE.search(text, seg_start, seg_end) is None:
+            # No image's alt text holds a bracket (links around them may nest to any depth): each
+            # ``![alt]`` is a pair whatever surrounds it (nothing between its brackets) and holds
+            # no image, so the image pairs are the flat ones, read as in a flat segment.
             self._flat_segment(seg_start, seg_end, _FLAT_CANDIDATE)
             return
-        if (text.find("`", seg_start, seg_end) < 0 and text.find("\\", seg_start, seg_end) < 0
-                and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
+        if (plain and text.count("[", seg_start, seg_end) == text.count("]", seg_start, seg_end)
                 and _SHALLOW_BRACKETS.fullmatch(text, seg_start, seg_end)):
             if self.labels is None:
                 self.labels = _reference_labels(text)
@@ -865,33 +966,62 @@ class _Lifter:
         (``_SHALLOW_CANDIDATE_ANY``, for a text with reference definitions)."""
         text = self.text
         tail = self.scanner.tail
-        memo = self.scanner.paren_match
+        known = self.scanner.known
         alts, paths, removals = self.alts, self.paths, self.removals
         nested = candidates is not _FLAT_CANDIDATE  # (a flat alt text holds no image)
         consumed = seg_start
-        for m in candidates.finditer(text, seg_start, seg_end):
-            bang = m.start()
-            if bang < consumed:
-                continue  # inside an earlier image's tail
-            group = m.lastindex
-            if group == 2 or group == 3:
-                raw_dest, end = m.group(group), m.end()
-            else:
-                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
-                    # the destination runs into a '(' already known never to close
-                    if nested:
-                        consumed = self._after_failed(m, seg_end, consumed)
-                    continue
-                parsed = tail(m.end(), seg_end)
-                if parsed is None:
-                    if nested:
-                        consumed = self._after_failed(m, seg_end, consumed)
-                    continue
-                raw_dest, end = parsed
-            consumed = end
-            alts.append(m.group(1))  # (as written: see _finish)
-            paths.append(raw_dest)
-            removals.append((bang, end))
+        matches: Any = candidates.finditer(text, seg_start, seg_end)
+        while matches is not None:
+            current, matches = matches, None
+            for m in current:
+                bang = m.start()
+                if bang < consumed:
+                    if m.end() > consumed:
+                        # It starts inside an earlier image's tail but runs on past it: the
+                        # images in the rest of it (its alt text, its tail) are read on their own.
+                        matches = candidates.finditer(text, consumed, seg_end)
+                        break
+                    continue  # inside an earlier image's tail
+                group = m.lastindex
+                if group == 2 or group == 3:
+                    raw_dest, end = m.group(group), m.end()
+                else:
+                    if group == 4 and (known(m.end(4) - 1) or 0) < 0:
+                        # the destination runs into a '(' already known never to close
+                        if nested:
+                            consumed = self._after_failed(m, seg_end, consumed)
+                        else:
+                            after = self._past_dead_chain(m.end(4) - 1, seg_end)
+                            if after > m.end():
+                                matches = candidates.finditer(text, after, seg_end)
+                                break  # (the while loop goes on from ``after``)
+                        continue
+                    parsed = tail(m.end(), seg_end)
+                    if parsed is None:
+                        if nested:
+                            consumed = self._after_failed(m, seg_end, consumed)
+                        continue
+                    raw_dest, end = parsed
+                consumed = end
+                alts.append(m.group(1))  # (as written: see _finish)
+                paths.append(raw_dest)
+                removals.append((bang, end))
+
+    def _past_dead_chain(self, q: int, seg_end: int) -> int:
+        """Where to look for the next candidate that may lift something, after one whose
+        destination runs into the '(' at ``q``, known never to close: past a chain of
+        ``(![alt]`` (a destination's text then an image, then the next '('), each image's
+        destination running into the next '(', all known never to close (``![a](`` repeated).
+        Those images cannot be lifted; the last one, whose destination runs on past the chain, is
+        where to look again. -1: no such chain."""
+        scanner = self.scanner
+        i = bisect_right(scanner._dead_starts, q) - 1
+        if i < 0 or q >= scanner._dead_ends[i]:
+            return -1
+        chain = _DEAD_CHAIN.match(self.text, q, min(seg_end, scanner._dead_ends[i]))
+        if chain is None or chain.end() == q:
+            return -1
+        return self.text.rfind("![", q, chain.end())
 
     def _after_failed(self, m: re.Match[str], seg_end: int, consumed: int) -> int:
         """``consumed`` after an image (match ``m``) whose tail failed: past an image by reference
@@ -911,7 +1041,7 @@ class _Lifter:
         ``consumed`` past the last one lifted."""
         text = self.text
         tail = self.scanner.tail
-        memo = self.scanner.paren_match
+        known = self.scanner.known
         for m in _FLAT_CANDIDATE.finditer(text, alt_start, seg_end):
             bang = m.start()
             if bang >= alt_end:
@@ -922,7 +1052,7 @@ class _Lifter:
             if group == 2 or group == 3:
                 raw_dest, end = m.group(group), m.end()
             else:
-                if group == 4 and memo.get(m.end(4) - 1, 0) < 0:
+                if group == 4 and (known(m.end(4) - 1) or 0) < 0:
                     continue
                 parsed = tail(m.end(), seg_end)
                 if parsed is None:
@@ -1028,7 +1158,7 @@ _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
 # same spans when every backtick of the run of text is in one of them).
 _LONE_SPAN = re.compile(r"(?<!`)`[^`\n\[\]]++`(?!`)")
 _MASKED_LOCAL = re.compile(
-    rf"(!\[([^\[\]\\`\n]*+)\]\(([ \t]*+)(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\))"
+    rf"(!\[([^\[\]\\`\n]*+)\]\([ \t]*+(?![A-Za-z][A-Za-z0-9+.\-]+:|//)({_SIMPLE_DEST})[ \t]*+\))"
 )
 
 
@@ -1070,9 +1200,13 @@ def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
     return "".join(chunks)
 
 
-def _runs_from_blocks(blocks: _Blocks) -> list[Range]:
-    """What ``_text_runs`` gives, from what ``_mask_code_runs`` found (no second scan)."""
+def _runs_from_blocks(blocks: _Blocks, cut: int = 0) -> list[Range]:
+    """What ``_text_runs`` gives, from what ``_mask_code_runs`` found (no second scan); only the
+    runs ending after ``cut`` (those before it are not looked at)."""
     run_ends, texts = blocks[0]
+    first = bisect_left(run_ends, cut + 1)
+    if first:
+        run_ends, texts = run_ends[first:], texts[first:]
     return [(start, end) for start, end, run in zip(map(sub, run_ends, map(len, texts)), run_ends, texts)
             if "![" in run and "](" in run]
 
@@ -1133,12 +1267,12 @@ def _lift_masked(
             return None
         masked = masked[:cut]
     parts = _MASKED_LOCAL.split(masked)
-    # [text, image, alt, blanks, path, text, ...]: the offsets from the lengths, summed in C
-    lengths: list[int] = [0] * (2 * (len(parts) // 5) + 1)
-    lengths[0::2] = map(len, parts[0::5])
-    lengths[1::2] = map(len, parts[1::5])
+    # [text, image, alt, path, text, ...]: the offsets from the lengths, summed in C
+    lengths: list[int] = [0] * (2 * (len(parts) // 4) + 1)
+    lengths[0::2] = map(len, parts[0::4])
+    lengths[1::2] = map(len, parts[1::4])
     ends = list(accumulate(lengths))
-    alts, paths = parts[2::5], parts[4::5]
+    alts, paths = parts[2::4], parts[3::4]
     if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
         alts, paths = _translated(alts, _UNESCAPE, text), _translated(paths, _UNESCAPE, text)
     elif ticks:  # as written: the spans' backticks put back
@@ -1195,8 +1329,8 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
             pos = stops[-1]
         if cut < len(text):  # the rest, from a boundary of blocks, the run-by-run way
             lifter.alts, lifter.paths = alts, paths
-            runs = [(max(start, cut), end) for start, end in (_runs_from_blocks(blocks) if blocks else _text_runs(text))
-                    if end > cut]
+            after = _runs_from_blocks(blocks, cut) if blocks else _text_runs(text)
+            runs = [(max(start, cut), end) for start, end in after if end > cut]
     else:
         runs = _runs_from_blocks(blocks) if blocks else _text_runs(text)
     for run_start, run_end in runs:
