@@ -104,11 +104,12 @@ def make_deployment(root: Path, size_mb: int, rng: random.Random) -> dict[str, i
         path.write_bytes((doc * (size // len(doc) + 1))[:size])
         left -= size
         counts["documents"] += 1
-    # The search index a running Talon keeps beside its conversations (the archive carries it).
-    sys.path.insert(0, str(ROOT))
-    from talon.cli.reindex import index_embedded
-
-    index_embedded(data)
+    # The search index a running Talon keeps beside its conversations (the archive carries it),
+    # built in a process of its own: this one stays small (a child's peak RSS counts its parent's
+    # pages from before the exec).
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from talon.cli.reindex import "
+                    "index_embedded; index_embedded(Path(sys.argv[1]))", str(data)],
+                   env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     counts["sqlite"] += 1
     left = int(budget * 0.70)
     video = 24 * MB

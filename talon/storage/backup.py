@@ -155,17 +155,48 @@ class _Sink:
 
 
 def _threads() -> int:
-    """zstd's worker threads: one fewer than the cores (the main thread reads, hashes and writes
-    tar), at least one (so compressing overlaps the rest), at most four (level 1 needs no more)."""
-    return max(1, min((os.cpu_count() or 1) - 1, 4))
+    """zstd's worker threads: none on two cores or fewer (the main thread compresses, with the GIL
+    let go, while the ``_Source`` thread reads and hashes: a third thread only adds copying and
+    waiting there), else the cores left over by those two, at most four (level 1 needs no more)."""
+    cores = os.cpu_count() or 1
+    return 0 if cores <= 2 else min(cores - 2, 4)
+
+
+_BLOCK = tarfile.BLOCKSIZE  # 512
+_RECORD = tarfile.RECORDSIZE  # what a tar stream is padded to at its end (tarfile's and GNU tar's 10 KB)
+_USTAR_MAX = 8 ** 11  # sizes and times that fit the header's 11 octal digits
+
+
+def _header(name: str, size: int, mtime: int) -> bytes:
+    """The tar header of a regular file, mode 0600, owner 0, as tarfile's PAX format writes it.
+    For the common case (an ASCII name of at most 100 bytes, under 8 GiB) that is one plain
+    ustar block, built here byte for byte as tarfile builds it (tests/test_backup_tar_format.py)
+    at a tenth of its CPU (tarfile's per-member work was a fifth of a backup of many small
+    files); anything else is tarfile's own (a PAX extended header first)."""
+    if len(name) <= 100 and name.isascii() and 0 <= size < _USTAR_MAX and 0 <= mtime < _USTAR_MAX:
+        head = b"%s0000600\x000000000\x000000000\x00%011o\x00%011o\x00" % (name.encode("ascii").ljust(100, b"\0"),
+                                                                     size, mtime)
+        chksum = sum(head) + 8 * 32 + _TAIL_SUM
+        return head + b"%06o\x00 " % chksum + _TAIL
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o600, mtime
+    return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+# After the checksum: type "0" (a regular file), no link, "ustar\0" "00", no user or group names,
+# no device numbers (empty, as tarfile writes them for a regular file), no prefix, padding.
+_TAIL = (b"0" + b"\0" * 100 + b"ustar\x0000").ljust(_BLOCK - 156, b"\0")
+_TAIL_SUM = sum(_TAIL)
 
 
 class _Writer:
     """A tar stream into ``path`` (written as ``path.partial``, renamed when complete).
 
-    zstandard compresses at level 1 on every core (``threads``; one standard zstd frame, what
-    any zstd reads), so reading, hashing and compressing overlap; tarfile writes in its
-    non-streaming mode into a ``_Sink`` (no copying of a stream buffer per write)."""
+    zstandard compresses at level 1 (one standard zstd frame, what any zstd reads) in this
+    thread or, on more than two cores, in its own (``_threads``), while the ``_Source`` thread
+    reads and hashes: reading, hashing and compressing overlap. The tar stream is written here
+    (``_header``: what tarfile writes, without its per-member cost) into a ``_Sink``, which
+    hands the compressor large writes only."""
 
     def __init__(self, path: Path, progress: Progress | None, expected: int) -> None:
         self.path = path
@@ -183,20 +214,43 @@ class _Writer:
 
             self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=GZIP_LEVEL)
         self._sink = _Sink(self._zst)
-        self.tar = tarfile.open(fileobj=self._sink, mode="w", format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]
-        self.tar.copybufsize = _CHUNK  # 1 MB reads, not 16 KB
         self.manifest_files: dict[str, tuple[int, str]] = {}
         self.progress, self.expected, self.done = progress, expected, 0
 
+    def _member(self, name: str, size: int, mtime: float | None) -> None:
+        self._sink.write(_header(name, size, int(mtime if mtime is not None else time.time())))
+
+    def _pad(self, size: int) -> None:
+        if size % _BLOCK:
+            self._sink.write(bytes(_BLOCK - size % _BLOCK))
+
     def add(self, name: str, fh: IO[bytes], size: int, mtime: float | None = None) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = size, 0o600, int(mtime if mtime is not None else time.time())
+        self._member(name, size, mtime)
         reader = _HashingReader(fh, size, self._advance)
-        self.tar.addfile(info, reader)
-        self.tar.members.clear()  # tarfile keeps every member it wrote: memory flat, not per file
+        while data := reader.read(_CHUNK):
+            self._sink.write(data)
         if reader.read_bytes != size:
             raise BackupError(f"{name} changed while it was archived (read {reader.read_bytes} of {size} bytes)")
+        self._pad(size)
         self.manifest_files[name] = (size, reader.sha.hexdigest())
+
+    def add_read(self, read: _Read, source: _Source) -> None:
+        """A file the ``_Source`` thread read (and hashed): whole, or chunk by chunk from it."""
+        self._member(read.name, read.size, read.mtime)
+        if read.data is not None:
+            got, digest = len(read.data), read.sha256
+            if got == read.size:
+                self._sink.write(read.data)
+                self._advance(got)
+        else:
+            while (item := source.chunk())[0] == "chunk":
+                self._sink.write(item[1])
+                self._advance(len(item[1]))
+            _, got, digest = item
+        if got != read.size:
+            raise BackupError(f"{read.name} changed while it was archived (read {got} of {read.size} bytes)")
+        self._pad(read.size)
+        self.manifest_files[read.name] = (read.size, digest)
 
     def add_file(self, name: str, path: Path | str, size: int | None = None) -> None:
         with open(path, "rb", buffering=0) as fh:
@@ -211,10 +265,13 @@ class _Writer:
     def finish(self, manifest: Manifest) -> None:
         manifest.files = self.manifest_files
         data = manifest.to_json()
-        info = tarfile.TarInfo(MANIFEST)
-        info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-        self.tar.addfile(info, io.BytesIO(data))
-        self.tar.close()
+        self._member(MANIFEST, len(data), None)
+        self._sink.write(data)
+        self._pad(len(data))
+        # The end of the archive: two zero blocks, then zeros to a whole record (as tarfile and tar).
+        self._sink.write(bytes(2 * _BLOCK))
+        if self._sink.pos % _RECORD:
+            self._sink.write(bytes(_RECORD - self._sink.pos % _RECORD))
         self._sink.flush()
         if self._zst is not None:
             self._zst.close()
@@ -224,7 +281,7 @@ class _Writer:
         os.replace(self.partial, self.path)
 
     def abort(self) -> None:
-        for closer in (self.tar.close, *(() if self._zst is None else (self._zst.close,)), self._raw.close):
+        for closer in (*(() if self._zst is None else (self._zst.close,)), self._raw.close):
             try:
                 closer()
             except Exception:
@@ -584,6 +641,9 @@ def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
     try:
         dst = sqlite3.connect(str(dst_path))
         try:
+            # A scratch file, read into the archive at once: no journal, no waiting for the disk.
+            dst.execute("PRAGMA journal_mode=OFF")
+            dst.execute("PRAGMA synchronous=OFF")
             src.backup(dst, pages=-1)  # in one step: a writer cannot make it start over
             with dst:
                 for table, statement in _SCRUB.get(src_path.name, []):
@@ -610,6 +670,157 @@ def _index_snapshot(index: Path, dst: Path) -> Path | None:
         return None
 
 
+_PG_TURN = ("postgres",)  # where the stores read from PostgreSQL go, between the data dir and the media root
+
+
+def _sources(data_dir: Path, media_root: Path, postgres: bool,
+             scratch: Path) -> Iterator[tuple[str, str, int | None, bool] | tuple[str]]:
+    """What a backup archives, in order: (member name, file to read, bytes to read or None for
+    all, remove the file once read), and ``_PG_TURN``. Run in the ``_Source`` thread: the SQLite
+    snapshots are taken there too, each just before it is read."""
+    # The search index first, before any log is read: what it covers is then in the logs.
+    index_snap = None if postgres else _index_snapshot(data_dir / _INDEX, scratch / "index.sqlite3")
+    for file, rel, _ in _scan(str(data_dir), ""):
+        if _skip_data_file(rel, postgres=postgres):
+            continue
+        name = f"data/{rel}"
+        if rel == _INDEX:
+            if index_snap is not None:
+                yield name, str(index_snap), None, True
+        elif rel.endswith(".sqlite3"):
+            snap = scratch / "snapshot.sqlite3"
+            _sqlite_snapshot(Path(file), snap)
+            yield name, str(snap), None, True
+        elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
+            yield name, file, _complete_lines_size(Path(file)), False
+        else:
+            yield name, file, None, False
+    if postgres:
+        yield _PG_TURN
+    if media_root.is_dir():
+        for file, rel, _ in _scan(str(media_root), ""):
+            yield f"media/{rel}", file, None, False
+
+
+@dataclass
+class _Read:
+    """A file the ``_Source`` thread read: whole (``data``, ``sha256``) when small, else its
+    chunks follow through ``_Source.chunk``."""
+    name: str
+    size: int
+    mtime: float
+    data: bytes | None = None
+    sha256: str = ""
+
+
+class _Source:
+    """The reading half of a backup, in a thread of its own: it takes the snapshots, opens, reads
+    and hashes the files (hashlib and the reads let go of the GIL) while the main thread writes
+    the tar stream and zstandard compresses it. Through a bounded queue (memory flat: at most
+    ``_QUEUED`` items of about ``_CHUNK``): batches of small files read whole, or one large
+    file's ``_Read`` then its chunks then its (bytes read, sha256). A failure there is raised
+    here; ``close`` stops the thread and waits for it."""
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self._items = items
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUED)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="talon-backup", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop:
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        batch: list[_Read] = []
+        held = 0
+        try:
+            for item in self._items:
+                if self._stop:
+                    return
+                if item is _PG_TURN:
+                    if batch and not self._put(("batch", batch)):
+                        return
+                    batch, held = [], 0
+                    if not self._put(("turn",)):
+                        return
+                    continue
+                name, file, limit, remove = item
+                with open(file, "rb", buffering=0) as fh:
+                    st = os.fstat(fh.fileno())
+                    size = st.st_size if limit is None else limit
+                    if size <= _CHUNK:
+                        data = fh.read(size)
+                        if len(data) != size:  # shrank: the main thread says so
+                            data += fh.read(size - len(data))
+                        batch.append(_Read(name, size, st.st_mtime, data, hashlib.sha256(data).hexdigest()))
+                        held += size + 512
+                        if held >= _CHUNK or len(batch) >= 256:
+                            if not self._put(("batch", batch)):
+                                return
+                            batch, held = [], 0
+                    else:
+                        if batch and not self._put(("batch", batch)):
+                            return
+                        batch, held = [], 0
+                        if not self._put(("large", _Read(name, size, st.st_mtime))):
+                            return
+                        sha, left = hashlib.sha256(), size
+                        while left > 0 and (data := fh.read(min(_CHUNK, left))):
+                            sha.update(data)
+                            left -= len(data)
+                            if not self._put(("chunk", data)):
+                                return
+                        if not self._put(("end", size - left, sha.hexdigest())):
+                            return
+                if remove:
+                    os.unlink(file)
+            if batch and not self._put(("batch", batch)):
+                return
+            self._put(("done",))
+        except BaseException as exc:
+            self._put(("error", exc))
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            kind = item[0]
+            if kind == "batch":
+                yield from item[1]
+            elif kind == "large":
+                yield item[1]
+            elif kind == "turn":
+                yield _PG_TURN
+            elif kind == "done":
+                return
+            elif kind == "error":
+                raise item[1]
+            else:
+                raise RuntimeError(f"backup reader out of step ({kind})")
+
+    def chunk(self) -> tuple[str, Any]:
+        """The next piece of the large file being read: ("chunk", bytes) or ("end", read, sha256)."""
+        item = self._queue.get()
+        if item[0] == "error":
+            raise item[1]
+        return item
+
+    def close(self) -> None:
+        self._stop = True
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.2)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+
 def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = "",
            progress: Progress | None = None) -> Manifest:
     """Write the archive at ``path`` (it must not exist); its manifest."""
@@ -626,32 +837,17 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
     writer = _Writer(path, progress, expected)
     try:
         with tempfile.TemporaryDirectory(prefix=".talon-backup-", dir=path.parent) as scratch:
-            # The search index first, before any log is read: what it covers is then in the logs.
-            index_snap = None if postgres else _index_snapshot(data_dir / _INDEX, Path(scratch) / "index.sqlite3")
-            for file, rel, _ in _scan(str(data_dir), ""):
-                if _skip_data_file(rel, postgres=postgres):
-                    continue
-                name = f"data/{rel}"
-                if rel == _INDEX:
-                    if index_snap is not None:
-                        writer.add_file(name, index_snap)
-                        index_snap.unlink()
-                elif rel.endswith(".sqlite3"):
-                    snap = Path(scratch) / "snapshot.sqlite3"
-                    _sqlite_snapshot(Path(file), snap)
-                    writer.add_file(name, snap)
-                    snap.unlink()
-                elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
-                    writer.add_file(name, file, _complete_lines_size(Path(file)))
-                else:
-                    writer.add_file(name, file)
-            if postgres:
-                from talon.storage.pg_export import export_postgres
+            source = _Source(_sources(data_dir, media_root, postgres, Path(scratch)))
+            try:
+                for item in source:
+                    if item is _PG_TURN:
+                        from talon.storage.pg_export import export_postgres
 
-                export_postgres(database_url, writer, Path(scratch))
-            if media_root.is_dir():
-                for file, rel, _ in _scan(str(media_root), ""):
-                    writer.add_file(f"media/{rel}", file)
+                        export_postgres(database_url, writer, Path(scratch))
+                    else:
+                        writer.add_read(item, source)
+            finally:
+                source.close()
         manifest = Manifest(source="postgres" if postgres else "embedded", schema_version=SCHEMA_VERSION,
                             created=time.time())
         writer.finish(manifest)
