@@ -408,58 +408,79 @@ def verify(path: Path, progress: Progress | None = None) -> Manifest:
     return _read_checked(path, progress, None)
 
 
-class _Placer:
-    """The hashing and writing half of a restore (of a verify: hashing only), in a thread of its
-    own, so that decompressing and reading the tar (the main thread) overlaps hashing, creating
-    and writing the files (hashlib and the system calls let go of the GIL). Members come in
-    batches of (name, data, first, last) through a bounded queue: memory stays flat (at most
-    ``_QUEUED`` batches of about ``_CHUNK`` each in flight). A failure in the thread is raised in
-    the main thread at its next batch; the thread keeps draining the queue until ``finish`` or
-    ``abort``, which always wait for it, so nothing is written after either returns."""
+def _placers() -> int:
+    """Threads that create, hash and write a restore's files: creating many small files is
+    mostly waiting on the file system's metadata (a few hundred microseconds a file on a virtual
+    disk), which threads overlap; at least two, at most four."""
+    return max(2, min(os.cpu_count() or 1, 4))
 
-    def __init__(self, place: Callable[[str], Path] | None) -> None:
+
+class _Placer:
+    """The hashing and writing half of a restore (of a verify: hashing only), in threads of their
+    own (``_placers``), so that decompressing and reading the tar (the main thread) overlaps
+    hashing, creating and writing the files (hashlib and the system calls let go of the GIL).
+    Each member goes whole to one thread, in batches of (name, data, first, last) through that
+    thread's bounded queue: memory stays flat (at most ``_QUEUED`` batches of about ``_CHUNK``
+    per thread in flight). A failure in a thread is raised in the main thread at its next batch;
+    the threads keep draining their queues until ``finish`` or ``abort``, which always wait for
+    them, so nothing is written after either returns."""
+
+    def __init__(self, place: Callable[[str], Path] | None, threads: int | None = None) -> None:
         self.place = place
         self.seen: dict[str, tuple[int, str]] = {}
         self.error: BaseException | None = None
         self.cancel = False
-        self._queue: queue.Queue[list[tuple[str, bytes, bool, bool]] | None] = queue.Queue(maxsize=_QUEUED)
-        self._batch: list[tuple[str, bytes, bool, bool]] = []
-        self._bytes = 0
-        self._thread = threading.Thread(target=self._run, name="talon-restore", daemon=True)
-        self._thread.start()
+        n = threads or _placers()
+        self._queues: list[queue.Queue[list[tuple[str, bytes, bool, bool]] | None]] = [
+            queue.Queue(maxsize=_QUEUED) for _ in range(n)]
+        self._batches: list[list[tuple[str, bytes, bool, bool]]] = [[] for _ in range(n)]
+        self._bytes = [0] * n
+        self._to = 0  # the thread the member being read goes to
+        self._threads = [threading.Thread(target=self._run, args=(q,), name=f"talon-restore-{i}", daemon=True)
+                         for i, q in enumerate(self._queues)]
+        for thread in self._threads:
+            thread.start()
 
     def put(self, name: str, data: bytes, first: bool, last: bool) -> None:
-        self._batch.append((name, data, first, last))
-        self._bytes += len(data)
-        if self._bytes >= _CHUNK or len(self._batch) >= 256:
-            self._send()
+        if first:  # a new member: to the thread with the least waiting
+            self._to = min(range(len(self._queues)), key=lambda i: self._queues[i].qsize() * _CHUNK + self._bytes[i])
+        to = self._to
+        self._batches[to].append((name, data, first, last))
+        self._bytes[to] += len(data) + 4096  # a file's creation costs as much as writing a few KB
+        if self._bytes[to] >= _CHUNK or len(self._batches[to]) >= 128:
+            self._send(to)
 
-    def _send(self) -> None:
+    def _send(self, to: int) -> None:
         if self.error is not None:
             raise self.error
-        if self._batch:
-            self._queue.put(self._batch)
-            self._batch, self._bytes = [], 0
+        if self._batches[to]:
+            self._queues[to].put(self._batches[to])
+            self._batches[to], self._bytes[to] = [], 0
 
     def finish(self) -> dict[str, tuple[int, str]]:
         """Wait until everything is written; (size, sha256) of every member, or the failure."""
-        self._send()
-        self._queue.put(None)
-        self._thread.join()
+        for to in range(len(self._queues)):
+            self._send(to)
+        self._stop()
         if self.error is not None:
             raise self.error
         return self.seen
 
     def abort(self) -> None:
         self.cancel = True
-        self._batch = []
-        self._queue.put(None)
-        self._thread.join()
+        self._batches = [[] for _ in self._queues]
+        self._stop()
 
-    def _run(self) -> None:
-        out, target, sha, size, made = -1, Path(), hashlib.sha256(), 0, set()
+    def _stop(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self, batches: "queue.Queue[list[tuple[str, bytes, bool, bool]] | None]") -> None:
+        out, target, sha, size = -1, Path(), hashlib.sha256(), 0
         try:
-            while (batch := self._queue.get()) is not None:
+            while (batch := batches.get()) is not None:
                 if self.error is not None or self.cancel:
                     continue  # drained, not written
                 try:
@@ -469,10 +490,13 @@ class _Placer:
                             if self.place is not None:
                                 target = self.place(name)
                                 try:
-                                    if target.parent not in made:
-                                        private_dir(target.parent)
-                                        made.add(target.parent)
                                     out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                                except FileNotFoundError:
+                                    try:
+                                        private_dir(target.parent)
+                                        out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                                    except OSError as exc:
+                                        raise BackupError(f"could not write {target}: {exc}") from None
                                 except OSError as exc:
                                     raise BackupError(f"could not write {target}: {exc}") from None
                         if data:
@@ -486,6 +510,9 @@ class _Placer:
                                 out = -1
                             self.seen[name] = (size, sha.hexdigest())
                 except BaseException as exc:
+                    if out >= 0:
+                        os.close(out)
+                        out = -1
                     self.error = exc
         finally:
             if out >= 0:
