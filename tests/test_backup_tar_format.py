@@ -52,3 +52,21 @@ def test_an_archive_reads_back_with_tarfile_and_gnu_tar(tmp_path: Path) -> None:
         listing = subprocess.run(["tar", "-tzf", str(tmp_path / "a.tar.gz")], capture_output=True, text=True, check=True)
         assert sorted(listing.stdout.split("\n")[:-1]) == sorted([*names, "manifest.json"])
         assert listing.stderr == ""
+
+
+@pytest.mark.parametrize("name", ["data", "/data/a", "data//a", "data/./a", "data/../x", "media/a/", "x/a",
+                                  "data\\a", "data/a\x00", "./data/a", "data/.", "data/a/..", "", "Data/a",
+                                  "//data/a", "media/.."])
+def test_unsafe_member_names_are_refused(name: str) -> None:
+    from talon.errors import BackupError
+    from talon.storage.backup import _safe_member_name
+
+    with pytest.raises(BackupError, match="unsafe or unexpected name"):
+        _safe_member_name(name)
+
+
+@pytest.mark.parametrize("name", ["data/a", "media/t/1/x.md", "data/..a", "data/a..", "data/.hidden"])
+def test_plain_member_names_pass(name: str) -> None:
+    from talon.storage.backup import _safe_member_name
+
+    assert _safe_member_name(name) == name

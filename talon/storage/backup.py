@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
 from talon.errors import BackupError
@@ -365,9 +365,13 @@ def _open_reader(path: Path) -> tuple[tarfile.TarFile, list[Any]]:
 
 
 def _safe_member_name(name: str) -> str:
-    pure = PurePosixPath(name)
-    if (name != pure.as_posix() or pure.is_absolute() or any(p in ("", ".", "..") for p in pure.parts)
-            or pure.parts[0] not in ("data", "media") or len(pure.parts) < 2 or "\\" in name or "\x00" in name):
+    """``name`` when it is a plain relative name under ``data/`` or ``media/``: no empty, ``.`` or
+    ``..`` part (so nothing absolute, nothing that a path would normalize differently), no
+    backslash, no NUL; else BackupError. (String checks: a PurePosixPath per member cost 40
+    microseconds of the restore's reading thread.)"""
+    parts = name.split("/")
+    if (len(parts) < 2 or parts[0] not in ("data", "media") or "" in parts or "." in parts or ".." in parts
+            or "\\" in name or "\x00" in name):
         raise BackupError(f"the archive holds an unsafe or unexpected name {name!r}: refused")
     return name
 
