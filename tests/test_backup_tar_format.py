@@ -70,3 +70,43 @@ def test_plain_member_names_pass(name: str) -> None:
     from talon.storage.backup import _safe_member_name
 
     assert _safe_member_name(name) == name
+
+
+@pytest.mark.slow  # a few MB shuffled through many reads
+def test_the_forward_reader_gives_the_stream_byte_for_byte_whatever_the_reads() -> None:
+    """tarfile's reads of a decompressed stream (512-byte headers, 1 MB blocks, forward seeks past
+    padding, read-all) come out exactly as the stream, however the decompressor cuts its output."""
+    import random
+
+    from talon.storage.backup import _Forward
+
+    rng = random.Random(30)
+
+    class Ragged:  # returns at most a random share of what is asked, as a decompressor may
+        def __init__(self, data: bytes) -> None:
+            self.data, self.pos = data, 0
+
+        def read(self, n: int = -1) -> bytes:
+            n = len(self.data) if n < 0 else n
+            out = self.data[self.pos:self.pos + min(n, rng.randint(1, 300_000))]
+            self.pos += len(out)
+            return out
+
+    for _ in range(25):
+        data = rng.randbytes(rng.randint(0, 3_000_000))
+        reader, pos = _Forward(Ragged(data)), 0
+        while pos < len(data):
+            op = rng.random()
+            if op < 0.1:
+                skip = rng.randint(0, 2_000_000)
+                reader.seek(skip, 1)
+                pos = min(len(data), pos + skip)
+            elif op < 0.12:
+                assert reader.read() == data[pos:]
+                pos = len(data)
+            else:
+                n = rng.choice([512, 1, 1 << 20, 10240, rng.randint(0, 2_500_000)])
+                assert reader.read(n) == data[pos:pos + n]
+                pos = min(len(data), pos + n)
+            assert reader.tell() == pos
+        assert reader.read(512) == b""

@@ -309,23 +309,49 @@ class _HashingReader(io.RawIOBase):
 
 class _Forward:
     """A decompressed stream as tarfile's non-streaming mode reads it: ``read(n)`` gives n bytes
-    unless the stream ends, ``seek`` moves forward only (by reading), ``tell``."""
+    unless the stream ends, ``seek`` moves forward only (by reading), ``tell``. Small reads (tar
+    headers, 512 bytes each) are served from a block of ``_CHUNK`` decompressed at once: one call
+    into the decompressor, which lets go of the GIL and must take it back, per block rather than
+    per header (with the restore's writing threads running, taking it back was most of that call)."""
 
     def __init__(self, stream: Any) -> None:
         self.stream, self.pos = stream, 0
+        self.buf, self.at = b"", 0  # decompressed, not yet read: buf[at:]
+
+    def _raw(self, n: int) -> bytes:
+        """Up to n bytes from the stream (fewer only at its end)."""
+        data = self.stream.read(n)
+        if 0 < len(data) < n:
+            parts = [data]
+            got = len(data)
+            while got < n and (more := self.stream.read(n - got)):
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        return data
 
     def read(self, n: int = -1) -> bytes:
+        held = len(self.buf) - self.at
         if n is None or n < 0:
-            data = self.stream.read()
+            parts = [self.buf[self.at:]]
+            while more := self.stream.read(_CHUNK):
+                parts.append(more)
+            data = b"".join(parts)
+            self.buf, self.at = b"", 0
+        elif n <= held:
+            data = self.buf[self.at:self.at + n] if (self.at or n < held) else self.buf
+            self.at += n
         else:
-            data = self.stream.read(n)
-            if 0 < len(data) < n:
-                parts = [data]
-                got = len(data)
-                while got < n and (more := self.stream.read(n - got)):
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
+            head = self.buf[self.at:] if self.at else self.buf
+            self.buf, self.at = b"", 0
+            want = n - held
+            if want >= _CHUNK:
+                rest = self._raw(want)
+            else:
+                self.buf = self._raw(_CHUNK)
+                rest = self.buf[:want]
+                self.at = len(rest)
+            data = head + rest if head else rest
         self.pos += len(data)
         return data
 
