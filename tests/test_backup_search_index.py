@@ -5,7 +5,9 @@ when the source's index cannot be read. Search works in the restored data dir, i
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +61,7 @@ def test_the_index_is_archived_and_only_lines_past_it_are_read_on_restore(tmp_pa
     read: list[int] = []
     real = search_module.read_lines
 
-    def counting(path: Path, start: int = 0):  # type: ignore[no-untyped-def]
+    def counting(path: Path, start: int = 0) -> Iterator[Any]:
         for item in real(path, start):
             read.append(1)
             yield item

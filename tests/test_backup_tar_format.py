@@ -36,6 +36,7 @@ def test_headers_equal_tarfiles(name: str, size: int, mtime: int) -> None:
     assert (back.name, back.size, back.mtime, back.mode, back.uid, back.gid) == (name, size, mtime, 0o600, 0, 0)
 
 
+@pytest.mark.e2e  # runs GNU tar
 def test_an_archive_reads_back_with_tarfile_and_gnu_tar(tmp_path: Path) -> None:
     from talon.storage.backup import Manifest, _Writer
 

@@ -861,7 +861,7 @@ class _Source:
             else:
                 raise RuntimeError(f"backup reader out of step ({kind})")
 
-    def chunk(self) -> tuple[str, Any]:
+    def chunk(self) -> tuple[Any, ...]:
         """The next piece of the large file being read: ("chunk", bytes) or ("end", read, sha256)."""
         item = self._queue.get()
         if item[0] == "error":
