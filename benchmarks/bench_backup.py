@@ -6,7 +6,8 @@ A data dir and a media root are made with ``--size-mb`` of a mixed deployment (t
 ``make_deployment``): thousands of small conversation files (``main.jsonl``, ``CURRENT``,
 ``CHAT``, a summary under ``context/``), SQLite stores in WAL mode (an inbox, tasks, usage),
 attachments (incompressible photos of 40 KB to 3 MB and videos of 24 MB, the shape of JPEG and
-MP4; compressible documents), and a workspace with a memory file per chat. Then, in one run, on
+MP4; compressible documents), a workspace with a memory file per chat, and the search index over
+the conversations (``search.sqlite3``, built as a running Talon keeps it; untimed). Then, in one run, on
 the same data and the same disk (the archive and the restored tree beside the source):
 
 - **reference backup**: ``tar -cf ref.tar data media_root`` (GNU tar, uncompressed) and an fsync
@@ -103,6 +104,13 @@ def make_deployment(root: Path, size_mb: int, rng: random.Random) -> dict[str, i
         path.write_bytes((doc * (size // len(doc) + 1))[:size])
         left -= size
         counts["documents"] += 1
+    # The search index a running Talon keeps beside its conversations (the archive carries it),
+    # built in a process of its own: this one stays small (a child's peak RSS counts its parent's
+    # pages from before the exec).
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from talon.cli.reindex import "
+                    "index_embedded; index_embedded(Path(sys.argv[1]))", str(data)],
+                   env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    counts["sqlite"] += 1
     left = int(budget * 0.70)
     video = 24 * MB
     while left > 0:

@@ -10,8 +10,10 @@ Taken from an embedded Talon, running or not: each SQLite database through SQLit
 API (a consistent snapshot while writers go on; WhatsApp delivery claims and the panel's sign-ins
 are cleared in it), each
 session log up to its last complete line (a message being written is left out whole, never half
-in), the other files as they are. The search index is not archived (``EMBEDDED_NOT_ARCHIVED``): it
-is derived, and rebuilt on restore. From PostgreSQL: every table ``talon.storage.pg_export``
+in), the other files as they are. The search index (``EMBEDDED_DERIVED``) is snapshotted the same
+way before any session log is read: the logs only grow, so every line it covers is in the archive,
+and a restore indexes only the lines past that (rebuilding it took a third of a restore's time).
+From PostgreSQL: every table ``talon.storage.pg_export``
 declares archived, read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only
 transaction (one consistent snapshot of all of them) and written in the embedded layout;
 attachments chunk by chunk. Files go
@@ -21,8 +23,8 @@ through a temporary file at most one at a time: memory stays flat whatever the s
 relative names, each exactly once, each matching the manifest, nothing missing, nothing extra.
 ``restore`` reads the archive once, into a data dir and a media root that are empty or absent
 (never over live data): each member is checked as ``verify`` checks it before it is written, and
-hashed as it is written; only when the whole archive matched its manifest does it index the
-messages for search, or, with a database URL, copy the stores into that (empty) database with
+hashed as it is written; only when the whole archive matched its manifest does it bring the
+search index up to the restored logs, or, with a database URL, copy the stores into that (empty) database with
 ``talon.storage.migrate`` and its checks. Anything that fails, a tampered archive or Ctrl-C
 included, removes what the restore wrote.
 """
@@ -34,14 +36,16 @@ import io
 import json
 import logging
 import os
+import queue
 import shutil
 import sqlite3
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
 from talon.errors import BackupError
@@ -53,6 +57,7 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
+_QUEUED = 8  # batches of about _CHUNK between a restore's reading and writing threads
 # zstd level 1 on every core: faster than the disk here, and within a few % of level 3 on what
 # Talon keeps (photos and voice notes are compressed already); see docs/backup.md, Figures.
 ZSTD_LEVEL = 1
@@ -62,12 +67,16 @@ GZIP_LEVEL = 1
 _SKIP_NAMES = {"local_model.log"}
 _SKIP_SUFFIXES = ("-wal", "-shm", "-journal", ".tmp")
 _SKIP_DIRS = {"migrate-check"}
-_INDEX_PREFIX = "search.sqlite3"
+_INDEX = "search.sqlite3"
 # Embedded store files that are not archived, and why (every other file of the data dir is;
 # tests/test_backup_coverage.py checks each store file the embedded stores make is one or the other).
-EMBEDDED_NOT_ARCHIVED = {
-    # The full-text index: derived from the conversations, rebuilt by every restore.
-    _INDEX_PREFIX: "search index (rebuilt on restore)",
+EMBEDDED_NOT_ARCHIVED: dict[str, str] = {}
+# Embedded store files that are archived but derived: never copied into PostgreSQL (which keeps its
+# own index) and, when unreadable, rebuilt from the conversations.
+EMBEDDED_DERIVED = {
+    # The full-text index: snapshotted before any session log is read (the logs only grow, so every
+    # line it covers is in the archive), and on restore brought up to the restored logs' end.
+    _INDEX: "search index (a snapshot taken before the logs; caught up on restore)",
 }
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes expected; 0 when unknown)
@@ -146,17 +155,48 @@ class _Sink:
 
 
 def _threads() -> int:
-    """zstd's worker threads: one fewer than the cores (the main thread reads, hashes and writes
-    tar), at least one (so compressing overlaps the rest), at most four (level 1 needs no more)."""
-    return max(1, min((os.cpu_count() or 1) - 1, 4))
+    """zstd's worker threads: none on two cores or fewer (the main thread compresses, with the GIL
+    let go, while the ``_Source`` thread reads and hashes: a third thread only adds copying and
+    waiting there), else the cores left over by those two, at most four (level 1 needs no more)."""
+    cores = os.cpu_count() or 1
+    return 0 if cores <= 2 else min(cores - 2, 4)
+
+
+_BLOCK = tarfile.BLOCKSIZE  # 512
+_RECORD = tarfile.RECORDSIZE  # what a tar stream is padded to at its end (tarfile's and GNU tar's 10 KB)
+_USTAR_MAX = 8 ** 11  # sizes and times that fit the header's 11 octal digits
+
+
+def _header(name: str, size: int, mtime: int) -> bytes:
+    """The tar header of a regular file, mode 0600, owner 0, as tarfile's PAX format writes it.
+    For the common case (an ASCII name of at most 100 bytes, under 8 GiB) that is one plain
+    ustar block, built here byte for byte as tarfile builds it (tests/test_backup_tar_format.py)
+    at a tenth of its CPU (tarfile's per-member work was a fifth of a backup of many small
+    files); anything else is tarfile's own (a PAX extended header first)."""
+    if len(name) <= 100 and name.isascii() and 0 <= size < _USTAR_MAX and 0 <= mtime < _USTAR_MAX:
+        head = b"%s0000600\x000000000\x000000000\x00%011o\x00%011o\x00" % (name.encode("ascii").ljust(100, b"\0"),
+                                                                     size, mtime)
+        chksum = sum(head) + 8 * 32 + _TAIL_SUM
+        return head + b"%06o\x00 " % chksum + _TAIL
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o600, mtime
+    return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+# After the checksum: type "0" (a regular file), no link, "ustar\0" "00", no user or group names,
+# no device numbers (empty, as tarfile writes them for a regular file), no prefix, padding.
+_TAIL = (b"0" + b"\0" * 100 + b"ustar\x0000").ljust(_BLOCK - 156, b"\0")
+_TAIL_SUM = sum(_TAIL)
 
 
 class _Writer:
     """A tar stream into ``path`` (written as ``path.partial``, renamed when complete).
 
-    zstandard compresses at level 1 on every core (``threads``; one standard zstd frame, what
-    any zstd reads), so reading, hashing and compressing overlap; tarfile writes in its
-    non-streaming mode into a ``_Sink`` (no copying of a stream buffer per write)."""
+    zstandard compresses at level 1 (one standard zstd frame, what any zstd reads) in this
+    thread or, on more than two cores, in its own (``_threads``), while the ``_Source`` thread
+    reads and hashes: reading, hashing and compressing overlap. The tar stream is written here
+    (``_header``: what tarfile writes, without its per-member cost) into a ``_Sink``, which
+    hands the compressor large writes only."""
 
     def __init__(self, path: Path, progress: Progress | None, expected: int) -> None:
         self.path = path
@@ -174,20 +214,43 @@ class _Writer:
 
             self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=GZIP_LEVEL)
         self._sink = _Sink(self._zst)
-        self.tar = tarfile.open(fileobj=self._sink, mode="w", format=tarfile.PAX_FORMAT)  # type: ignore[call-overload]
-        self.tar.copybufsize = _CHUNK  # 1 MB reads, not 16 KB
         self.manifest_files: dict[str, tuple[int, str]] = {}
         self.progress, self.expected, self.done = progress, expected, 0
 
+    def _member(self, name: str, size: int, mtime: float | None) -> None:
+        self._sink.write(_header(name, size, int(mtime if mtime is not None else time.time())))
+
+    def _pad(self, size: int) -> None:
+        if size % _BLOCK:
+            self._sink.write(bytes(_BLOCK - size % _BLOCK))
+
     def add(self, name: str, fh: IO[bytes], size: int, mtime: float | None = None) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = size, 0o600, int(mtime if mtime is not None else time.time())
+        self._member(name, size, mtime)
         reader = _HashingReader(fh, size, self._advance)
-        self.tar.addfile(info, reader)
-        self.tar.members.clear()  # tarfile keeps every member it wrote: memory flat, not per file
+        while data := reader.read(_CHUNK):
+            self._sink.write(data)
         if reader.read_bytes != size:
             raise BackupError(f"{name} changed while it was archived (read {reader.read_bytes} of {size} bytes)")
+        self._pad(size)
         self.manifest_files[name] = (size, reader.sha.hexdigest())
+
+    def add_read(self, read: _Read, source: _Source) -> None:
+        """A file the ``_Source`` thread read (and hashed): whole, or chunk by chunk from it."""
+        self._member(read.name, read.size, read.mtime)
+        if read.data is not None:
+            got, digest = len(read.data), read.sha256
+            if got == read.size:
+                self._sink.write(read.data)
+                self._advance(got)
+        else:
+            while (item := source.chunk())[0] == "chunk":
+                self._sink.write(item[1])
+                self._advance(len(item[1]))
+            _, got, digest = item
+        if got != read.size:
+            raise BackupError(f"{read.name} changed while it was archived (read {got} of {read.size} bytes)")
+        self._pad(read.size)
+        self.manifest_files[read.name] = (read.size, digest)
 
     def add_file(self, name: str, path: Path | str, size: int | None = None) -> None:
         with open(path, "rb", buffering=0) as fh:
@@ -202,10 +265,13 @@ class _Writer:
     def finish(self, manifest: Manifest) -> None:
         manifest.files = self.manifest_files
         data = manifest.to_json()
-        info = tarfile.TarInfo(MANIFEST)
-        info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-        self.tar.addfile(info, io.BytesIO(data))
-        self.tar.close()
+        self._member(MANIFEST, len(data), None)
+        self._sink.write(data)
+        self._pad(len(data))
+        # The end of the archive: two zero blocks, then zeros to a whole record (as tarfile and tar).
+        self._sink.write(bytes(2 * _BLOCK))
+        if self._sink.pos % _RECORD:
+            self._sink.write(bytes(_RECORD - self._sink.pos % _RECORD))
         self._sink.flush()
         if self._zst is not None:
             self._zst.close()
@@ -215,7 +281,7 @@ class _Writer:
         os.replace(self.partial, self.path)
 
     def abort(self) -> None:
-        for closer in (self.tar.close, *(() if self._zst is None else (self._zst.close,)), self._raw.close):
+        for closer in (*(() if self._zst is None else (self._zst.close,)), self._raw.close):
             try:
                 closer()
             except Exception:
@@ -243,23 +309,49 @@ class _HashingReader(io.RawIOBase):
 
 class _Forward:
     """A decompressed stream as tarfile's non-streaming mode reads it: ``read(n)`` gives n bytes
-    unless the stream ends, ``seek`` moves forward only (by reading), ``tell``."""
+    unless the stream ends, ``seek`` moves forward only (by reading), ``tell``. Small reads (tar
+    headers, 512 bytes each) are served from a block of ``_CHUNK`` decompressed at once: one call
+    into the decompressor, which lets go of the GIL and must take it back, per block rather than
+    per header (with the restore's writing threads running, taking it back was most of that call)."""
 
     def __init__(self, stream: Any) -> None:
         self.stream, self.pos = stream, 0
+        self.buf, self.at = b"", 0  # decompressed, not yet read: buf[at:]
+
+    def _raw(self, n: int) -> bytes:
+        """Up to n bytes from the stream (fewer only at its end)."""
+        data = self.stream.read(n)
+        if 0 < len(data) < n:
+            parts = [data]
+            got = len(data)
+            while got < n and (more := self.stream.read(n - got)):
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        return data
 
     def read(self, n: int = -1) -> bytes:
+        held = len(self.buf) - self.at
         if n is None or n < 0:
-            data = self.stream.read()
+            parts = [self.buf[self.at:]]
+            while more := self.stream.read(_CHUNK):
+                parts.append(more)
+            data = b"".join(parts)
+            self.buf, self.at = b"", 0
+        elif n <= held:
+            data = self.buf[self.at:self.at + n] if (self.at or n < held) else self.buf
+            self.at += n
         else:
-            data = self.stream.read(n)
-            if 0 < len(data) < n:
-                parts = [data]
-                got = len(data)
-                while got < n and (more := self.stream.read(n - got)):
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
+            head = self.buf[self.at:] if self.at else self.buf
+            self.buf, self.at = b"", 0
+            want = n - held
+            if want >= _CHUNK:
+                rest = self._raw(want)
+            else:
+                self.buf = self._raw(_CHUNK)
+                rest = self.buf[:want]
+                self.at = len(rest)
+            data = head + rest if head else rest
         self.pos += len(data)
         return data
 
@@ -299,9 +391,13 @@ def _open_reader(path: Path) -> tuple[tarfile.TarFile, list[Any]]:
 
 
 def _safe_member_name(name: str) -> str:
-    pure = PurePosixPath(name)
-    if (name != pure.as_posix() or pure.is_absolute() or any(p in ("", ".", "..") for p in pure.parts)
-            or pure.parts[0] not in ("data", "media") or len(pure.parts) < 2 or "\\" in name or "\x00" in name):
+    """``name`` when it is a plain relative name under ``data/`` or ``media/``: no empty, ``.`` or
+    ``..`` part (so nothing absolute, nothing that a path would normalize differently), no
+    backslash, no NUL; else BackupError. (String checks: a PurePosixPath per member cost 40
+    microseconds of the restore's reading thread.)"""
+    parts = name.split("/")
+    if (len(parts) < 2 or parts[0] not in ("data", "media") or "" in parts or "." in parts or ".." in parts
+            or "\\" in name or "\x00" in name):
         raise BackupError(f"the archive holds an unsafe or unexpected name {name!r}: refused")
     return name
 
@@ -342,56 +438,156 @@ def verify(path: Path, progress: Progress | None = None) -> Manifest:
     return _read_checked(path, progress, None)
 
 
+def _placers() -> int:
+    """Threads that create, hash and write a restore's files: creating many small files is
+    mostly waiting on the file system's metadata (a few hundred microseconds a file on a virtual
+    disk), which threads overlap; at least two, at most four."""
+    return max(2, min(os.cpu_count() or 1, 4))
+
+
+class _Placer:
+    """The hashing and writing half of a restore (of a verify: hashing only), in threads of their
+    own (``_placers``), so that decompressing and reading the tar (the main thread) overlaps
+    hashing, creating and writing the files (hashlib and the system calls let go of the GIL).
+    Each member goes whole to one thread, in batches of (name, data, first, last) through that
+    thread's bounded queue: memory stays flat (at most ``_QUEUED`` batches of about ``_CHUNK``
+    per thread in flight). A failure in a thread is raised in the main thread at its next batch;
+    the threads keep draining their queues until ``finish`` or ``abort``, which always wait for
+    them, so nothing is written after either returns."""
+
+    def __init__(self, place: Callable[[str], Path] | None, threads: int | None = None) -> None:
+        self.place = place
+        self.seen: dict[str, tuple[int, str]] = {}
+        self.error: BaseException | None = None
+        self.cancel = False
+        n = threads or _placers()
+        self._queues: list[queue.Queue[list[tuple[str, bytes, bool, bool]] | None]] = [
+            queue.Queue(maxsize=_QUEUED) for _ in range(n)]
+        self._batches: list[list[tuple[str, bytes, bool, bool]]] = [[] for _ in range(n)]
+        self._bytes = [0] * n
+        self._to = 0  # the thread the member being read goes to
+        self._threads = [threading.Thread(target=self._run, args=(q,), name=f"talon-restore-{i}", daemon=True)
+                         for i, q in enumerate(self._queues)]
+        for thread in self._threads:
+            thread.start()
+
+    def put(self, name: str, data: bytes, first: bool, last: bool) -> None:
+        if first:  # a new member: to the thread with the least waiting
+            self._to = min(range(len(self._queues)), key=lambda i: self._queues[i].qsize() * _CHUNK + self._bytes[i])
+        to = self._to
+        self._batches[to].append((name, data, first, last))
+        self._bytes[to] += len(data) + 4096  # a file's creation costs as much as writing a few KB
+        if self._bytes[to] >= _CHUNK or len(self._batches[to]) >= 128:
+            self._send(to)
+
+    def _send(self, to: int) -> None:
+        if self.error is not None:
+            raise self.error
+        if self._batches[to]:
+            self._queues[to].put(self._batches[to])
+            self._batches[to], self._bytes[to] = [], 0
+
+    def finish(self) -> dict[str, tuple[int, str]]:
+        """Wait until everything is written; (size, sha256) of every member, or the failure."""
+        for to in range(len(self._queues)):
+            self._send(to)
+        self._stop()
+        if self.error is not None:
+            raise self.error
+        return self.seen
+
+    def abort(self) -> None:
+        self.cancel = True
+        self._batches = [[] for _ in self._queues]
+        self._stop()
+
+    def _stop(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self, batches: "queue.Queue[list[tuple[str, bytes, bool, bool]] | None]") -> None:
+        out, target, sha, size = -1, Path(), hashlib.sha256(), 0
+        try:
+            while (batch := batches.get()) is not None:
+                if self.error is not None or self.cancel:
+                    continue  # drained, not written
+                try:
+                    for name, data, first, last in batch:
+                        if first:
+                            sha, size = hashlib.sha256(), 0
+                            if self.place is not None:
+                                target = self.place(name)
+                                try:
+                                    out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                                except FileNotFoundError:
+                                    try:
+                                        private_dir(target.parent)
+                                        out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                                    except OSError as exc:
+                                        raise BackupError(f"could not write {target}: {exc}") from None
+                                except OSError as exc:
+                                    raise BackupError(f"could not write {target}: {exc}") from None
+                        if data:
+                            sha.update(data)
+                            size += len(data)
+                            if out >= 0:
+                                _write_all(out, memoryview(data), target)
+                        if last:
+                            if out >= 0:
+                                os.close(out)
+                                out = -1
+                            self.seen[name] = (size, sha.hexdigest())
+                except BaseException as exc:
+                    if out >= 0:
+                        os.close(out)
+                        out = -1
+                    self.error = exc
+        finally:
+            if out >= 0:
+                os.close(out)
+
+
 def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], Path] | None) -> Manifest:
     """One pass over the archive checking every member (and, with ``place``, writing each one to
-    ``place(name)`` as it is read and hashed); the manifest once everything matched it, else
-    BackupError. What was written is only good when this returns: the caller removes it otherwise."""
-    seen: dict[str, tuple[int, str]] = {}
+    ``place(name)`` as it is read and hashed, in a ``_Placer``); the manifest once everything
+    matched it, else BackupError. What was written is only good when this returns: the caller
+    removes it otherwise."""
+    names: set[str] = set()
     manifest: Manifest | None = None
     done = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    made: set[Path] = set()
-    with _damaged(path):
-        for name, member, fh, _ in _members(path):
-            if manifest is not None:
-                raise BackupError(f"the archive holds {name!r} after its manifest: refused")
-            if name == MANIFEST and member.isfile() and fh is not None:
-                if member.size > 64 << 20:
-                    raise BackupError("the archive's manifest is implausibly large: refused")
-                manifest = Manifest.from_json(fh.read())
-                continue
-            _safe_member_name(name)
-            if not member.isfile() or fh is None:
-                raise BackupError(f"the archive holds {name!r}, which is not a regular file: refused")
-            if name in seen:
-                raise BackupError(f"the archive holds {name!r} twice: refused")
-            out = -1
-            if place is not None:
-                target = place(name)
-                try:
-                    if target.parent not in made:
-                        private_dir(target.parent)
-                        made.add(target.parent)
-                    out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                except OSError as exc:
-                    raise BackupError(f"could not write {target}: {exc}") from None
-            sha = hashlib.sha256()
-            size = 0
-            try:
-                while n := fh.readinto(view):  # type: ignore[attr-defined]
-                    chunk = view[:n]
-                    sha.update(chunk)
-                    if out >= 0:
-                        _write_all(out, chunk, target)
-                    size += n
-                    done += n
+    placer = _Placer(place)
+    finished = False
+    try:
+        with _damaged(path):
+            for name, member, fh, _ in _members(path):
+                if manifest is not None:
+                    raise BackupError(f"the archive holds {name!r} after its manifest: refused")
+                if name == MANIFEST and member.isfile() and fh is not None:
+                    if member.size > 64 << 20:
+                        raise BackupError("the archive's manifest is implausibly large: refused")
+                    manifest = Manifest.from_json(fh.read())
+                    continue
+                _safe_member_name(name)
+                if not member.isfile() or fh is None:
+                    raise BackupError(f"the archive holds {name!r}, which is not a regular file: refused")
+                if name in names:
+                    raise BackupError(f"the archive holds {name!r} twice: refused")
+                names.add(name)
+                first = True
+                while data := fh.read(_CHUNK):
+                    placer.put(name, data, first, False)
+                    first = False
+                    done += len(data)
                     if progress is not None:
                         progress(done, 0)
-            finally:
-                if out >= 0:
-                    os.close(out)
-            seen[name] = (size, sha.hexdigest())
+                placer.put(name, b"", first, True)
+            seen = placer.finish()
+            finished = True
+    finally:
+        if not finished:
+            placer.abort()
     if manifest is None:
         raise BackupError(f"{path.name} has no manifest (not a complete Talon archive): refused")
     if manifest.format != FORMAT:
@@ -502,6 +698,9 @@ def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
     try:
         dst = sqlite3.connect(str(dst_path))
         try:
+            # A scratch file, read into the archive at once: no journal, no waiting for the disk.
+            dst.execute("PRAGMA journal_mode=OFF")
+            dst.execute("PRAGMA synchronous=OFF")
             src.backup(dst, pages=-1)  # in one step: a writer cannot make it start over
             with dst:
                 for table, statement in _SCRUB.get(src_path.name, []):
@@ -512,6 +711,171 @@ def _sqlite_snapshot(src_path: Path, dst_path: Path) -> None:
             dst.close()
     finally:
         src.close()
+
+
+def _index_snapshot(index: Path, dst: Path) -> Path | None:
+    """A snapshot of the search index, or None (none kept, or unreadable: it is derived, so the
+    archive goes without it and the restore builds it from the conversations)."""
+    if not index.is_file():
+        return None
+    try:
+        _sqlite_snapshot(index, dst)
+        return dst
+    except sqlite3.Error as exc:
+        log.warning("search index %s left out of the backup (%s): the restore rebuilds it", index, exc)
+        dst.unlink(missing_ok=True)
+        return None
+
+
+_PG_TURN = ("postgres",)  # where the stores read from PostgreSQL go, between the data dir and the media root
+
+
+def _sources(data_dir: Path, media_root: Path, postgres: bool,
+             scratch: Path) -> Iterator[tuple[str, str, int | None, bool] | tuple[str]]:
+    """What a backup archives, in order: (member name, file to read, bytes to read or None for
+    all, remove the file once read), and ``_PG_TURN``. Run in the ``_Source`` thread: the SQLite
+    snapshots are taken there too, each just before it is read."""
+    # The search index first, before any log is read: what it covers is then in the logs.
+    index_snap = None if postgres else _index_snapshot(data_dir / _INDEX, scratch / "index.sqlite3")
+    for file, rel, _ in _scan(str(data_dir), ""):
+        if _skip_data_file(rel, postgres=postgres):
+            continue
+        name = f"data/{rel}"
+        if rel == _INDEX:
+            if index_snap is not None:
+                yield name, str(index_snap), None, True
+        elif rel.endswith(".sqlite3"):
+            snap = scratch / "snapshot.sqlite3"
+            _sqlite_snapshot(Path(file), snap)
+            yield name, str(snap), None, True
+        elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
+            yield name, file, _complete_lines_size(Path(file)), False
+        else:
+            yield name, file, None, False
+    if postgres:
+        yield _PG_TURN
+    if media_root.is_dir():
+        for file, rel, _ in _scan(str(media_root), ""):
+            yield f"media/{rel}", file, None, False
+
+
+@dataclass
+class _Read:
+    """A file the ``_Source`` thread read: whole (``data``, ``sha256``) when small, else its
+    chunks follow through ``_Source.chunk``."""
+    name: str
+    size: int
+    mtime: float
+    data: bytes | None = None
+    sha256: str = ""
+
+
+class _Source:
+    """The reading half of a backup, in a thread of its own: it takes the snapshots, opens, reads
+    and hashes the files (hashlib and the reads let go of the GIL) while the main thread writes
+    the tar stream and zstandard compresses it. Through a bounded queue (memory flat: at most
+    ``_QUEUED`` items of about ``_CHUNK``): batches of small files read whole, or one large
+    file's ``_Read`` then its chunks then its (bytes read, sha256). A failure there is raised
+    here; ``close`` stops the thread and waits for it."""
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self._items = items
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUED)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="talon-backup", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop:
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        batch: list[_Read] = []
+        held = 0
+        try:
+            for item in self._items:
+                if self._stop:
+                    return
+                if item is _PG_TURN:
+                    if batch and not self._put(("batch", batch)):
+                        return
+                    batch, held = [], 0
+                    if not self._put(("turn",)):
+                        return
+                    continue
+                name, file, limit, remove = item
+                with open(file, "rb", buffering=0) as fh:
+                    st = os.fstat(fh.fileno())
+                    size = st.st_size if limit is None else limit
+                    if size <= _CHUNK:
+                        data = fh.read(size)
+                        if len(data) != size:  # shrank: the main thread says so
+                            data += fh.read(size - len(data))
+                        batch.append(_Read(name, size, st.st_mtime, data, hashlib.sha256(data).hexdigest()))
+                        held += size + 512
+                        if held >= _CHUNK or len(batch) >= 256:
+                            if not self._put(("batch", batch)):
+                                return
+                            batch, held = [], 0
+                    else:
+                        if batch and not self._put(("batch", batch)):
+                            return
+                        batch, held = [], 0
+                        if not self._put(("large", _Read(name, size, st.st_mtime))):
+                            return
+                        sha, left = hashlib.sha256(), size
+                        while left > 0 and (data := fh.read(min(_CHUNK, left))):
+                            sha.update(data)
+                            left -= len(data)
+                            if not self._put(("chunk", data)):
+                                return
+                        if not self._put(("end", size - left, sha.hexdigest())):
+                            return
+                if remove:
+                    os.unlink(file)
+            if batch and not self._put(("batch", batch)):
+                return
+            self._put(("done",))
+        except BaseException as exc:
+            self._put(("error", exc))
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            kind = item[0]
+            if kind == "batch":
+                yield from item[1]
+            elif kind == "large":
+                yield item[1]
+            elif kind == "turn":
+                yield _PG_TURN
+            elif kind == "done":
+                return
+            elif kind == "error":
+                raise item[1]
+            else:
+                raise RuntimeError(f"backup reader out of step ({kind})")
+
+    def chunk(self) -> tuple[Any, ...]:
+        """The next piece of the large file being read: ("chunk", bytes) or ("end", read, sha256)."""
+        item = self._queue.get()
+        if item[0] == "error":
+            raise item[1]
+        return item
+
+    def close(self) -> None:
+        self._stop = True
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.2)
+            except queue.Empty:
+                pass
+        self._thread.join()
 
 
 def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = "",
@@ -530,26 +894,17 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
     writer = _Writer(path, progress, expected)
     try:
         with tempfile.TemporaryDirectory(prefix=".talon-backup-", dir=path.parent) as scratch:
-            for file, rel, _ in _scan(str(data_dir), ""):
-                if _skip_data_file(rel, postgres=postgres):
-                    continue
-                name = f"data/{rel}"
-                if rel.endswith(".sqlite3"):
-                    snap = Path(scratch) / "snapshot.sqlite3"
-                    _sqlite_snapshot(Path(file), snap)
-                    writer.add_file(name, snap)
-                    snap.unlink()
-                elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
-                    writer.add_file(name, file, _complete_lines_size(Path(file)))
-                else:
-                    writer.add_file(name, file)
-            if postgres:
-                from talon.storage.pg_export import export_postgres
+            source = _Source(_sources(data_dir, media_root, postgres, Path(scratch)))
+            try:
+                for item in source:
+                    if item is _PG_TURN:
+                        from talon.storage.pg_export import export_postgres
 
-                export_postgres(database_url, writer, Path(scratch))
-            if media_root.is_dir():
-                for file, rel, _ in _scan(str(media_root), ""):
-                    writer.add_file(f"media/{rel}", file)
+                        export_postgres(database_url, writer, Path(scratch))
+                    else:
+                        writer.add_read(item, source)
+            finally:
+                source.close()
         manifest = Manifest(source="postgres" if postgres else "embedded", schema_version=SCHEMA_VERSION,
                             created=time.time())
         writer.finish(manifest)
@@ -630,9 +985,7 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
         if database_url:
             _into_database(data_dir, database_url)
         else:
-            from talon.cli.reindex import index_embedded
-
-            indexed = index_embedded(data_dir)[1]
+            indexed = _restored_index(data_dir)
         return RestoreResult(manifest, data_dir, media_root, database_url, indexed)
     except BaseException:
         # Nothing half-restored: the places were empty or absent, so all of it goes.
@@ -647,6 +1000,30 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
         if database_url:
             _empty_database(database_url)
         raise
+
+
+def _restored_index(data_dir: Path) -> int:
+    """Bring the restored search index up to the restored logs (only the lines past what its
+    snapshot covered are read), or build it when the archive had none or it is unreadable; the
+    number of messages it holds."""
+    from talon.cli.reindex import index_embedded
+    from talon.storage.embedded.search import SearchIndex
+
+    def caught_up() -> int:
+        index_embedded(data_dir)
+        index = SearchIndex(data_dir / _INDEX)
+        try:
+            return index.count()
+        finally:
+            index.close()
+
+    try:
+        return caught_up()
+    except sqlite3.DatabaseError as exc:
+        log.warning("the restored search index is unreadable (%s): rebuilding it from the conversations", exc)
+        for side in data_dir.glob(_INDEX + "*"):
+            side.unlink()
+        return caught_up()
 
 
 def _filled_tables() -> tuple[str, ...]:
@@ -693,6 +1070,9 @@ def _into_database(data_dir: Path, url: str) -> None:
     from talon.storage.migrate import EMBEDDED_FILES, migrate_embedded
     from talon.storage.postgres.db import AsyncDatabase
 
+    for derived in EMBEDDED_DERIVED:  # the database keeps its own search index
+        for file in data_dir.glob(derived + "*"):
+            file.unlink()
     unknown = sorted(f.name for f in data_dir.glob("*.sqlite3") if f.name not in EMBEDDED_FILES)
     if unknown:  # never removed below without having been copied
         raise BackupError(f"the archive holds {unknown[0]}, a store this Talon cannot copy into a database: "

@@ -1,0 +1,62 @@
+"""The backup's reading thread: a file that is shorter than announced, or a failure while reading,
+fails the backup in the caller's thread and leaves no archive (nor its scratch files) behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import talon.storage.backup as backup_module
+from talon.errors import BackupError
+from talon.storage.backup import backup, verify
+
+pytestmark = pytest.mark.slow  # real archives written
+
+
+def tree(root: Path, log_bytes: int) -> tuple[Path, Path]:
+    data, media = root / "data", root / "media_root"
+    chat = data / "sessions" / "telegram" / "100"
+    chat.mkdir(parents=True)
+    line = json.dumps({"role": "user", "content": [{"type": "text", "text": "x" * 900}], "at": 1.0}) + "\n"
+    (chat / "main.jsonl").write_text(line * (log_bytes // len(line) + 1))
+    (data / "attachments" / "ab").mkdir(parents=True)
+    (data / "attachments" / "ab" / ("ab" + "0" * 62)).write_bytes(os.urandom(3 << 20))  # read chunk by chunk
+    (media / "telegram" / "100").mkdir(parents=True)
+    (media / "telegram" / "100" / "AGENTS.md").write_text("memory")
+    return data, media
+
+
+def left_over(where: Path) -> list[str]:
+    return sorted(p.name for p in where.iterdir() if p.name not in ("data", "media_root"))
+
+
+@pytest.mark.parametrize("log_bytes", [10_000, 3 << 20])  # read whole, and chunk by chunk
+def test_a_file_shorter_than_announced_fails_the_backup_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_bytes: int) -> None:
+    data, media = tree(tmp_path, log_bytes)
+    real = backup_module._complete_lines_size
+    monkeypatch.setattr(backup_module, "_complete_lines_size", lambda path: real(path) + 100)
+    with pytest.raises(BackupError, match="main.jsonl changed while it was archived"):
+        backup(tmp_path / "a.tar.zst", data, media)
+    assert left_over(tmp_path) == []
+
+
+def test_a_failure_in_the_reading_thread_is_raised_and_leaves_nothing(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    data, media = tree(tmp_path, 10_000)
+    (data / "tasks.sqlite3").write_bytes(b"")
+
+    def broken(src: Path, dst: Path) -> None:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(backup_module, "_sqlite_snapshot", broken)
+    with pytest.raises(OSError, match="disk on fire"):
+        backup(tmp_path / "a.tar.zst", data, media)
+    assert left_over(tmp_path) == []
+    monkeypatch.undo()
+    manifest = backup(tmp_path / "a.tar.zst", data, media)  # and it works once the cause is gone
+    assert verify(tmp_path / "a.tar.zst").files == manifest.files
+    assert manifest.files["data/attachments/ab/ab" + "0" * 62][0] == 3 << 20
