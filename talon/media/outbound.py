@@ -1134,7 +1134,10 @@ def _finish(
     joined = sep.join(raw_alts)
     if escaped and "\\" in joined:
         joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
-    joined = _SEPARATOR_SPACE[sep].sub(sep, _SPACES.sub(" ", joined)).strip(" ")
+    joined = _SPACES.sub(" ", joined)
+    if " " in joined:  # (else no separator has a space to lose: no step per separator)
+        joined = _SEPARATOR_SPACE[sep].sub(sep, joined)
+    joined = joined.strip(" ")
     alts += joined.split(sep) if raw_alts else []
     paths += unescaped
     return removals
