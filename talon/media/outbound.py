@@ -53,7 +53,7 @@ import re
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass
-from itertools import accumulate, repeat
+from itertools import accumulate, groupby, repeat
 from operator import itemgetter, sub
 from typing import Any, TypeVar
 from collections.abc import Sequence
@@ -693,6 +693,8 @@ def _reference_labels(text: str) -> set[str]:
     """The labels of the text's link reference definitions (``[label]: destination``), folded as
     ``_normal_label`` folds one, all at once (labels hold no line break: joined by one, the
     whitespace folding and the case folding run once over all of them, in C)."""
+    if "]:" not in text:
+        return set()  # (every definition holds one: no regex over the whole text)
     labels = _DEFINITION.findall(text)
     if not labels:
         return set()
@@ -798,18 +800,28 @@ def _rebuild(pieces: list[str]) -> str:
     add(stripped)
     memo: dict[tuple[str, bool, bool, str], _Step] = {}
     get = memo.get
-    for piece in pieces[1:-1]:
+    # Equal pieces side by side (a flood of references between the same text) come as one group
+    # (``groupby`` compares them in C): once a step leaves the state as it found it, every later
+    # piece of the group appends the same text, added at once.
+    for piece, group in groupby(pieces[1:-1]):
         if not piece or piece == " ":
             continue  # (references side by side, or a space apart: the gap is still open)
-        key = (piece, line_empty, ends_blank, held_indent)
-        known = get(key) if len(piece) <= 256 else None  # (a long piece costs more to hash)
-        if known is None:
-            known = _gap_step(piece, line_empty, ends_blank, held_indent)
-            if len(piece) <= 256:
-                memo[key] = known
-        appended, line_empty, ends_blank, held_indent = known
-        if appended:
-            add(appended)
+        count = len(list(group))
+        while count:
+            key = (piece, line_empty, ends_blank, held_indent)
+            known = get(key) if len(piece) <= 256 else None  # (a long piece costs more to hash)
+            if known is None:
+                known = _gap_step(piece, line_empty, ends_blank, held_indent)
+                if len(piece) <= 256:
+                    memo[key] = known
+            count -= 1
+            if known[1:] == key[1:]:  # (a fixed point: the rest of the group is the same step)
+                if known[0]:
+                    out += repeat(known[0], count + 1)
+                break
+            appended, line_empty, ends_blank, held_indent = known
+            if appended:
+                add(appended)
     # The last piece: the gap before it is closed, nothing to tidy at its end.
     piece = pieces[-1]
     rest = piece.lstrip(" \t")
@@ -1122,7 +1134,10 @@ def _finish(
     joined = sep.join(raw_alts)
     if escaped and "\\" in joined:
         joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
-    joined = _SEPARATOR_SPACE[sep].sub(sep, _SPACES.sub(" ", joined)).strip(" ")
+    joined = _SPACES.sub(" ", joined)
+    if " " in joined:  # (else no separator has a space to lose: no step per separator)
+        joined = _SEPARATOR_SPACE[sep].sub(sep, joined)
+    joined = joined.strip(" ")
     alts += joined.split(sep) if raw_alts else []
     paths += unescaped
     return removals
@@ -1153,6 +1168,11 @@ _ESCAPE_STANDINS = {ch: chr(0xE100 + ord(ch)) for ch in "[]()\\`!"}
 _ESCAPED_BANG_NO_IMAGE = re.compile("\\\\!(?=\\[[^\\[\\]\\\\`\n\ue100]*+\\])")
 _UNMASK = str.maketrans({_MASK: "`"})
 _UNESCAPE = str.maketrans({_ESC: None, **{v: k for k, v in _ESCAPE_STANDINS.items()}})
+# The same as replacements, one after another (no replacement makes another's key): a str.replace
+# scans in C at memory speed, where a translate by a table holding non-ASCII keys is a dictionary
+# look-up per character.
+_UNMASK_PAIRS = ((_MASK, "`"),)
+_UNESCAPE_PAIRS = ((_ESC, ""), *((v, k) for k, v in _ESCAPE_STANDINS.items()))
 _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
 # A code span of single backticks on one line holding no bracket (the renderer's rule gives the
 # same spans when every backtick of the run of text is in one of them).
@@ -1164,9 +1184,16 @@ _MASKED_LOCAL = re.compile(
 
 # A run of text (group 1), then a run of code (group "code"; none at the end): the
 # block structure as ``_BLOCKS`` reads it, one match per run of code, matched at line starts only.
+# Each alternative is guarded by a lookahead for the characters it can start with (a blank, a
+# space, '#', a fence character; or the end), so that at most lines the engine tries one or two of
+# them, not all: the same matches, fewer steps per line.
+_G_BLANKS = rf"(?=[ \t\r\n]|\Z)(?:{_BLANKS})"
+_G_BREAK = rf"(?=[ \t\r\n`~#]|\Z)(?:[ \t]*+(?:\r?\n|\Z)|{_FENCE_START}|{_HEADING_START})"
+_G_PARAGRAPH = (rf"(?!(?=[ `~\t])(?:{_FENCE_START}|{_INDENT_START}))[^\n]*+(?:\n(?!{_G_BREAK})[^\n]*+)*+"
+                rf"{_EOL}")
 _CODE_RUN = re.compile(
-    rf"((?:{_BLANKS}|{_HEADING_START}[^\n]*+{_EOL}|{_PARAGRAPH})*+)"
-    rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)?"
+    rf"((?:{_G_BLANKS}|(?=[ #])(?:{_HEADING_START})[^\n]*+{_EOL}|{_G_PARAGRAPH})*+)"
+    rf"(?P<code>(?:(?>{_G_BLANKS}|(?=[ `~])(?:{_FENCED})|(?=[ \t])(?:{_INDENT_START})[^\n]*+{_EOL}))+)?"
 )
 # In a run of code, whatever could make or hide an image, open a code span or escape: \x01.
 _CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
@@ -1274,19 +1301,25 @@ def _lift_masked(
     ends = list(accumulate(lengths))
     alts, paths = parts[2::4], parts[3::4]
     if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
-        alts, paths = _translated(alts, _UNESCAPE, text), _translated(paths, _UNESCAPE, text)
+        alts = _translated(alts, _UNESCAPE, _UNESCAPE_PAIRS, text)
+        paths = _translated(paths, _UNESCAPE, _UNESCAPE_PAIRS, text)
     elif ticks:  # as written: the spans' backticks put back
-        alts = _translated(alts, _UNMASK, text)
+        alts = _translated(alts, _UNMASK, _UNMASK_PAIRS, text)
     return alts, paths, ends[0:-1:2], ends[1::2], not escapes, cut
 
 
-def _translated(strings: list[str], table: dict[int, Any], text: str) -> list[str]:
-    """``[s.translate(table) for s in strings]``, joined by a separator ``text`` does not hold
-    (one translate), else one at a time (still C)."""
+def _translated(
+    strings: list[str], table: dict[int, Any], pairs: tuple[tuple[str, str], ...], text: str
+) -> list[str]:
+    """``[s.translate(table) for s in strings]``: joined by a separator ``text`` does not hold,
+    the ``pairs`` (the same mapping) replaced in turn, each one C scan; else one at a time."""
     sep = _separator(text)
     if sep is None or len(strings) < 2:
         return list(map(str.translate, strings, repeat(table)))
-    return sep.join(strings).translate(table).split(sep)
+    joined = sep.join(strings)
+    for key, value in pairs:
+        joined = joined.replace(key, value)
+    return joined.split(sep)
 
 
 # --- entry point ----------------------------------------------------------------------------
