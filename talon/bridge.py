@@ -852,6 +852,8 @@ class Bridge:
         part's arrival is recorded by the caller, with the message's end."""
         key = message.key
         ids = f"channel={message.channel} chat={message.conversation_id} message={message.message_id}"
+        if reply.delivery_key is None:
+            reply = dataclasses.replace(reply, delivery_key=f"{key}#{offset}")
 
         async def progress(parts: int) -> None:
             delivered[0] = offset + parts

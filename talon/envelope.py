@@ -142,6 +142,11 @@ class OutboundReply:
     # The text of the scheduled task this reply answers (None for a person's message): a channel
     # that may not speak first freely (WhatsApp outside its 24-hour window) puts it in a reminder.
     scheduled_task: str | None = None
+    # The same for every delivery of this reply, the one after a restart included (the inbox item
+    # and where its parts start): a platform that can refuse a send it has already taken
+    # (Discord's enforced nonce) is given a key per part from it, so a part sent just before a
+    # SIGKILL, and sent again after the restart, arrives once.
+    delivery_key: str | None = None
 
 
 @dataclass

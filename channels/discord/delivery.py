@@ -14,6 +14,7 @@ reported after each part so that a restart resumes at the first part not deliver
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 from dataclasses import dataclass
@@ -39,6 +40,16 @@ NO_PINGS = discord.AllowedMentions.none()
 
 def target(chat_id: str, thread_id: str | None) -> str:
     return thread_id or chat_id
+
+
+def part_nonce(delivery_key: str | None, *where: object) -> int | None:
+    """The nonce of one message of a reply (Discord enforces it: a second send with the same nonce
+    within minutes returns the first message and creates none): the same on every delivery of
+    the reply, so a part sent again after a restart arrives once. None without a key."""
+    if delivery_key is None:
+        return None
+    digest = hashlib.blake2b(":".join([delivery_key, *map(str, where)]).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # 63 bits: at most 19 digits (Discord allows 25)
 
 
 class Delivery:
@@ -82,24 +93,28 @@ class Delivery:
         await self.api.call(where, "edit", lambda: message.edit(content=markdown_to_discord(markdown),
                                                                 allowed_mentions=NO_PINGS), paced=paced)
 
-    async def notice(self, where: str, text: str) -> None:
+    async def notice(self, where: str, text: str, *, nonce: int | None = None) -> None:
         channel = self.api.messageable(where)
-        for piece in split_for_discord(text) or [text]:
-            await self.api.call(where, "notice", lambda piece=piece: channel.send(  # type: ignore[misc]
-                discord_plain(piece), allowed_mentions=NO_PINGS))
+        for n, piece in enumerate(split_for_discord(text) or [text]):
+            once = {} if nonce is None else {"nonce": part_nonce(str(nonce), n)}
+            await self.api.call(where, "notice", lambda piece=piece, once=once: channel.send(  # type: ignore[misc]
+                discord_plain(piece), allowed_mentions=NO_PINGS, **once))
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
         def target(index: int) -> _Target:
             reply_to = reply.reply_to_message_id if index == 0 else None
-            return _Target(self, chat_id, reply.thread_id, reply_to)
+            return _Target(self, chat_id, reply.thread_id, reply_to, part_nonce(reply.delivery_key, index))
 
         await send_parts(self.reply_parts(reply), target, skip_parts=skip_parts, on_part=on_part)
 
-    async def upload(self, where: str, data: bytes, name: str, *, comment: str = "") -> None:
+    async def upload(self, where: str, data: bytes, name: str, *, comment: str = "",
+                     nonce: int | None = None) -> None:
         channel = self.api.messageable(where)
+        once = {} if nonce is None else {"nonce": nonce}
         sent = await self.api.call(where, "upload", lambda: channel.send(
-            comment or None, file=discord.File(io.BytesIO(data), filename=name), allowed_mentions=NO_PINGS))
+            comment or None, file=discord.File(io.BytesIO(data), filename=name), allowed_mentions=NO_PINGS,
+            **once))
         self.sent[str(sent.id)] = True
 
 
@@ -111,6 +126,7 @@ class _Target:
     chat_id: str
     thread_id: str | None
     reply_to: str | None
+    nonce: int | None = None  # this part's (part_nonce): sent again after a restart, it arrives once
     platform: str = "Discord"
     retire_verb: str = "delete"
 
@@ -134,7 +150,8 @@ class _Target:
         return discord_plain(markdown)
 
     async def post(self, markdown: str) -> None:
-        await self.delivery.post(self.channel, markdown, reply_to=self.reply_to)
+        once = {} if self.nonce is None else {"nonce": self.nonce}
+        await self.delivery.post(self.channel, markdown, reply_to=self.reply_to, **once)
 
     async def edit(self, message_id: str, markdown: str) -> None:
         await self.delivery.edit(self.channel, message_id, markdown)
@@ -144,7 +161,7 @@ class _Target:
         await self.delivery.api.call(self.channel, "delete", message.delete)
 
     async def notice(self, text: str) -> None:
-        await self.delivery.notice(self.channel, text)
+        await self.delivery.notice(self.channel, text, nonce=self.nonce)
 
     async def upload(self, data: bytes, name: str, mime: str, kind: str, *, comment: str = "") -> None:
-        await self.delivery.upload(self.channel, data, name, comment=comment)
+        await self.delivery.upload(self.channel, data, name, comment=comment, nonce=self.nonce)

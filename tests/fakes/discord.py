@@ -125,6 +125,7 @@ class FakeDiscord(LoopbackServer):
         self.token = token
         self.calls: list[Call] = []
         self.messages: dict[tuple[int, int], Message] = {}
+        self.nonces: dict[str, tuple[int, int]] = {}  # enforced nonces: the message each created
         self.reactions: dict[tuple[int, int], set[str]] = {}
         self.guilds: dict[int, dict[str, Any]] = {}
         self.channels: dict[int, dict[str, Any]] = {}
@@ -505,6 +506,13 @@ class FakeDiscord(LoopbackServer):
             raise _Refuse(400, 50006, "Cannot send an empty message")
         if any(len(data) > UPLOAD_LIMIT for _, data in files):
             raise _Refuse(413, 40005, "Request entity too large")
+        nonce = body.get("nonce")
+        if nonce is not None and body.get("enforce_nonce"):
+            # Discord: a nonce enforced and already used by this author within minutes returns
+            # that message and creates none.
+            earlier = self.nonces.get(str(nonce))
+            if earlier is not None and earlier in self.messages:
+                return self._message_json(self.messages[earlier])
         message_id = self.snowflake()
         attachments = []
         for name, data in files:
@@ -513,6 +521,8 @@ class FakeDiscord(LoopbackServer):
         message = Message(channel_id, message_id, self.bot, content, components=body.get("components") or [],
                           attachments=attachments, versions=[content], reference=int(reference) if reference else None)
         self.messages[(channel_id, message_id)] = message
+        if nonce is not None and body.get("enforce_nonce"):
+            self.nonces[str(nonce)] = (channel_id, message_id)
         return self._message_json(message)
 
     def _message_json(self, message: Message) -> dict[str, Any]:
