@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,9 +97,9 @@ class Delivery:
     async def notice(self, where: str, text: str, *, nonce: int | None = None) -> None:
         channel = self.api.messageable(where)
         for n, piece in enumerate(split_for_discord(text) or [text]):
-            once = {} if nonce is None else {"nonce": part_nonce(str(nonce), n)}
+            once = None if nonce is None else part_nonce(str(nonce), n)
             await self.api.call(where, "notice", lambda piece=piece, once=once: channel.send(  # type: ignore[misc]
-                discord_plain(piece), allowed_mentions=NO_PINGS, **once))
+                discord_plain(piece), allowed_mentions=NO_PINGS, nonce=once))
 
     async def deliver(self, chat_id: str, reply: OutboundReply, *, skip_parts: int = 0,
                       on_part: PartCallback | None = None) -> None:
@@ -111,10 +112,9 @@ class Delivery:
     async def upload(self, where: str, data: bytes, name: str, *, comment: str = "",
                      nonce: int | None = None) -> None:
         channel = self.api.messageable(where)
-        once = {} if nonce is None else {"nonce": nonce}
         sent = await self.api.call(where, "upload", lambda: channel.send(
             comment or None, file=discord.File(io.BytesIO(data), filename=name), allowed_mentions=NO_PINGS,
-            **once))
+            nonce=secrets.randbits(64) if nonce is None else nonce))  # random: discord.py's own default
         self.sent[str(sent.id)] = True
 
 
@@ -150,8 +150,7 @@ class _Target:
         return discord_plain(markdown)
 
     async def post(self, markdown: str) -> None:
-        once = {} if self.nonce is None else {"nonce": self.nonce}
-        await self.delivery.post(self.channel, markdown, reply_to=self.reply_to, **once)
+        await self.delivery.post(self.channel, markdown, reply_to=self.reply_to, nonce=self.nonce)
 
     async def edit(self, message_id: str, markdown: str) -> None:
         await self.delivery.edit(self.channel, message_id, markdown)
