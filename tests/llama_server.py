@@ -9,9 +9,10 @@ the event loop of the test that drives Talon.
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 
 def gguf_path() -> Path | None:
@@ -31,12 +32,6 @@ def available() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     import xllamacpp
 
@@ -44,7 +39,7 @@ def main() -> None:
     params.model.path = str(gguf_path())
     params.n_ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
     params.n_parallel = 1
-    params.port = _free_port()
+    params.port = free_port()
     params.hostnames = ["127.0.0.1"]
     params.endpoint_props = True
     # One thread: a 135M model needs no more, and llama.cpp's threads wait for each other at every

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ from typing import Any
 
 import aiohttp
 
+from tests.support.ports import free_port
 from tests.conftest import TOKEN
 
 SECRET = "multi_worker-secret"
 WEBHOOK_URL = "https://talon.example.com/telegram/webhook"
 WEBHOOK_PATH = "/telegram/webhook"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

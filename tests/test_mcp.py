@@ -33,6 +33,7 @@ from talon.storage.embedded.attachments import FileAttachments as AttachmentStor
 from talon.config import Limits, Settings
 from talon.content import ImageBlock, ToolCall
 from talon.errors import ConfigError
+from tests.support.ports import free_port
 from tests.conftest import ALICE, BOB, make_settings
 from tests.conftest import running_telegram as running
 from tests.fakes.openai_server import FakeOpenAI, decode_data_url, image_urls, last_user_text
@@ -199,10 +200,6 @@ async def test_git_server_with_workspace_sees_its_own_chat_only_and_stops_when_i
 
 
 # --- streamable HTTP ------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_streamable_http_server_started_by_the_test(tg: FakeTelegram, llm: FakeOpenAI,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.ports import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
 
@@ -32,12 +32,6 @@ LONG = "\n\n".join(f"Paragraph {i}: " + "words " * 60 for i in range(1, 13))  # 
 def fakes() -> Iterator[tuple[FakeTwilio, FakeOpenAI]]:
     with FakeTwilio() as twilio, FakeOpenAI() as llm:
         yield twilio, llm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], Path]:

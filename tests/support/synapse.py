@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.ports import free_port
 
 START_TIMEOUT_S = 120.0
 UPLOAD_MAX_BYTES = 2 * 1024 * 1024
@@ -92,13 +93,6 @@ class Synapse:
     def log_tail(self, chars: int = 4000) -> str:
         path = self.directory / "homeserver.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _config(directory: Path, port: int, secret: str) -> str:
@@ -177,7 +171,7 @@ disable_existing_loggers: false
 
 
 def start_synapse(directory: Path) -> Synapse:
-    port = _free_port()
+    port = free_port()
     secret = secrets.token_hex(16)
     config = directory / "homeserver.yaml"
     config.write_text(_config(directory, port, secret))
