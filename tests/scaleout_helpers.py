@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from tests.support.ports import free_port
+from tests.support.zygote import TalonProcess, start_talon_process
 from tests.conftest import TOKEN
 
 SECRET = "multi_worker-secret"
@@ -29,7 +29,7 @@ WEBHOOK_PATH = "/telegram/webhook"
 class Worker:
     name: str
     port: int
-    proc: subprocess.Popen[bytes]
+    proc: TalonProcess
     log: Path
 
     @property
@@ -56,8 +56,7 @@ class Cluster:
         env.update({"TALON_WORKER_ID": name, "TALON_HTTP_PORT": str(port), "TALON_HTTP_HOST": "127.0.0.1"})
         env.update(extra)
         log = self.root / f"{name}.log"
-        proc = subprocess.Popen([sys.executable, "-m", "talon.cli", "run"], cwd=self.root, env=env,
-                                stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        proc = start_talon_process(["run"], cwd=self.root, env=env, out=log)
         worker = Worker(name, port, proc, log)
         self.workers.append(worker)
         return worker

@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.zygote import TalonProcess, start_talon_process
 from tests.conftest import ALICE, TOKEN, settings_env
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -28,16 +28,15 @@ def fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
         yield tg, llm
 
 
-def start(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], Path]:
+def start(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[TalonProcess, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
     env.update(env_extra)
     log_path = tmp_path / log_name
-    proc = subprocess.Popen([sys.executable, "-m", "talon.cli", "run"], cwd=tmp_path, env=env,
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+    proc = start_talon_process(["run"], cwd=tmp_path, env=env, out=log_path)
     return proc, log_path
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: TalonProcess) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -8,8 +8,6 @@ import asyncio
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.zygote import TalonProcess, start_talon_process
 from tests.support.ports import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
@@ -34,16 +33,15 @@ def fakes() -> Iterator[tuple[FakeTwilio, FakeOpenAI]]:
         yield twilio, llm
 
 
-def start(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], Path]:
+def start(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[TalonProcess, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
     env.update(env_extra)
     log = tmp_path / log_name
-    proc = subprocess.Popen([sys.executable, "-m", "talon.cli", "run"], cwd=tmp_path, env=env,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = start_talon_process(["run"], cwd=tmp_path, env=env, out=log)
     return proc, log
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> None:
+def wait_ready(url: str, proc: TalonProcess, log: Path, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()

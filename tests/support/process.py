@@ -6,22 +6,19 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.support.zygote import TalonProcess, start_talon_process
 
-def start_talon(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[subprocess.Popen[bytes], Path]:
+
+def start_talon(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[TalonProcess, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
     env.update(env_extra)
     log_path = tmp_path / log_name
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "talon.cli", "run"],
-        cwd=tmp_path, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
-    )
-    return proc, log_path
+    return start_talon_process(["run"], cwd=tmp_path, env=env, out=log_path), log_path
 
 
-def stop_talon(proc: subprocess.Popen[bytes]) -> int:
+def stop_talon(proc: TalonProcess) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
