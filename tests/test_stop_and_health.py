@@ -32,6 +32,7 @@ from talon.errors import ConfigError
 from talon.storage.embedded.inbox import SqliteInbox
 from talon.runtime import build_runtime, configured_channels, shared_http_server
 from talon.settings_source import find_env_file, unset
+from tests.support.zygote import TalonProcess, start_talon_process
 from tests.conftest import ALICE, TOKEN, make_settings, running_telegram, settings_env
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
@@ -51,14 +52,12 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def talon(tmp_path: Path, env: dict[str, str], *args: str, log_name: str = "talon.log",
-          cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+          cwd: Path | None = None) -> tuple[TalonProcess, Path]:
     log = tmp_path / log_name
-    proc = subprocess.Popen([sys.executable, "-m", "talon.cli", *args], cwd=cwd or tmp_path, env=env,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    return proc, log
+    return start_talon_process(list(args), cwd=cwd or tmp_path, env=env, out=log), log
 
 
-def stopped_within_grace(proc: subprocess.Popen[bytes], sig: int, log: Path) -> int:
+def stopped_within_grace(proc: TalonProcess, sig: int, log: Path) -> int:
     proc.send_signal(sig)
     try:
         return proc.wait(timeout=STOP_GRACE_S)

@@ -60,8 +60,7 @@ def _child(request: dict[str, Any], keep: list[int]) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request.get("append") else os.O_TRUNC)
-        out = os.open(request["out"], flags, 0o644)
+        out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # made (empty) by the test
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
@@ -271,6 +270,8 @@ def start_talon_process(args: list[str], *, cwd: Path, env: dict[str, str], out:
         with open(out, "ab" if append else "wb") as log:
             return subprocess.Popen([sys.executable, "-m", "talon.cli", *args], cwd=cwd, env=env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    with open(out, "ab" if append else "wb"):
+        pass  # there (empty) when this returns, as with Popen
     if _helper is None or _helper.proc.poll() is not None:
         _helper = _Helper()
     return _helper.start("talon.cli", args, cwd, env, out, append)
