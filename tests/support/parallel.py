@@ -13,10 +13,13 @@
   saying so (``check_groups``), rather than quietly making those fixtures once per worker.
 - **Heavy files first**: files with end-to-end tests go to the workers first and the unit tier last,
   so the small tests fill the end of the run instead of one long test making the other worker wait.
-- **Two workers per core** (``-n auto``, ``pytest_xdist_auto_num_workers``): most of the suite's
+- **Three workers per core** (``-n auto``, ``pytest_xdist_auto_num_workers``): most of the suite's
   time is waiting (for a process to start, a server to answer, a lease to pass), not computing:
   with one worker per core, the workers were busy 940 s of a 500 s run on two cores while
-  the tests' processes used 535 s of CPU. A second worker per core fills those waits.
+  the tests' processes used 535 s of CPU. More workers per core fill those waits; once `talon
+  run` processes were forked from a helper that imported Talon once (tests/support/zygote.py),
+  the CPU they used dropped and a third worker per core made the run shorter again (343 s
+  against 359-371 s with two; four per core, 352 s).
 - **Bytecode is kept** (``keep_bytecode``): where ``PYTHONDONTWRITEBYTECODE`` is set (as on the
   machines CI runs on), every worker compiled Talon and rewrote every test module's asserts
   again (11 s of CPU per worker, 4 s with the cache), and every ``talon`` process the tests start
@@ -125,11 +128,11 @@ def heavy_first(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per core (see above), one for the unit tier alone (``-m unit``:
-    its tests do not wait, so a second worker per core only collects the suite once more);
+    """``-n auto``: three workers per core (see above), one for the unit tier alone (``-m unit``:
+    its tests do not wait, so another worker per core only collects the suite once more);
     ``--maxprocesses`` still caps it."""
     cores = os.cpu_count() or 1
-    return cores if str(config.getoption("markexpr", "")).strip() == "unit" else 2 * cores
+    return cores if str(config.getoption("markexpr", "")).strip() == "unit" else 3 * cores
 
 
 def compile_ahead(config: pytest.Config) -> None:
