@@ -15,7 +15,7 @@ its memory at rest and of its start itself start ``python -m talon.cli`` as befo
 (``subprocess.Popen``). ``TALON_TESTS_NO_FORK=1`` makes every start a real one.
 
 Protocol: the helper listens on a Unix socket; a start is one connection carrying one JSON line
-(argv, environment, working directory, log file); the helper answers ``pid N`` and, when the child
+(module, arguments, environment, working directory, log file); the helper answers ``pid N`` and, when the child
 ends, ``exit CODE`` (``subprocess``'s convention: minus the signal's number for a signal). The
 helper exits, killing its children, when the worker that started it goes away (its stdin closes).
 """
@@ -60,7 +60,7 @@ def _child(request: dict[str, Any], keep: list[int]) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # made (empty) by the test
+        out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)  # made by start_talon_process
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
@@ -248,12 +248,11 @@ class _Helper:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
-    def start(self, module: str, args: list[str], cwd: Path, env: dict[str, str], out: Path,
-              append: bool) -> Forked:
+    def start(self, module: str, args: list[str], cwd: Path, env: dict[str, str], out: Path) -> Forked:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)
-        conn.sendall(json.dumps({"module": module, "args": args, "cwd": str(cwd), "env": env, "out": str(out),
-                                 "append": append}).encode() + b"\n")
+        conn.sendall(json.dumps({"module": module, "args": args, "cwd": str(cwd), "env": env,
+                                 "out": str(out)}).encode() + b"\n")
         return Forked(conn, [sys.executable, "-m", module, *args])
 
 
@@ -262,19 +261,19 @@ TalonProcess = Forked | subprocess.Popen  # what start_talon_process gives
 
 
 def start_talon_process(args: list[str], *, cwd: Path, env: dict[str, str], out: Path,
-                        append: bool = False) -> Forked | subprocess.Popen[bytes]:
+                        append: bool = False) -> TalonProcess:
     """``python -m talon.cli ARGS`` in ``cwd`` with exactly ``env``, stdout and stderr to ``out``
-    (stdin empty): forked from the helper, or a real start with ``TALON_TESTS_NO_FORK=1``."""
+    (stdin empty): forked from the helper, or a real start with ``TALON_TESTS_NO_FORK=1``. The
+    log is made (or emptied, unless ``append``) before this returns, as with Popen; the child
+    appends to it."""
     global _helper
-    if os.environ.get(NO_FORK_ENV) == "1":
-        with open(out, "ab" if append else "wb") as log:
+    with open(out, "ab" if append else "wb") as log:
+        if os.environ.get(NO_FORK_ENV) == "1":
             return subprocess.Popen([sys.executable, "-m", "talon.cli", *args], cwd=cwd, env=env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    with open(out, "ab" if append else "wb"):
-        pass  # there (empty) when this returns, as with Popen
     if _helper is None or _helper.proc.poll() is not None:
         _helper = _Helper()
-    return _helper.start("talon.cli", args, cwd, env, out, append)
+    return _helper.start("talon.cli", args, cwd, env, out)
 
 
 if __name__ == "__main__":
