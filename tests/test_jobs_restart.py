@@ -5,54 +5,26 @@ and its answer reaches the chat once."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.zygote import TalonProcess, start_talon_process
 from tests.conftest import ALICE, TOKEN, settings_env
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
+from tests.support.process import start_talon as start
+from tests.support.process import stop_talon as stop
+from tests.support.waiting import until_sync as wait_until
 
 
 @pytest.fixture
 def fakes() -> Iterator[tuple[FakeTelegram, FakeOpenAI]]:
     with FakeTelegram(token=TOKEN) as tg, FakeOpenAI() as llm:
         yield tg, llm
-
-
-def start(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[TalonProcess, Path]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
-    env.update(env_extra)
-    log_path = tmp_path / log_name
-    proc = start_talon_process(["run"], cwd=tmp_path, env=env, out=log_path)
-    return proc, log_path
-
-
-def stop(proc: TalonProcess) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return result
 
 
 def is_child(body: dict[str, Any]) -> bool:

@@ -5,7 +5,6 @@ that waited is lost: after the person writes, it all arrives, in order, before t
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sqlite3
 import time
@@ -15,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.zygote import TalonProcess, start_talon_process
+from tests.support.process import start_talon as start
+from tests.support.zygote import TalonProcess
 from tests.support.ports import free_port
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.twilio import FakeTwilio
@@ -31,14 +31,6 @@ LONG = "\n\n".join(f"Paragraph {i}: " + "words " * 60 for i in range(1, 13))  # 
 def fakes() -> Iterator[tuple[FakeTwilio, FakeOpenAI]]:
     with FakeTwilio() as twilio, FakeOpenAI() as llm:
         yield twilio, llm
-
-
-def start(tmp_path: Path, env_extra: dict[str, str], log_name: str) -> tuple[TalonProcess, Path]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALON_", "TELEGRAM_", "OPENAI_", "TWILIO_"))}
-    env.update(env_extra)
-    log = tmp_path / log_name
-    proc = start_talon_process(["run"], cwd=tmp_path, env=env, out=log)
-    return proc, log
 
 
 def wait_ready(url: str, proc: TalonProcess, log: Path, timeout: float = 90.0) -> None:
