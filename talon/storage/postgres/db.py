@@ -21,6 +21,7 @@ new calls fail fast until a probe is answered again.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -155,8 +156,20 @@ class AsyncDatabase:
 
     async def bounded(self, coro: Awaitable[T]) -> T:
         """Await ``coro`` (work on a connection of the pool) for at most the statement limit,
-        else ``StoreUnavailable``."""
-        return await self._call(lambda: coro, self.statement_s)
+        else ``StoreUnavailable``. A call refused before it starts (the database is known to be
+        down) closes ``coro`` unstarted, so it is not left to be reported as never awaited."""
+        started = False
+
+        def start() -> Awaitable[T]:
+            nonlocal started
+            started = True
+            return coro
+
+        try:
+            return await self._call(start, self.statement_s)
+        finally:
+            if not started and inspect.iscoroutine(coro):
+                coro.close()
 
     @asynccontextmanager
     async def connection(self, *, urgent: bool = False) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
