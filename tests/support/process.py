@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
+from tests.support.ports import free_port
 from tests.support.zygote import TalonProcess, start_talon_process
 
 
@@ -30,7 +30,7 @@ def stop_talon(proc: TalonProcess) -> int:
 
 
 def closed_port() -> int:
-    """A loopback port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on (connections to it are refused): one of the run's own
+    (tests/support/ports.py), which no other test is given, so no server of another worker can
+    take it while the test counts on the refusal (a port-0 number could be)."""
+    return free_port()
