@@ -17,7 +17,8 @@ From PostgreSQL: every table ``talon.storage.pg_export``
 declares archived, read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only
 transaction (one consistent snapshot of all of them) and written in the embedded layout;
 attachments chunk by chunk. Files go
-through a temporary file at most one at a time: memory stays flat whatever the size.
+through temporary files (the snapshots of the stores before the logs together, taken ahead; any
+other one at a time): memory stays flat whatever the size.
 
 ``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
 relative names, each exactly once, each matching the manifest, nothing missing, nothing extra.
