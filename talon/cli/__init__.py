@@ -5,7 +5,6 @@ module per later command in this package: ``setup``, ``backup`` (backup, ``--ver
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
 import sys
@@ -15,12 +14,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from talon.config import Settings
 from talon.errors import ConfigError, PairingError
 
+# Neither pydantic (Settings) nor asyncio at import: `talon restore` needs neither, `talon backup`
+# no asyncio; each command imports what it uses (docs/backup.md, the third pass).
 if TYPE_CHECKING:
+    from talon.config import Settings
     from talon.agent.providers.local import LocalModelServer
     from talon.storage.migrate import MigrationReport
 
@@ -94,6 +93,8 @@ def _load_settings() -> Settings:
 
 
 async def _run(settings: Settings) -> int:
+    import asyncio
+
     from talon.runtime import (build_runtime, configured_channels, serve, shared_http_server,
                                until_stopped)
     from talon.settings_source import find_env_file
@@ -124,6 +125,8 @@ async def _run(settings: Settings) -> int:
 
 
 async def _chat(settings: Settings) -> int:
+    import asyncio
+
     from channels.console import ConsoleChannel
     from talon.runtime import build_runtime, until_stopped
 
@@ -161,6 +164,8 @@ async def _chat(settings: Settings) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from talon.preflight import start_problems
 
     settings = _load_settings()
@@ -177,6 +182,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    import asyncio
+
     from talon.agent.providers.local import BUNDLED_NOTE
 
     settings = _load_settings()
@@ -251,6 +258,8 @@ async def _ask_model_server(settings: Settings, local: "LocalModelServer | None"
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What is configured, what the model server says, whether it answers; no secrets printed.
     Exits 1 when a required setting is missing or invalid, or the model server cannot be used."""
+    import asyncio
+
     from talon.doctor_checks import (
         discord_bot_row,
         matrix_account_row,
@@ -380,6 +389,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _outside_tool_rows(settings: Settings) -> list[tuple[str, str]]:
     """The web fetch's setting, and each MCP server started once (state and tool count)."""
+    import asyncio
+
     from talon.agent.tools.mcp import doctor_rows
 
     allowed = ", ".join(settings.web_allowlist) or "none"
@@ -424,6 +435,8 @@ def _table(rows: Sequence[Sequence[str]]) -> None:
 
 def cmd_pair(args: argparse.Namespace) -> int:
     """List pairing requests and approvals, approve a code, or revoke an approval."""
+    import asyncio
+
     settings = _load_settings()
     try:
         return asyncio.run(_pair(settings, args))
@@ -487,6 +500,8 @@ async def _pair(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Copy the embedded stores of TALON_DATA_DIR into PostgreSQL and check the copy; with no
     ``--to``, bring the configured stores up to date in place (schema, search index)."""
+    import asyncio
+
     from talon.storage.postgres.db import redact
 
     settings = _load_settings()
@@ -599,14 +614,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}"
-                             for e in exc.errors())
-        return _fail(f"invalid settings: {problems}")
     except ConfigError as exc:  # TALON_ENV_FILE names no file
         return _fail(str(exc), exc.missing)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # Settings that pydantic refused (only a command that loaded the settings imported it).
+        core = sys.modules.get("pydantic_core")
+        if core is None or not isinstance(exc, core.ValidationError):
+            raise
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}={e.get('input')!r}: {e['msg']}"
+                             for e in exc.errors())
+        return _fail(f"invalid settings: {problems}")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from pathlib import Path
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    import asyncio
+
     from talon.cli import _load_settings, _setup_logging
     from talon.storage.export import ExportReport, export
     from talon.storage.factory import open_stores

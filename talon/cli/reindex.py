@@ -8,10 +8,11 @@ indexed. Both are safe to run again and while Talon runs (each line is keyed).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from talon.config import Settings
+if TYPE_CHECKING:  # a restore calls index_embedded without pydantic's import (docs/backup.md)
+    from talon.config import Settings
 
 
 def index_embedded(data_dir: Path, *, rebuild: bool = False) -> tuple[int, int]:
@@ -44,6 +45,8 @@ async def index_postgres(url: str) -> tuple[int, int]:
 
 def run(settings: Settings, *, rebuild: bool = False) -> int:
     if settings.database_url:
+        import asyncio
+
         from talon.storage.postgres.db import redact
         from talon.storage.postgres.schema import SCHEMA_VERSION
 

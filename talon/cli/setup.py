@@ -20,7 +20,6 @@ own), so Ctrl-C at a prompt is an ordinary KeyboardInterrupt. A second run shows
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import secrets
@@ -153,6 +152,8 @@ class Check:
 
 
 async def check_telegram(token: str, base: str) -> tuple[Check, Any]:
+    import asyncio
+
     from telegram import Bot
     from telegram.error import InvalidToken, NetworkError, TelegramError
     from telegram.request import HTTPXRequest
@@ -323,6 +324,8 @@ def _set(plan: Plan, key: str, value: str) -> None:
 
 
 def _telegram(io: Io, plan: Plan, args: argparse.Namespace) -> Any:
+    import asyncio
+
     base = plan.value("TELEGRAM_API_BASE_URL")
     while True:
         token = _ask_value(io, plan, "TELEGRAM_BOT_TOKEN", "Telegram bot token (from @BotFather; - for no Telegram)",
@@ -363,6 +366,8 @@ def _whatsapp(io: Io, plan: Plan, args: argparse.Namespace) -> None:
 
 
 def _model(io: Io, plan: Plan, args: argparse.Namespace) -> None:
+    import asyncio
+
     io.say("The model: openai:NAME or anthropic:NAME (hosted; needs an API key), a server URL "
            "(http://host:port/v1, OpenAI-compatible), local:/path/to/model.gguf, or local:bundled (the small "
            "demo model Talon runs itself)")
@@ -400,6 +405,8 @@ def _model(io: Io, plan: Plan, args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace, io: Io) -> int:
+    import asyncio
+
     env_file = Path(args.env_file or os.environ.get("TALON_ENV_FILE", "").strip() or ".env")
     plan = Plan(_current(env_file))
     io.say(f"talon setup: writes {env_file.resolve()} (mode 0600; an existing file is kept as "

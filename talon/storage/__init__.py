@@ -16,6 +16,21 @@ stores), ``backup`` and ``pg_export`` (`talon backup | restore`), ``export`` (`t
 ``migrate`` (`talon migrate --to`).
 """
 
-from talon.storage.sqlite import SqliteRunner
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from talon.storage.sqlite import SqliteRunner
 
 __all__ = ["SqliteRunner"]
+
+
+def __getattr__(name: str) -> Any:
+    """``SqliteRunner`` on first use: `talon backup` and `talon restore` import this package
+    without the stores' thread pool and asyncio."""
+    if name == "SqliteRunner":
+        from talon.storage.sqlite import SqliteRunner
+
+        return SqliteRunner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

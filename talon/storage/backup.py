@@ -17,7 +17,8 @@ From PostgreSQL: every table ``talon.storage.pg_export``
 declares archived, read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, read-only
 transaction (one consistent snapshot of all of them) and written in the embedded layout;
 attachments chunk by chunk. Files go
-through a temporary file at most one at a time: memory stays flat whatever the size.
+through temporary files (the snapshots of the stores before the logs together, taken ahead; any
+other one at a time): memory stays flat whatever the size.
 
 ``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
 relative names, each exactly once, each matching the manifest, nothing missing, nothing extra.
@@ -50,7 +51,6 @@ from typing import IO, Any
 
 from talon.errors import BackupError
 from talon.permissions import open_private, private_dir
-from talon.storage.sessions import safe_path_part
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,10 @@ class _Writer:
             st = os.fstat(fh.fileno())
             self.add(name, fh, st.st_size if size is None else size, st.st_mtime)
 
+    def size_up(self, data_dir: Path, media_root: Path) -> None:
+        """The bytes to expect (the progress lines' total; 0 until known)."""
+        self.expected = _dir_size(data_dir) + _dir_size(media_root)
+
     def _advance(self, n: int) -> None:
         self.done += n
         if self.progress is not None:
@@ -458,6 +462,11 @@ class _Placer:
     def __init__(self, place: Callable[[str], Path] | None, threads: int | None = None) -> None:
         self.place = place
         self.seen: dict[str, tuple[int, str]] = {}
+        # The directories made (or found) so far, for all the threads: a file's directory is made
+        # before the file is opened, not after an open failed (a failed open is a whole path
+        # lookup: 10,900 of them in a restore of 18,400 files).
+        # The two places themselves exist already (and keep the mode they have).
+        self.made: set[Path] = {place(f"{top}/-").parent for top in ("data", "media")} if place else set()
         self.error: BaseException | None = None
         self.cancel = False
         n = threads or _placers()
@@ -520,13 +529,11 @@ class _Placer:
                             if self.place is not None:
                                 target = self.place(name)
                                 try:
+                                    parent = target.parent
+                                    if parent not in self.made:  # one directory of many files: made once
+                                        private_dir(parent)
+                                        self.made.add(parent)
                                     out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                                except FileNotFoundError:
-                                    try:
-                                        private_dir(target.parent)
-                                        out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                                    except OSError as exc:
-                                        raise BackupError(f"could not write {target}: {exc}") from None
                                 except OSError as exc:
                                     raise BackupError(f"could not write {target}: {exc}") from None
                         if data:
@@ -728,22 +735,111 @@ def _index_snapshot(index: Path, dst: Path) -> Path | None:
 
 
 _PG_TURN = ("postgres",)  # where the stores read from PostgreSQL go, between the data dir and the media root
+# The conversation logs' directory: the stores whose names sort before it (as ``_scan`` sorts) are
+# snapshotted ahead of the reading thread, and all before the first log is read.
+_LOGS = "sessions"
 
 
-def _sources(data_dir: Path, media_root: Path, postgres: bool,
-             scratch: Path) -> Iterator[tuple[str, str, int | None, bool] | tuple[str]]:
+class _Snapshots:
+    """The SQLite snapshots that come before the conversation logs (the search index first, then
+    each store of the data dir whose name sorts before ``sessions/``), taken one after another in
+    a thread of their own while the reading thread reads the attachments (the search index's
+    snapshot took a tenth of a backup, the compressor idle meanwhile). All of them are taken
+    before any log is read (``wait_all``), as before. A failure is raised by ``get`` in the
+    reading thread; ``close`` waits for the thread (before the scratch directory goes)."""
+
+    def __init__(self, jobs: list[tuple[str, Path, Path]]) -> None:
+        self._jobs = jobs  # (member name, the store, its snapshot)
+        self._names = {job[0] for job in jobs}
+        self._done: dict[str, tuple[Path | None, BaseException | None]] = {}
+        self._finished = False
+        self._ready = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="talon-backup-snapshots", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for name, src, dst in self._jobs:
+                if self._stop:
+                    break
+                result: tuple[Path | None, BaseException | None]
+                try:
+                    if name == f"data/{_INDEX}":
+                        result = (_index_snapshot(src, dst), None)
+                    else:
+                        _sqlite_snapshot(src, dst)
+                        result = (dst, None)
+                except BaseException as exc:  # raised where the reading thread gets to it
+                    result = (None, exc)
+                with self._ready:
+                    self._done[name] = result
+                    self._ready.notify_all()
+        finally:
+            with self._ready:
+                self._finished = True
+                self._ready.notify_all()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def get(self, name: str) -> Path | None:
+        """The snapshot of ``name`` (None: the search index, left out), once it is taken."""
+        with self._ready:
+            while name not in self._done and not self._finished:
+                self._ready.wait()
+            snap, exc = self._done.get(name, (None, None))
+        if exc is not None:
+            raise exc
+        return snap
+
+    def wait_all(self) -> None:
+        with self._ready:
+            while not self._finished:
+                self._ready.wait()
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def _snapshot_jobs(data_dir: Path, postgres: bool, scratch: Path) -> list[tuple[str, Path, Path]]:
+    """What ``_Snapshots`` takes ahead: the search index, then the stores before the logs."""
+    if postgres:
+        return []
+    jobs = [(f"data/{_INDEX}", data_dir / _INDEX, scratch / "index.sqlite3")]
+    try:
+        with os.scandir(data_dir) as it:
+            names = sorted(e.name for e in it if e.is_file(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return jobs
+    for n, rel in enumerate(names):
+        if rel.endswith(".sqlite3") and rel != _INDEX and rel < _LOGS and not _skip_data_file(rel, postgres=False):
+            jobs.append((f"data/{rel}", data_dir / rel, scratch / f"snapshot-{n}.sqlite3"))
+    return jobs
+
+
+def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path,
+             snapshots: _Snapshots) -> Iterator[tuple[str, str, int | None, bool] | tuple[str]]:
     """What a backup archives, in order: (member name, file to read, bytes to read or None for
-    all, remove the file once read), and ``_PG_TURN``. Run in the ``_Source`` thread: the SQLite
-    snapshots are taken there too, each just before it is read."""
-    # The search index first, before any log is read: what it covers is then in the logs.
-    index_snap = None if postgres else _index_snapshot(data_dir / _INDEX, scratch / "index.sqlite3")
+    all, remove the file once read), and ``_PG_TURN``. Run in the ``_Source`` thread. The search
+    index and the stores before the logs come from ``snapshots``, all taken before the first log
+    is read (the logs only grow, so every line the index covers is then in the archive); the
+    stores after them are snapshotted here, each just before it is read."""
+    logs = False
     for file, rel, _ in _scan(str(data_dir), ""):
         if _skip_data_file(rel, postgres=postgres):
             continue
         name = f"data/{rel}"
-        if rel == _INDEX:
-            if index_snap is not None:
-                yield name, str(index_snap), None, True
+        if not logs and rel >= _LOGS:  # the first log, or what follows them
+            snapshots.wait_all()
+            logs = True
+        if name in snapshots:
+            snap = snapshots.get(name)
+            if snap is not None:  # None: an unreadable search index, left out
+                yield name, str(snap), None, True
+        elif rel == _INDEX:
+            continue  # with PostgreSQL: the database keeps its own
         elif rel.endswith(".sqlite3"):
             snap = scratch / "snapshot.sqlite3"
             _sqlite_snapshot(Path(file), snap)
@@ -752,6 +848,7 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool,
             yield name, file, _complete_lines_size(Path(file)), False
         else:
             yield name, file, None, False
+    snapshots.wait_all()
     if postgres:
         yield _PG_TURN
     if media_root.is_dir():
@@ -890,21 +987,27 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
         raise BackupError(f"TALON_DATA_DIR={data_dir} does not exist: nothing to back up")
     _compression(path)
     postgres = bool(database_url)
-    expected = _dir_size(data_dir) + _dir_size(media_root)
-    writer = _Writer(path, progress, expected)
+    writer = _Writer(path, progress, 0)
+    if progress is not None:  # the total for the progress lines, summed beside the work (not before it)
+        threading.Thread(target=writer.size_up, args=(data_dir, media_root), name="talon-backup-size",
+                         daemon=True).start()
     try:
         with tempfile.TemporaryDirectory(prefix=".talon-backup-", dir=path.parent) as scratch:
-            source = _Source(_sources(data_dir, media_root, postgres, Path(scratch)))
+            snapshots = _Snapshots(_snapshot_jobs(data_dir, postgres, Path(scratch)))
             try:
-                for item in source:
-                    if item is _PG_TURN:
-                        from talon.storage.pg_export import export_postgres
+                source = _Source(_sources(data_dir, media_root, postgres, Path(scratch), snapshots))
+                try:
+                    for item in source:
+                        if item is _PG_TURN:
+                            from talon.storage.pg_export import export_postgres
 
-                        export_postgres(database_url, writer, Path(scratch))
-                    else:
-                        writer.add_read(item, source)
+                            export_postgres(database_url, writer, Path(scratch))
+                        else:
+                            writer.add_read(item, source)
+                finally:
+                    source.close()
             finally:
-                source.close()
+                snapshots.close()
         manifest = Manifest(source="postgres" if postgres else "embedded", schema_version=SCHEMA_VERSION,
                             created=time.time())
         writer.finish(manifest)
@@ -1100,4 +1203,6 @@ def _into_database(data_dir: Path, url: str) -> None:
 
 
 def session_dir_name(channel: str, chat_id: str) -> str:
+    from talon.storage.sessions import safe_path_part
+
     return f"sessions/{safe_path_part(channel)}/{safe_path_part(chat_id)}"
