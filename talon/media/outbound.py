@@ -35,15 +35,16 @@ segment: brackets that never nest, or nest at most two deep, or images whose alt
 bracket whatever the links around them, are paired by one regex, and there
 each image and its everyday tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step
 (an image without a tail the full parser could read is not even a match); other brackets are
-paired a run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest
-skipped in C; backtick runs go through a "next run of this length" table; a destination's
-parentheses are matched for its whole stretch at once, a step per run of '(' or ')', and
-remembered (those that never close as intervals), and a chain of ``![a](`` running into them is
-skipped in C. The tidying is one pass over the pieces
-of text between the removals (a short piece's step looked up per distinct piece and state), and
-the references are built by C-level maps over their slots with the garbage collector held off
-(a full collection walking the big lists every quarter of growth made a reply with a million
-references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
+paired a run at a time, or per ``]`` (the ``[`` it closes found by a backward search in C), or,
+when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest skipped in C (and where the
+text defines no reference, only images whose ``]`` is followed by ``(`` are kept); backtick
+runs go through a "next run of this length" table; a destination's parentheses are matched
+for its whole stretch at once, a step per run of '(' or ')', and remembered (those that never
+close as intervals), and a chain of ``![a](`` running into them is skipped in C. The tidying is
+one pass over the pieces of text between the removals (a short piece's step looked up per
+distinct piece and state), and the references are built by C-level maps over their slots with
+the garbage collector held off (a full collection walking the big lists every quarter of growth
+made a reply with a million references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS_ONLY = re.compile(r"[\[\]]")
 _FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
 _FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
+_FLAT_IMAGE_TAILED = re.compile(r"!\[[^\[\]]*+\](?=\()")
 _NESTED_IMAGE = re.compile(r"!\[[^\[\]]*+\[")  # an image whose alt text holds a bracket
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
@@ -567,13 +569,15 @@ def _pair_stacked_runs(text: str, start: int, end: int, pairs: list[Range]) -> N
 
 
 def _image_pairs(
-    text: str, start: int, end: int, spans: list[Range], span_starts: list[int]
+    text: str, start: int, end: int, spans: list[Range], span_starts: list[int], tailed: bool = False
 ) -> list[Range]:
-    """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match."""
+    """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match;
+    ``tailed``: only those whose ']' is followed by '(' (the others can lift nothing when the
+    text defines no reference)."""
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
     with_spans = ci < len(spans) and spans[ci][0] < end
     if not with_spans and text.find("\\", start, end) < 0:
-        return _plain_pairs(text, start, end)
+        return _plain_pairs(text, start, end, 0, tailed)
     # Code spans and escapes: masked (same length), so the pairs are those of plain brackets.
     seg = text[start:end]
     if with_spans:
@@ -596,7 +600,7 @@ def _image_pairs(
         # An escaped bracket is no bracket, an escaped '!' no image's: masked, but for an
         # escaped '!' before a '[' (see below).
         seg = _ESCAPE_BUT_BANG.sub("  ", seg)
-    pairs = _plain_pairs(seg, 0, len(seg), start)
+    pairs = _plain_pairs(seg, 0, len(seg), start, tailed)
     if "\\![" in seg:
         # The old parser's reading, kept: an escaped '!' makes no image unless another escape
         # comes between its '[' and ']' (only the latest escape before the ']' was looked at).
@@ -620,7 +624,7 @@ _ESCAPE_BUT_BANG = re.compile(r"\\[\"-/:-@\[-`{-~]")  # _PUNCT without '!'
 _CODE_MASK = str.maketrans("[]\\", "   ")
 
 
-def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range]:
+def _plain_pairs(text: str, start: int, end: int, offset: int = 0, tailed: bool = False) -> list[Range]:
     """``_image_pairs`` for a segment without code spans or backslashes (``offset``: added to
     every index, for a masked copy of a segment)."""
     # No code span and no backslash here (the usual case, and most floods): brackets only.
@@ -628,7 +632,8 @@ def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range
     if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
         # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
         after, before = offset + 1, offset - 1
-        return [(m.start() + after, m.end() + before) for m in _FLAT_IMAGE.finditer(text, start, end)]
+        images = _FLAT_IMAGE_TAILED if tailed else _FLAT_IMAGE
+        return [(m.start() + after, m.end() + before) for m in images.finditer(text, start, end)]
     pairs: list[Range] = []
     if opens > 4 * closes:
         _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
@@ -637,19 +642,47 @@ def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range
     elif 4 * opens < closes:
         _pair_few_openers(text, start, end, pairs)  # few '[': work per '[' only
     else:
-        # Single brackets: one step each.
-        stack: list[int] = []
-        push, pop, add = stack.append, stack.pop, pairs.append
-        for m in _BRACKETS_ONLY.finditer(text, start, end):
-            p = m.start()
-            if text[p] == "[":
-                push(p)
-            elif stack:
-                opener = pop()
-                if opener > start and text[opener - 1] == "!":
-                    add((opener, p))
+        # Single brackets: work per ']' (and the pairs without a tail left out there).
+        _pair_per_closer(text, start, end, pairs, tailed)
+        tailed = False
+    if tailed:
+        pairs = [(o, c) for o, c in pairs if text.startswith("(", c + 1, end)]
     pairs.sort()
     return [(o + offset, c + offset) for o, c in pairs] if offset else pairs
+
+
+def _pair_per_closer(text: str, start: int, end: int, pairs: list[Range], tailed: bool) -> None:
+    """As a stack of every '[', one step per ']' (found by ``find``, in C): the '[' it closes is
+    the last one between it and the ']' before it, if any; else the last one still open before
+    that, kept as regions of text that hold only open '[' (the stretch before a ']' up to the
+    '[' it closes), searched backwards by ``rfind``. Each character is searched at most twice,
+    once forwards and once backwards. ``tailed``: only the pairs whose ']' is followed by '('."""
+    los: list[int] = []  # the regions: text[lo:hi] holds no '[' but open ones
+    his: list[int] = []
+    push_lo, push_hi, pop_lo, pop_hi = los.append, his.append, los.pop, his.pop
+    add = pairs.append
+    find, rfind, startswith = text.find, text.rfind, text.startswith
+    pos = start
+    while True:
+        closer = find("]", pos, end)
+        if closer < 0:
+            return
+        opener = rfind("[", pos, closer)
+        if opener >= 0:
+            if opener > pos:
+                push_lo(pos)
+                push_hi(opener)
+        else:
+            while his:
+                opener = rfind("[", los[-1], his[-1])
+                if opener >= 0:
+                    his[-1] = opener
+                    break
+                pop_lo()
+                pop_hi()
+        pos = closer + 1
+        if opener > start and text[opener - 1] == "!" and (not tailed or startswith("(", pos, end)):
+            add((opener, closer))
 
 
 
@@ -904,7 +937,8 @@ class _Lifter:
         self.paths = paths
         self.removals = removals
         self.scanner = _Scanner(text)
-        self.labels: set[str] | None = None  # reference definitions, read only if an image might use one
+        # reference definitions, read only if an image might use one (none without "]:")
+        self.labels: set[str] | None = None if "]:" in text else set()
 
     def segment(self, seg_start: int, seg_end: int) -> None:
         text = self.text
@@ -931,7 +965,8 @@ class _Lifter:
         add_alt, add_path, add_removal = self.alts.append, self.paths.append, self.removals.append
         find = text.find
         limit = seg_end
-        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
+        tailed = self.labels is not None and not self.labels  # (see _reference)
+        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts, tailed):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
             if span_starts:
@@ -965,6 +1000,8 @@ class _Lifter:
         is not lifted, makes the images in its label mere alt text)."""
         if self.labels is None:
             self.labels = _reference_labels(self.text)
+        if not self.labels:
+            return consumed  # (no definitions: no image by reference)
         end = _reference_image_end(self.text, opener, closer, limit, self.labels)
         return consumed if end is None else end
 
