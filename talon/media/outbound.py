@@ -190,6 +190,7 @@ _START = re.Match.start
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
 _TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
 _SPACES = re.compile(r"\s+")
+_SPACE = re.compile(r"\s")
 _BARE_CR = re.compile(r"\r(?!\n)")
 _PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
 # A whole tail without backslashes and without parentheses in its destination or title, as the
@@ -1118,9 +1119,11 @@ class _Lifter:
 # run at a time: joined by a character the text does not hold, one C call each does all of them.
 _SEPARATORS = ("\x00", "\ue000", "\ue001", "\uffff")
 _SEPARATOR_SPACE = {sep: re.compile(f" ?{sep} ?") for sep in _SEPARATORS}
-# A path that is dropped: empty or blank, or remote (``_REMOTE``), among paths joined by ``sep``.
+# A path that is dropped: empty or blank, or remote (``_REMOTE``), among paths joined by ``sep``,
+# each after a ``sep`` (searched for in ``sep + joined``: the engine skips from one to the next in C,
+# where a pattern starting with ``\A`` or a lookbehind was tried at every character).
 _DROPPED = {
-    sep: re.compile(rf"(?:\A|(?<={sep}))(?:[A-Za-z][A-Za-z0-9+.\-]+:|//|\s*+(?:{sep}|\Z))")
+    sep: re.compile(rf"{sep}(?:[A-Za-z][A-Za-z0-9+.\-]++:|//|\s*+(?:{sep}|\Z))")
     for sep in _SEPARATORS
 }
 
@@ -1161,8 +1164,10 @@ def _finish(
     joined = sep.join(raw_paths)
     if escaped and "\\" in joined:
         joined = _unescape(joined)
-    unescaped = joined.split(sep)
-    if _DROPPED[sep].search(joined) is not None:  # (one search finds whether any path is dropped)
+        unescaped = joined.split(sep)
+    else:
+        unescaped = raw_paths
+    if _DROPPED[sep].search(sep + joined) is not None:  # (one search finds whether any is dropped)
         remote = _REMOTE.match
         keep = [i for i, path in enumerate(unescaped) if path.strip() and remote(path) is None]
         unescaped = [unescaped[i] for i in keep]
@@ -1171,6 +1176,10 @@ def _finish(
     joined = sep.join(raw_alts)
     if escaped and "\\" in joined:
         joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
+    elif _SPACE.search(joined) is None:
+        alts += raw_alts  # (nothing to unescape or fold)
+        paths += unescaped
+        return removals
     joined = _SPACES.sub(" ", joined)
     if " " in joined:  # (else no separator has a space to lose: no step per separator)
         joined = _SEPARATOR_SPACE[sep].sub(sep, joined)
@@ -1236,14 +1245,33 @@ _CODE_RUN = re.compile(
 _CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
 
 
-_Blocks = list[tuple[list[int], list[str]]]
+@dataclass(slots=True)
+class _Runs:
+    """A reply as ``_mask_code_runs`` split it: its runs of text, each followed by its run of code
+    (empty at the end). Where each run of text ends is summed only if asked for: the whole-reply
+    path seldom needs it."""
+
+    texts: list[str]
+    codes: list[str]
+    ends: list[int] | None = None
+
+    def text_ends(self) -> list[int]:
+        if self.ends is None:
+            chunks: list[str] = [""] * (2 * len(self.codes))
+            chunks[0::2] = self.texts
+            chunks[1::2] = self.codes
+            self.ends = list(accumulate(map(len, chunks)))[0::2]
+        return self.ends
+
+
+_Blocks = list[_Runs]
 
 
 def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
     """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``;
-    ``blocks`` gets where each run of text ends and the runs, for ``_runs_from_blocks``."""
-    # [text, code or None, (the fence groups: 2), text, ...], in C; the code translated in C
-    # (only the matches at the end have no code).
+    ``blocks`` gets its runs of text and of code, for ``_runs_from_blocks``."""
+    # [text, code or None, (the fence groups: 2), text, ...], in C (only the matches at the end
+    # have no code).
     split = _CODE_RUN.split(text)
     stride = _CODE_RUN.groups + 1
     texts, codes = split[1::stride], split[2::stride]
@@ -1255,19 +1283,20 @@ def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
         return None  # (cannot happen: every match but those at the end ends with code)
     chunks: list[str] = [""] * (2 * len(codes))
     chunks[0::2] = texts
-    chunks[1::2] = codes
-    ends = list(accumulate(map(len, chunks)))
-    if not ends or ends[-1] != len(text):
+    # The code translated in C, each distinct run once (a reply's runs of code often repeat).
+    masks = {code: code.translate(_CODE_MASK_ALL) for code in set(codes)}
+    chunks[1::2] = map(masks.__getitem__, codes)
+    masked = "".join(chunks)
+    if len(masked) != len(text):
         return None  # (cannot happen: the runs cover the text)
-    blocks.append((ends[0::2], texts))
-    chunks[1::2] = map(str.translate, codes, repeat(_CODE_MASK_ALL))
-    return "".join(chunks)
+    blocks.append(_Runs(texts, codes))
+    return masked
 
 
 def _runs_from_blocks(blocks: _Blocks, cut: int = 0) -> list[Range]:
     """What ``_text_runs`` gives, from what ``_mask_code_runs`` found (no second scan); only the
     runs ending after ``cut`` (those before it are not looked at)."""
-    run_ends, texts = blocks[0]
+    run_ends, texts = blocks[0].text_ends(), blocks[0].texts
     first = bisect_left(run_ends, cut + 1)
     if first:
         run_ends, texts = run_ends[first:], texts[first:]
@@ -1323,7 +1352,7 @@ def _lift_masked(
         fail = 0 if simple is None else simple.end()
         cut = masked.rfind("\n\n", 0, fail) + 2
         if blocks:
-            run_ends, texts = blocks[0]
+            run_ends, texts = blocks[0].text_ends(), blocks[0].texts
             i = bisect_left(run_ends, fail + 1)  # (the run of text or of code holding ``fail``)
             if i < len(run_ends):
                 cut = max(cut, run_ends[i] - len(texts[i]))
