@@ -1356,7 +1356,11 @@ def _lift_masked(
             i = bisect_left(run_ends, fail + 1)  # (the run of text or of code holding ``fail``)
             if i < len(run_ends):
                 cut = max(cut, run_ends[i] - len(texts[i]))
-        if cut <= 1 or not _SIMPLE_RUN.fullmatch(masked, 0, cut):
+        if cut <= 1:
+            return None
+        # The copy was matched up to ``fail``, so up to a line start before it, it matches whole
+        # (only plain text runs on through a line break): matched again only if cut elsewhere.
+        if (cut > fail or masked[cut - 1] != "\n") and not _SIMPLE_RUN.fullmatch(masked, 0, cut):
             return None
         masked = masked[:cut]
     parts = _MASKED_LOCAL.split(masked)
