@@ -1194,14 +1194,17 @@ def _finish(
 # When every run of text is a "simple run" (see _SIMPLE_RUN) once its code is masked, the reply's
 # images are found by one regex over one masked copy of the whole reply, whatever the number of
 # runs, paragraphs, escapes or code spans: no Python step per run or per candidate. The copy has
-# the same length (so offsets hold): code blocks and runs that can lift nothing become \x01 (they
-# are whole lines, and a simple image never spans a line break), each code span (only single
-# backticks, paired on one line: what the renderer's rule gives then) becomes \x01 (which no
-# destination and no blank between '(' and a destination may hold, so a tail stops at a span as
-# the segment parser's limit makes it), and each escape but ``\!`` becomes two \ue100 (no
-# bracket, no blank, no letter: a destination goes on through it as through an escape, and no
-# scheme is seen in it). Alt texts and paths are then taken from the reply itself, by offset, and
-# unescaped, folded and checked for schemes as the general case does (``_finish``).
+# the same length (so offsets hold): in code blocks, what could make or hide an image becomes a
+# stand-in, \x02 to \x06 (code blocks are whole lines, and a simple image never spans a line
+# break), each code span (only single backticks, paired on one line: what the renderer's rule
+# gives then) becomes \x01 (which, like the stand-ins, no destination and no blank between '('
+# and a destination may hold, so a tail stops at a span as the segment parser's limit makes it),
+# and each escape but ``\!`` becomes two \ue100 (no bracket, no blank, no letter: a destination
+# goes on through it as through an escape, and no scheme is seen in it). Alt texts and paths are
+# then taken from the copy, their marks undone, and unescaped, folded and checked for schemes as
+# the general case does (``_finish``); the text between the images likewise, every mark put back
+# as the reply wrote it (or, where the reply holds a mark itself or an image is dropped, cut from
+# the reply by offset).
 
 _MASK = "\x01"
 # Masked escapes: "\ue100" then the character, or for a character the simple regexes read, its
@@ -1220,6 +1223,16 @@ _UNESCAPE = str.maketrans({_ESC: None, **{v: k for k, v in _ESCAPE_STANDINS.item
 _UNMASK_PAIRS = ((_MASK, "`"),)
 _UNESCAPE_PAIRS = ((_ESC, ""), *((v, k) for k, v in _ESCAPE_STANDINS.items()))
 _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
+# In a run of code, whatever could make or hide an image, open a code span or escape: a stand-in
+# (a control character: nothing the simple regexes read goes on through it, as through \x01).
+_CODE_STANDINS = dict(zip("[]!`\\", "\x02\x03\x04\x05\x06"))
+_CODE_MASK_ALL = str.maketrans(_CODE_STANDINS)
+_ASCII_MARKS = (_MASK, *_CODE_STANDINS.values())
+# The marks of the copy as the reply wrote them: the code's stand-ins and a code span's backticks,
+# then (where the copy masked escapes) the escapes' marks. One replacement after another: none
+# makes another's key.
+_RESTORE_PAIRS = (*((v, k) for k, v in _CODE_STANDINS.items()), (_MASK, "`"))
+_RESTORE_ESCAPE_PAIRS = ((_ESC, "\\"), *((v, k) for k, v in _ESCAPE_STANDINS.items()))
 # A code span of single backticks on one line holding no bracket (the renderer's rule gives the
 # same spans when every backtick of the run of text is in one of them).
 _LONE_SPAN = re.compile(r"(?<!`)`[^`\n\[\]]++`(?!`)")
@@ -1241,8 +1254,6 @@ _CODE_RUN = re.compile(
     rf"((?:{_G_BLANKS}|(?=[ #])(?:{_HEADING_START})[^\n]*+{_EOL}|{_G_PARAGRAPH})*+)"
     rf"(?P<code>(?:(?>{_G_BLANKS}|(?=[ `~])(?:{_FENCED})|(?=[ \t])(?:{_INDENT_START})[^\n]*+{_EOL}))+)?"
 )
-# In a run of code, whatever could make or hide an image, open a code span or escape: \x01.
-_CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
 
 
 @dataclass(slots=True)
@@ -1268,7 +1279,7 @@ _Blocks = list[_Runs]
 
 
 def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
-    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``;
+    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as stand-ins;
     ``blocks`` gets its runs of text and of code, for ``_runs_from_blocks``."""
     # [text, code or None, (the fence groups: 2), text, ...], in C (only the matches at the end
     # have no code).
@@ -1304,11 +1315,10 @@ def _runs_from_blocks(blocks: _Blocks, cut: int = 0) -> list[Range]:
             if "![" in run and "](" in run]
 
 
-def _lift_masked(
-    text: str, blocks: _Blocks
-) -> tuple[list[str], list[str], list[int], list[int], bool, int] | None:
-    """The reply's images found in one masked copy (see above): (alts and paths, where each image
-    starts and stops, and whether alts and paths are still escaped); None when some run is not
+def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list[str], int, int] | None:
+    """The reply's images lifted from one masked copy (see above): (their alt texts and paths, the
+    reply's text before each of them (since the one before), where the last one ends (0: none),
+    and where the copy stops: the rest is the run-by-run path's); None when some run is not
     simple once masked (the run-by-run path then; ``blocks`` gets the runs of text if they were
     found on the way)."""
     # (without a fence or an indented line, a reply holds no code block)
@@ -1364,18 +1374,47 @@ def _lift_masked(
             return None
         masked = masked[:cut]
     parts = _MASKED_LOCAL.split(masked)
-    # [text, image, alt, path, text, ...]: the offsets from the lengths, summed in C
-    lengths: list[int] = [0] * (2 * (len(parts) // 4) + 1)
-    lengths[0::2] = map(len, parts[0::4])
-    lengths[1::2] = map(len, parts[1::4])
-    ends = list(accumulate(lengths))
+    # [text, image, alt, path, text, ...]
     alts, paths = parts[2::4], parts[3::4]
     if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
         alts = _translated(alts, _UNESCAPE, _UNESCAPE_PAIRS, text)
         paths = _translated(paths, _UNESCAPE, _UNESCAPE_PAIRS, text)
     elif ticks:  # as written: the spans' backticks put back
         alts = _translated(alts, _UNMASK, _UNMASK_PAIRS, text)
-    return alts, paths, ends[0:-1:2], ends[1::2], not escapes, cut
+    # (the removals as indices: no tuple per image, so nothing for the collector to count)
+    kept = _finish(_separator(text), alts, paths, range(len(paths)), 0, not escapes)
+    if not kept:
+        return alts, paths, [], 0, cut
+    if len(kept) == len(parts) // 4:  # none dropped: the text between them is the copy's
+        between = _restored(parts[0::4], text, escapes)
+        if between is not None:
+            return alts, paths, between[:-1], cut - len(between[-1]), cut
+    # Else cut from the reply: the offsets from the lengths, summed in C.
+    lengths: list[int] = [0] * (2 * (len(parts) // 4) + 1)
+    lengths[0::2] = map(len, parts[0::4])
+    lengths[1::2] = map(len, parts[1::4])
+    ends = list(accumulate(lengths))
+    starts, stops = ends[0:-1:2], ends[1::2]
+    if len(kept) < len(starts):  # some were dropped (remote, or empty once unescaped)
+        starts, stops = [starts[i] for i in kept], [stops[i] for i in kept]
+    pieces = [text[: starts[0]]]
+    pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
+    return alts, paths, pieces, stops[-1], cut
+
+
+def _restored(pieces: list[str], text: str, escapes: bool) -> list[str] | None:
+    """``pieces`` of the masked copy as ``text`` has them, every mark put back: joined by a
+    separator, a replacement per kind of mark, split again (a few scans in C, not an offset and
+    a slice of the reply per piece). None if the reply holds a mark itself (it could not be told
+    from one) or every separator."""
+    sep = _separator(text)
+    if (sep is None or any(mark in text for mark in _ASCII_MARKS)
+            or not text.isascii() and _OWN_MARKS.search(text) is not None):
+        return None
+    joined = sep.join(pieces)
+    for key, value in (*_RESTORE_PAIRS, *_RESTORE_ESCAPE_PAIRS) if escapes else _RESTORE_PAIRS:
+        joined = joined.replace(key, value)
+    return joined.split(sep)
 
 
 def _translated(
@@ -1421,15 +1460,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     blocks: _Blocks = []
     whole = _lift_masked(text, blocks)
     if whole is not None:
-        alts, paths, starts, stops, escaped, cut = whole
-        # (the removals as indices: no tuple per image, so nothing for the collector to count)
-        kept = _finish(_separator(text), alts, paths, range(len(starts)), 0, escaped)
-        if not isinstance(kept, range):  # some were dropped (remote or empty once unescaped)
-            starts, stops = [starts[i] for i in kept], [stops[i] for i in kept]
-        if starts:
-            pieces.append(text[: starts[0]])
-            pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
-            pos = stops[-1]
+        alts, paths, pieces, pos, cut = whole
         if cut < len(text):  # the rest, from a boundary of blocks, the run-by-run way
             lifter.alts, lifter.paths = alts, paths
             after = _runs_from_blocks(blocks, cut) if blocks else _text_runs(text)
