@@ -1319,8 +1319,8 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
     """The reply's images lifted from one masked copy (see above): (their alt texts and paths, the
     reply's text before each of them (since the one before), where the last one ends (0: none),
     and where the copy stops: the rest is the run-by-run path's); None when some run is not
-    simple once masked (the run-by-run path then; ``blocks`` gets the runs of text if they were
-    found on the way)."""
+    simple once masked (the run-by-run path then). ``blocks`` gets the runs of text if they were
+    found on the way, and keeps them only where that path is to read some of them."""
     # (without a fence or an indented line, a reply holds no code block)
     no_code = "```" not in text and "~~~" not in text and "    " not in text and "\t" not in text
     masked = text if no_code else _mask_code_runs(text, blocks)
@@ -1373,26 +1373,31 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
         if (cut > fail or masked[cut - 1] != "\n") and not _SIMPLE_RUN.fullmatch(masked, 0, cut):
             return None
         masked = masked[:cut]
+    else:
+        blocks.clear()  # (read whole: their strings are freed, for what follows to reuse)
     parts = _MASKED_LOCAL.split(masked)
-    # [text, image, alt, path, text, ...]
-    alts, paths = parts[2::4], parts[3::4]
+    del masked
+    # [text, image, alt, path, text, ...]: the images kept as their lengths only (likewise)
+    alts, paths, between = parts[2::4], parts[3::4], parts[0::4]
+    lengths: list[int] = [0] * (2 * len(paths) + 1)
+    lengths[1::2] = map(len, parts[1::4])
+    del parts
     if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
         alts = _translated(alts, _UNESCAPE, _UNESCAPE_PAIRS, text)
         paths = _translated(paths, _UNESCAPE, _UNESCAPE_PAIRS, text)
     elif ticks:  # as written: the spans' backticks put back
         alts = _translated(alts, _UNMASK, _UNMASK_PAIRS, text)
     # (the removals as indices: no tuple per image, so nothing for the collector to count)
-    kept = _finish(_separator(text), alts, paths, range(len(paths)), 0, not escapes)
+    n = len(paths)
+    kept = _finish(_separator(text), alts, paths, range(n), 0, not escapes)
     if not kept:
         return alts, paths, [], 0, cut
-    if len(kept) == len(parts) // 4:  # none dropped: the text between them is the copy's
-        between = _restored(parts[0::4], text, escapes)
-        if between is not None:
-            return alts, paths, between[:-1], cut - len(between[-1]), cut
+    if len(kept) == n:  # none dropped: the text between them is the copy's
+        restored = _restored(between, text, escapes)
+        if restored is not None:
+            return alts, paths, restored[:-1], cut - len(restored[-1]), cut
     # Else cut from the reply: the offsets from the lengths, summed in C.
-    lengths: list[int] = [0] * (2 * (len(parts) // 4) + 1)
-    lengths[0::2] = map(len, parts[0::4])
-    lengths[1::2] = map(len, parts[1::4])
+    lengths[0::2] = map(len, between)
     ends = list(accumulate(lengths))
     starts, stops = ends[0:-1:2], ends[1::2]
     if len(kept) < len(starts):  # some were dropped (remote, or empty once unescaped)
@@ -1425,10 +1430,10 @@ def _translated(
     sep = _separator(text)
     if sep is None or len(strings) < 2:
         return list(map(str.translate, strings, repeat(table)))
-    joined = sep.join(strings)
+    joined = undone = sep.join(strings)
     for key, value in pairs:
-        joined = joined.replace(key, value)
-    return joined.split(sep)
+        undone = undone.replace(key, value)
+    return strings if undone is joined else undone.split(sep)  # (replace returns what it did not change)
 
 
 # --- entry point ----------------------------------------------------------------------------
