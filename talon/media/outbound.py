@@ -658,12 +658,12 @@ def _pair_per_closer(text: str, start: int, end: int, pairs: list[Range], tailed
     that, kept as regions of text that hold only open '[' (the stretch before a ']' up to the
     '[' it closes), searched backwards by ``rfind``. Each character is searched at most twice,
     once forwards and once backwards. ``tailed``: only the pairs whose ']' is followed by '('."""
-    los: list[int] = []  # the regions: text[lo:hi] holds no '[' but open ones
+    los: list[int] = []  # the regions below the last one: text[lo:hi] holds no '[' but open ones
     his: list[int] = []
     push_lo, push_hi, pop_lo, pop_hi = los.append, his.append, los.pop, his.pop
     add = pairs.append
-    find, rfind, startswith = text.find, text.rfind, text.startswith
-    pos = start
+    find, rfind = text.find, text.rfind
+    pos = lo = hi = start  # text[lo:hi]: the last region (empty at first)
     while True:
         closer = find("]", pos, end)
         if closer < 0:
@@ -671,20 +671,18 @@ def _pair_per_closer(text: str, start: int, end: int, pairs: list[Range], tailed
         opener = rfind("[", pos, closer)
         if opener >= 0:
             if opener > pos:
-                push_lo(pos)
-                push_hi(opener)
+                push_lo(lo)
+                push_hi(hi)
+                lo, hi = pos, opener
         else:
-            while his:
-                opener = rfind("[", los[-1], his[-1])
-                if opener >= 0:
-                    his[-1] = opener
-                    break
-                pop_lo()
-                pop_hi()
+            opener = rfind("[", lo, hi)
+            while opener < 0 and los:
+                lo, hi = pop_lo(), pop_hi()
+                opener = rfind("[", lo, hi)
+            hi = opener if opener >= 0 else lo
         pos = closer + 1
-        if opener > start and text[opener - 1] == "!" and (not tailed or startswith("(", pos, end)):
+        if opener > start and text[opener - 1] == "!" and (not tailed or pos < end and text[pos] == "("):
             add((opener, closer))
-
 
 
 def _pair_few_openers(text: str, start: int, end: int, pairs: list[Range]) -> None:
@@ -938,8 +936,10 @@ class _Lifter:
         self.paths = paths
         self.removals = removals
         self.scanner = _Scanner(text)
-        # reference definitions, read only if an image might use one (none without "]:")
-        self.labels: set[str] | None = None if "]:" in text else set()
+        self.labels: set[str] | None = None  # reference definitions, read only if an image might use one
+        # Whether the text may define a reference (each definition holds "]:"), looked for once, at
+        # the first segment (a search for ':' alone is a memchr: most replies are answered by it).
+        self.defines: bool | None = None
 
     def segment(self, seg_start: int, seg_end: int) -> None:
         text = self.text
@@ -966,7 +966,9 @@ class _Lifter:
         add_alt, add_path, add_removal = self.alts.append, self.paths.append, self.removals.append
         find = text.find
         limit = seg_end
-        tailed = self.labels is not None and not self.labels  # (see _reference)
+        if self.defines is None:
+            self.defines = ":" in text and "]:" in text
+        tailed = not self.defines or self.labels is not None and not self.labels  # (see _reference)
         for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts, tailed):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
@@ -1228,10 +1230,9 @@ _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
 _CODE_STANDINS = dict(zip("[]!`\\", "\x02\x03\x04\x05\x06"))
 _CODE_MASK_ALL = str.maketrans(_CODE_STANDINS)
 _ASCII_MARKS = (_MASK, *_CODE_STANDINS.values())
-# The marks of the copy as the reply wrote them: the code's stand-ins and a code span's backticks,
-# then (where the copy masked escapes) the escapes' marks. One replacement after another: none
-# makes another's key.
-_RESTORE_PAIRS = (*((v, k) for k, v in _CODE_STANDINS.items()), (_MASK, "`"))
+# The marks of the copy as the reply wrote them: the code's stand-ins, a code span's backticks
+# (_UNMASK_PAIRS), an escape's marks. One replacement after another: none makes another's key.
+_RESTORE_CODE_PAIRS = tuple((v, k) for k, v in _CODE_STANDINS.items())
 _RESTORE_ESCAPE_PAIRS = ((_ESC, "\\"), *((v, k) for k, v in _ESCAPE_STANDINS.items()))
 # A code span of single backticks on one line holding no bracket (the renderer's rule gives the
 # same spans when every backtick of the run of text is in one of them).
@@ -1392,8 +1393,11 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
     kept = _finish(_separator(text), alts, paths, range(n), 0, not escapes)
     if not kept:
         return alts, paths, [], 0, cut
-    if len(kept) == n:  # none dropped: the text between them is the copy's
-        restored = _restored(between, text, escapes)
+    if len(kept) == n and cut <= 128 * n:
+        # None dropped, and images close together: the text between them is the copy's, its
+        # marks put back (a few scans in C over all of it; images far apart are cut cheaper).
+        marks = _RESTORE_ESCAPE_PAIRS if escapes else _UNMASK_PAIRS if ticks else ()
+        restored = _restored(between, text, marks if no_code else _RESTORE_CODE_PAIRS + marks)
         if restored is not None:
             return alts, paths, restored[:-1], cut - len(restored[-1]), cut
     # Else cut from the reply: the offsets from the lengths, summed in C.
@@ -1407,17 +1411,17 @@ def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list
     return alts, paths, pieces, stops[-1], cut
 
 
-def _restored(pieces: list[str], text: str, escapes: bool) -> list[str] | None:
-    """``pieces`` of the masked copy as ``text`` has them, every mark put back: joined by a
-    separator, a replacement per kind of mark, split again (a few scans in C, not an offset and
-    a slice of the reply per piece). None if the reply holds a mark itself (it could not be told
-    from one) or every separator."""
+def _restored(pieces: list[str], text: str, marks: tuple[tuple[str, str], ...]) -> list[str] | None:
+    """``pieces`` of the masked copy as ``text`` has them, the ``marks`` put back: joined by a
+    separator, a replacement per mark, split again (a few scans in C, not an offset and a slice
+    of the reply per piece). None if the reply holds a mark itself (it could not be told from
+    one) or every separator."""
     sep = _separator(text)
     if (sep is None or any(mark in text for mark in _ASCII_MARKS)
             or not text.isascii() and _OWN_MARKS.search(text) is not None):
         return None
     joined = sep.join(pieces)
-    for key, value in (*_RESTORE_PAIRS, *_RESTORE_ESCAPE_PAIRS) if escapes else _RESTORE_PAIRS:
+    for key, value in marks:
         joined = joined.replace(key, value)
     return joined.split(sep)
 
