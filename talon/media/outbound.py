@@ -656,25 +656,32 @@ def _pair_per_closer(text: str, start: int, end: int, pairs: list[Range], tailed
     """As a stack of every '[', one step per ']' (found by ``find``, in C): the '[' it closes is
     the last one between it and the ']' before it, if any; else the last one still open before
     that, kept as regions of text that hold only open '[' (the stretch before a ']' up to the
-    '[' it closes), searched backwards by ``rfind``. Each character is searched at most twice,
-    once forwards and once backwards. ``tailed``: only the pairs whose ']' is followed by '('."""
+    '[' it closes), searched backwards by ``rfind``. Where a ']' has no '[' of its own, the next
+    '[' is looked for once, and the ']' before it go straight to the regions (deep nesting: a
+    search per ']', not two). Each character is searched at most three times (forwards for ']',
+    for '[', and backwards). ``tailed``: only the pairs whose ']' is followed by '('."""
     los: list[int] = []  # the regions below the last one: text[lo:hi] holds no '[' but open ones
     his: list[int] = []
     push_lo, push_hi, pop_lo, pop_hi = los.append, his.append, los.pop, his.pop
     add = pairs.append
     find, rfind = text.find, text.rfind
     pos = lo = hi = start  # text[lo:hi]: the last region (empty at first)
+    bare_until = start  # no '[' from ``pos`` up to there
     while True:
         closer = find("]", pos, end)
         if closer < 0:
             return
-        opener = rfind("[", pos, closer)
+        opener = -1 if closer < bare_until else rfind("[", pos, closer)
         if opener >= 0:
             if opener > pos:
                 push_lo(lo)
                 push_hi(hi)
                 lo, hi = pos, opener
         else:
+            if closer >= bare_until:
+                bare_until = find("[", closer, end)
+                if bare_until < 0:
+                    bare_until = end
             opener = rfind("[", lo, hi)
             while opener < 0 and los:
                 lo, hi = pop_lo(), pop_hi()
