@@ -100,13 +100,16 @@ _INDENT_START = r"(?: {0,3}+\t| {4})"
 _BREAK = rf"(?:[ \t]*+(?:\r?\n|\Z)|{_FENCE_START}|{_HEADING_START})"  # ends a paragraph
 
 
-def _fence(group: str, opener: str, char: str) -> str:
-    """A fenced block: the opening line, then lines up to a closing fence (or the end)."""
-    close = rf" {{0,3}}+(?P={group}){char}*+[ \t]*+\r?{_EOL}"
-    return rf" {{0,3}}+(?P<{group}>{opener})[^\n]*+{_EOL}(?:(?!{close})[^\n]*+\n)*+(?:{close}|[^\n]*+\Z)"
+def _fence(group: str, char: str, after: str = "") -> str:
+    """A fenced block: the opening line (three or more ``char``, then ``after``), then lines up to
+    a closing fence (or the end). The group holds the opening run past its first three: for the
+    usual fence of three, an empty string, which a split returns without making one."""
+    close = rf" {{0,3}}+{char * 3}(?P={group}){char}*+[ \t]*+\r?{_EOL}"
+    return (rf" {{0,3}}+{char * 3}(?P<{group}>{char}*+){after}[^\n]*+{_EOL}"
+            rf"(?:(?!{close})[^\n]*+\n)*+(?:{close}|[^\n]*+\Z)")
 
 
-_FENCED = _fence("b", r"`{3,}+(?![^`\n]*+`)", "`") + "|" + _fence("t", r"~{3,}+", "~")
+_FENCED = _fence("b", "`", r"(?![^`\n]*+`)") + "|" + _fence("t", "~")
 _PARAGRAPH = rf"(?!{_FENCE_START}|{_INDENT_START})[^\n]*+(?:\n(?!{_BREAK})[^\n]*+)*+{_EOL}"
 _BLOCKS = re.compile(
     rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)"
