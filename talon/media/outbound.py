@@ -35,15 +35,16 @@ segment: brackets that never nest, or nest at most two deep, or images whose alt
 bracket whatever the links around them, are paired by one regex, and there
 each image and its everyday tail (``(path)``, ``(<a b.png> "title")``) are read by one regex step
 (an image without a tail the full parser could read is not even a match); other brackets are
-paired a run at a time, or, when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest
-skipped in C; backtick runs go through a "next run of this length" table; a destination's
-parentheses are matched for its whole stretch at once, a step per run of '(' or ')', and
-remembered (those that never close as intervals), and a chain of ``![a](`` running into them is
-skipped in C. The tidying is one pass over the pieces
-of text between the removals (a short piece's step looked up per distinct piece and state), and
-the references are built by C-level maps over their slots with the garbage collector held off
-(a full collection walking the big lists every quarter of growth made a reply with a million
-references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
+paired a run at a time, or per ``]`` (the ``[`` it closes found by a backward search in C), or,
+when ``[`` or ``]`` floods, per bracket of the rarer kind, the rest skipped in C (and where the
+text defines no reference, only images whose ``]`` is followed by ``(`` are kept); backtick
+runs go through a "next run of this length" table; a destination's parentheses are matched
+for its whole stretch at once, a step per run of '(' or ')', and remembered (those that never
+close as intervals), and a chain of ``![a](`` running into them is skipped in C. The tidying is
+one pass over the pieces of text between the removals (a short piece's step looked up per
+distinct piece and state), and the references are built by C-level maps over their slots with
+the garbage collector held off (a full collection walking the big lists every quarter of growth
+made a reply with a million references O(n log n)). Figures: benchmarks/bench_extract.py and docs/media.md.
 """
 
 from __future__ import annotations
@@ -99,13 +100,16 @@ _INDENT_START = r"(?: {0,3}+\t| {4})"
 _BREAK = rf"(?:[ \t]*+(?:\r?\n|\Z)|{_FENCE_START}|{_HEADING_START})"  # ends a paragraph
 
 
-def _fence(group: str, opener: str, char: str) -> str:
-    """A fenced block: the opening line, then lines up to a closing fence (or the end)."""
-    close = rf" {{0,3}}+(?P={group}){char}*+[ \t]*+\r?{_EOL}"
-    return rf" {{0,3}}+(?P<{group}>{opener})[^\n]*+{_EOL}(?:(?!{close})[^\n]*+\n)*+(?:{close}|[^\n]*+\Z)"
+def _fence(group: str, char: str, after: str = "") -> str:
+    """A fenced block: the opening line (three or more ``char``, then ``after``), then lines up to
+    a closing fence (or the end). The group holds the opening run past its first three: for the
+    usual fence of three, an empty string, which a split returns without making one."""
+    close = rf" {{0,3}}+{char * 3}(?P={group}){char}*+[ \t]*+\r?{_EOL}"
+    return (rf" {{0,3}}+{char * 3}(?P<{group}>{char}*+){after}[^\n]*+{_EOL}"
+            rf"(?:(?!{close})[^\n]*+\n)*+(?:{close}|[^\n]*+\Z)")
 
 
-_FENCED = _fence("b", r"`{3,}+(?![^`\n]*+`)", "`") + "|" + _fence("t", r"~{3,}+", "~")
+_FENCED = _fence("b", "`", r"(?![^`\n]*+`)") + "|" + _fence("t", "~")
 _PARAGRAPH = rf"(?!{_FENCE_START}|{_INDENT_START})[^\n]*+(?:\n(?!{_BREAK})[^\n]*+)*+{_EOL}"
 _BLOCKS = re.compile(
     rf"(?P<code>(?:(?>{_BLANKS}|{_FENCED}|{_INDENT_START}[^\n]*+{_EOL}))+)"
@@ -164,6 +168,7 @@ _PUNCT = r"!-/:-@\[-`{-~"
 _BRACKETS_ONLY = re.compile(r"[\[\]]")
 _FLAT_BRACKETS = re.compile(r"[^\[\]]*+(?:\[[^\[\]]*+\][^\[\]]*+)*+")
 _FLAT_IMAGE = re.compile(r"!\[[^\[\]]*+\]")
+_FLAT_IMAGE_TAILED = re.compile(r"!\[[^\[\]]*+\](?=\()")
 _NESTED_IMAGE = re.compile(r"!\[[^\[\]]*+\[")  # an image whose alt text holds a bracket
 _WS_ONE_NEWLINE = re.compile(r"[ \t]*(?:\r?\n[ \t]*)?")
 _DEST_PLAIN = re.compile(r"[^\x00-\x20()\\\x7f]+")
@@ -188,6 +193,7 @@ _START = re.Match.start
 _DEST_ANGLE = re.compile(r"[^<>\r\n\\]+")
 _TITLE_BODY = {'"': re.compile(r'[^"\\]+'), "'": re.compile(r"[^'\\]+"), "(": re.compile(r"[^()\\]+")}
 _SPACES = re.compile(r"\s+")
+_SPACE = re.compile(r"\s")
 _BARE_CR = re.compile(r"\r(?!\n)")
 _PLAIN_ALT = re.compile(r"(?:\S+(?: \S+)*)?")  # already what whitespace folding would give
 # A whole tail without backslashes and without parentheses in its destination or title, as the
@@ -567,13 +573,15 @@ def _pair_stacked_runs(text: str, start: int, end: int, pairs: list[Range]) -> N
 
 
 def _image_pairs(
-    text: str, start: int, end: int, spans: list[Range], span_starts: list[int]
+    text: str, start: int, end: int, spans: list[Range], span_starts: list[int], tailed: bool = False
 ) -> list[Range]:
-    """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match."""
+    """(index of '[', index of its ']') for every unescaped ``![`` in the segment with a match;
+    ``tailed``: only those whose ']' is followed by '(' (the others can lift nothing when the
+    text defines no reference)."""
     ci = bisect_left(span_starts, start)  # spans never cross a segment boundary
     with_spans = ci < len(spans) and spans[ci][0] < end
     if not with_spans and text.find("\\", start, end) < 0:
-        return _plain_pairs(text, start, end)
+        return _plain_pairs(text, start, end, 0, tailed)
     # Code spans and escapes: masked (same length), so the pairs are those of plain brackets.
     seg = text[start:end]
     if with_spans:
@@ -596,7 +604,7 @@ def _image_pairs(
         # An escaped bracket is no bracket, an escaped '!' no image's: masked, but for an
         # escaped '!' before a '[' (see below).
         seg = _ESCAPE_BUT_BANG.sub("  ", seg)
-    pairs = _plain_pairs(seg, 0, len(seg), start)
+    pairs = _plain_pairs(seg, 0, len(seg), start, tailed)
     if "\\![" in seg:
         # The old parser's reading, kept: an escaped '!' makes no image unless another escape
         # comes between its '[' and ']' (only the latest escape before the ']' was looked at).
@@ -620,7 +628,7 @@ _ESCAPE_BUT_BANG = re.compile(r"\\[\"-/:-@\[-`{-~]")  # _PUNCT without '!'
 _CODE_MASK = str.maketrans("[]\\", "   ")
 
 
-def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range]:
+def _plain_pairs(text: str, start: int, end: int, offset: int = 0, tailed: bool = False) -> list[Range]:
     """``_image_pairs`` for a segment without code spans or backslashes (``offset``: added to
     every index, for a masked copy of a segment)."""
     # No code span and no backslash here (the usual case, and most floods): brackets only.
@@ -628,7 +636,8 @@ def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range
     if opens == closes and _FLAT_BRACKETS.fullmatch(text, start, end):
         # Every '[' closed by the next ']', none nested: the pairs are where a '!' precedes.
         after, before = offset + 1, offset - 1
-        return [(m.start() + after, m.end() + before) for m in _FLAT_IMAGE.finditer(text, start, end)]
+        images = _FLAT_IMAGE_TAILED if tailed else _FLAT_IMAGE
+        return [(m.start() + after, m.end() + before) for m in images.finditer(text, start, end)]
     pairs: list[Range] = []
     if opens > 4 * closes:
         _pair_open_regions(text, start, end, pairs)  # few ']': work per ']' only
@@ -637,20 +646,53 @@ def _plain_pairs(text: str, start: int, end: int, offset: int = 0) -> list[Range
     elif 4 * opens < closes:
         _pair_few_openers(text, start, end, pairs)  # few '[': work per '[' only
     else:
-        # Single brackets: one step each.
-        stack: list[int] = []
-        push, pop, add = stack.append, stack.pop, pairs.append
-        for m in _BRACKETS_ONLY.finditer(text, start, end):
-            p = m.start()
-            if text[p] == "[":
-                push(p)
-            elif stack:
-                opener = pop()
-                if opener > start and text[opener - 1] == "!":
-                    add((opener, p))
+        # Single brackets: work per ']' (and the pairs without a tail left out there).
+        _pair_per_closer(text, start, end, pairs, tailed)
+        tailed = False
+    if tailed:
+        pairs = [(o, c) for o, c in pairs if text.startswith("(", c + 1, end)]
     pairs.sort()
     return [(o + offset, c + offset) for o, c in pairs] if offset else pairs
 
+
+def _pair_per_closer(text: str, start: int, end: int, pairs: list[Range], tailed: bool) -> None:
+    """As a stack of every '[', one step per ']' (found by ``find``, in C): the '[' it closes is
+    the last one between it and the ']' before it, if any; else the last one still open before
+    that, kept as regions of text that hold only open '[' (the stretch before a ']' up to the
+    '[' it closes), searched backwards by ``rfind``. Where a ']' has no '[' of its own, the next
+    '[' is looked for once, and the ']' before it go straight to the regions (deep nesting: a
+    search per ']', not two). Each character is searched at most three times (forwards for ']',
+    for '[', and backwards). ``tailed``: only the pairs whose ']' is followed by '('."""
+    los: list[int] = []  # the regions below the last one: text[lo:hi] holds no '[' but open ones
+    his: list[int] = []
+    push_lo, push_hi, pop_lo, pop_hi = los.append, his.append, los.pop, his.pop
+    add = pairs.append
+    find, rfind = text.find, text.rfind
+    pos = lo = hi = start  # text[lo:hi]: the last region (empty at first)
+    bare_until = start  # no '[' from ``pos`` up to there
+    while True:
+        closer = find("]", pos, end)
+        if closer < 0:
+            return
+        opener = -1 if closer < bare_until else rfind("[", pos, closer)
+        if opener >= 0:
+            if opener > pos:
+                push_lo(lo)
+                push_hi(hi)
+                lo, hi = pos, opener
+        else:
+            if closer >= bare_until:
+                bare_until = find("[", closer, end)
+                if bare_until < 0:
+                    bare_until = end
+            opener = rfind("[", lo, hi)
+            while opener < 0 and los:
+                lo, hi = pop_lo(), pop_hi()
+                opener = rfind("[", lo, hi)
+            hi = opener if opener >= 0 else lo
+        pos = closer + 1
+        if opener > start and text[opener - 1] == "!" and (not tailed or pos < end and text[pos] == "("):
+            add((opener, closer))
 
 
 def _pair_few_openers(text: str, start: int, end: int, pairs: list[Range]) -> None:
@@ -905,6 +947,9 @@ class _Lifter:
         self.removals = removals
         self.scanner = _Scanner(text)
         self.labels: set[str] | None = None  # reference definitions, read only if an image might use one
+        # Whether the text may define a reference (each definition holds "]:"), looked for once, at
+        # the first segment (a search for ':' alone is a memchr: most replies are answered by it).
+        self.defines: bool | None = None
 
     def segment(self, seg_start: int, seg_end: int) -> None:
         text = self.text
@@ -931,7 +976,10 @@ class _Lifter:
         add_alt, add_path, add_removal = self.alts.append, self.paths.append, self.removals.append
         find = text.find
         limit = seg_end
-        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts):
+        if self.defines is None:
+            self.defines = ":" in text and "]:" in text
+        tailed = not self.defines or self.labels is not None and not self.labels  # (see _reference)
+        for opener, closer in _image_pairs(text, seg_start, seg_end, spans, span_starts, tailed):
             if opener - 1 < consumed:
                 continue  # inside an earlier image's alt text: only alt text, never a file
             if span_starts:
@@ -965,6 +1013,8 @@ class _Lifter:
         is not lifted, makes the images in its label mere alt text)."""
         if self.labels is None:
             self.labels = _reference_labels(self.text)
+        if not self.labels:
+            return consumed  # (no definitions: no image by reference)
         end = _reference_image_end(self.text, opener, closer, limit, self.labels)
         return consumed if end is None else end
 
@@ -1081,9 +1131,11 @@ class _Lifter:
 # run at a time: joined by a character the text does not hold, one C call each does all of them.
 _SEPARATORS = ("\x00", "\ue000", "\ue001", "\uffff")
 _SEPARATOR_SPACE = {sep: re.compile(f" ?{sep} ?") for sep in _SEPARATORS}
-# A path that is dropped: empty or blank, or remote (``_REMOTE``), among paths joined by ``sep``.
+# A path that is dropped: empty or blank, or remote (``_REMOTE``), among paths joined by ``sep``,
+# each after a ``sep`` (searched for in ``sep + joined``: the engine skips from one to the next in C,
+# where a pattern starting with ``\A`` or a lookbehind was tried at every character).
 _DROPPED = {
-    sep: re.compile(rf"(?:\A|(?<={sep}))(?:[A-Za-z][A-Za-z0-9+.\-]+:|//|\s*+(?:{sep}|\Z))")
+    sep: re.compile(rf"{sep}(?:[A-Za-z][A-Za-z0-9+.\-]++:|//|\s*+(?:{sep}|\Z))")
     for sep in _SEPARATORS
 }
 
@@ -1124,8 +1176,10 @@ def _finish(
     joined = sep.join(raw_paths)
     if escaped and "\\" in joined:
         joined = _unescape(joined)
-    unescaped = joined.split(sep)
-    if _DROPPED[sep].search(joined) is not None:  # (one search finds whether any path is dropped)
+        unescaped = joined.split(sep)
+    else:
+        unescaped = raw_paths
+    if _DROPPED[sep].search(sep + joined) is not None:  # (one search finds whether any is dropped)
         remote = _REMOTE.match
         keep = [i for i, path in enumerate(unescaped) if path.strip() and remote(path) is None]
         unescaped = [unescaped[i] for i in keep]
@@ -1134,6 +1188,10 @@ def _finish(
     joined = sep.join(raw_alts)
     if escaped and "\\" in joined:
         joined = _unescape(joined)  # (an escape never takes the separator: it is no punctuation)
+    elif _SPACE.search(joined) is None:
+        alts += raw_alts  # (nothing to unescape or fold)
+        paths += unescaped
+        return removals
     joined = _SPACES.sub(" ", joined)
     if " " in joined:  # (else no separator has a space to lose: no step per separator)
         joined = _SEPARATOR_SPACE[sep].sub(sep, joined)
@@ -1148,14 +1206,17 @@ def _finish(
 # When every run of text is a "simple run" (see _SIMPLE_RUN) once its code is masked, the reply's
 # images are found by one regex over one masked copy of the whole reply, whatever the number of
 # runs, paragraphs, escapes or code spans: no Python step per run or per candidate. The copy has
-# the same length (so offsets hold): code blocks and runs that can lift nothing become \x01 (they
-# are whole lines, and a simple image never spans a line break), each code span (only single
-# backticks, paired on one line: what the renderer's rule gives then) becomes \x01 (which no
-# destination and no blank between '(' and a destination may hold, so a tail stops at a span as
-# the segment parser's limit makes it), and each escape but ``\!`` becomes two \ue100 (no
-# bracket, no blank, no letter: a destination goes on through it as through an escape, and no
-# scheme is seen in it). Alt texts and paths are then taken from the reply itself, by offset, and
-# unescaped, folded and checked for schemes as the general case does (``_finish``).
+# the same length (so offsets hold): in code blocks, what could make or hide an image becomes a
+# stand-in, \x02 to \x06 (code blocks are whole lines, and a simple image never spans a line
+# break), each code span (only single backticks, paired on one line: what the renderer's rule
+# gives then) becomes \x01 (which, like the stand-ins, no destination and no blank between '('
+# and a destination may hold, so a tail stops at a span as the segment parser's limit makes it),
+# and each escape but ``\!`` becomes two \ue100 (no bracket, no blank, no letter: a destination
+# goes on through it as through an escape, and no scheme is seen in it). Alt texts and paths are
+# then taken from the copy, their marks undone, and unescaped, folded and checked for schemes as
+# the general case does (``_finish``); the text between the images likewise, every mark put back
+# as the reply wrote it (or, where the reply holds a mark itself or an image is dropped, cut from
+# the reply by offset).
 
 _MASK = "\x01"
 # Masked escapes: "\ue100" then the character, or for a character the simple regexes read, its
@@ -1174,6 +1235,15 @@ _UNESCAPE = str.maketrans({_ESC: None, **{v: k for k, v in _ESCAPE_STANDINS.item
 _UNMASK_PAIRS = ((_MASK, "`"),)
 _UNESCAPE_PAIRS = ((_ESC, ""), *((v, k) for k, v in _ESCAPE_STANDINS.items()))
 _OWN_MARKS = re.compile("[\x01\ue100-\ue1ff]")
+# In a run of code, whatever could make or hide an image, open a code span or escape: a stand-in
+# (a control character: nothing the simple regexes read goes on through it, as through \x01).
+_CODE_STANDINS = dict(zip("[]!`\\", "\x02\x03\x04\x05\x06"))
+_CODE_MASK_ALL = str.maketrans(_CODE_STANDINS)
+_ASCII_MARKS = (_MASK, *_CODE_STANDINS.values())
+# The marks of the copy as the reply wrote them: the code's stand-ins, a code span's backticks
+# (_UNMASK_PAIRS), an escape's marks. One replacement after another: none makes another's key.
+_RESTORE_CODE_PAIRS = tuple((v, k) for k, v in _CODE_STANDINS.items())
+_RESTORE_ESCAPE_PAIRS = ((_ESC, "\\"), *((v, k) for k, v in _ESCAPE_STANDINS.items()))
 # A code span of single backticks on one line holding no bracket (the renderer's rule gives the
 # same spans when every backtick of the run of text is in one of them).
 _LONE_SPAN = re.compile(r"(?<!`)`[^`\n\[\]]++`(?!`)")
@@ -1195,18 +1265,35 @@ _CODE_RUN = re.compile(
     rf"((?:{_G_BLANKS}|(?=[ #])(?:{_HEADING_START})[^\n]*+{_EOL}|{_G_PARAGRAPH})*+)"
     rf"(?P<code>(?:(?>{_G_BLANKS}|(?=[ `~])(?:{_FENCED})|(?=[ \t])(?:{_INDENT_START})[^\n]*+{_EOL}))+)?"
 )
-# In a run of code, whatever could make or hide an image, open a code span or escape: \x01.
-_CODE_MASK_ALL = str.maketrans("[]!`\\", _MASK * 5)
 
 
-_Blocks = list[tuple[list[int], list[str]]]
+@dataclass(slots=True)
+class _Runs:
+    """A reply as ``_mask_code_runs`` split it: its runs of text, each followed by its run of code
+    (empty at the end). Where each run of text ends is summed only if asked for: the whole-reply
+    path seldom needs it."""
+
+    texts: list[str]
+    codes: list[str]
+    ends: list[int] | None = None
+
+    def text_ends(self) -> list[int]:
+        if self.ends is None:
+            chunks: list[str] = [""] * (2 * len(self.codes))
+            chunks[0::2] = self.texts
+            chunks[1::2] = self.codes
+            self.ends = list(accumulate(map(len, chunks)))[0::2]
+        return self.ends
+
+
+_Blocks = list[_Runs]
 
 
 def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
-    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as ``_MASK``;
-    ``blocks`` gets where each run of text ends and the runs, for ``_runs_from_blocks``."""
-    # [text, code or None, (the fence groups: 2), text, ...], in C; the code translated in C
-    # (only the matches at the end have no code).
+    """``text`` with its code blocks' brackets, bangs, backticks and backslashes as stand-ins;
+    ``blocks`` gets its runs of text and of code, for ``_runs_from_blocks``."""
+    # [text, code or None, (the fence groups: 2), text, ...], in C (only the matches at the end
+    # have no code).
     split = _CODE_RUN.split(text)
     stride = _CODE_RUN.groups + 1
     texts, codes = split[1::stride], split[2::stride]
@@ -1218,19 +1305,20 @@ def _mask_code_runs(text: str, blocks: _Blocks) -> str | None:
         return None  # (cannot happen: every match but those at the end ends with code)
     chunks: list[str] = [""] * (2 * len(codes))
     chunks[0::2] = texts
-    chunks[1::2] = codes
-    ends = list(accumulate(map(len, chunks)))
-    if not ends or ends[-1] != len(text):
+    # The code translated in C, each distinct run once (a reply's runs of code often repeat).
+    masks = {code: code.translate(_CODE_MASK_ALL) for code in set(codes)}
+    chunks[1::2] = map(masks.__getitem__, codes)
+    masked = "".join(chunks)
+    if len(masked) != len(text):
         return None  # (cannot happen: the runs cover the text)
-    blocks.append((ends[0::2], texts))
-    chunks[1::2] = map(str.translate, codes, repeat(_CODE_MASK_ALL))
-    return "".join(chunks)
+    blocks.append(_Runs(texts, codes))
+    return masked
 
 
 def _runs_from_blocks(blocks: _Blocks, cut: int = 0) -> list[Range]:
     """What ``_text_runs`` gives, from what ``_mask_code_runs`` found (no second scan); only the
     runs ending after ``cut`` (those before it are not looked at)."""
-    run_ends, texts = blocks[0]
+    run_ends, texts = blocks[0].text_ends(), blocks[0].texts
     first = bisect_left(run_ends, cut + 1)
     if first:
         run_ends, texts = run_ends[first:], texts[first:]
@@ -1238,13 +1326,12 @@ def _runs_from_blocks(blocks: _Blocks, cut: int = 0) -> list[Range]:
             if "![" in run and "](" in run]
 
 
-def _lift_masked(
-    text: str, blocks: _Blocks
-) -> tuple[list[str], list[str], list[int], list[int], bool, int] | None:
-    """The reply's images found in one masked copy (see above): (alts and paths, where each image
-    starts and stops, and whether alts and paths are still escaped); None when some run is not
-    simple once masked (the run-by-run path then; ``blocks`` gets the runs of text if they were
-    found on the way)."""
+def _lift_masked(text: str, blocks: _Blocks) -> tuple[list[str], list[str], list[str], int, int] | None:
+    """The reply's images lifted from one masked copy (see above): (their alt texts and paths, the
+    reply's text before each of them (since the one before), where the last one ends (0: none),
+    and where the copy stops: the rest is the run-by-run path's); None when some run is not
+    simple once masked (the run-by-run path then). ``blocks`` gets the runs of text if they were
+    found on the way, and keeps them only where that path is to read some of them."""
     # (without a fence or an indented line, a reply holds no code block)
     no_code = "```" not in text and "~~~" not in text and "    " not in text and "\t" not in text
     masked = text if no_code else _mask_code_runs(text, blocks)
@@ -1286,26 +1373,67 @@ def _lift_masked(
         fail = 0 if simple is None else simple.end()
         cut = masked.rfind("\n\n", 0, fail) + 2
         if blocks:
-            run_ends, texts = blocks[0]
+            run_ends, texts = blocks[0].text_ends(), blocks[0].texts
             i = bisect_left(run_ends, fail + 1)  # (the run of text or of code holding ``fail``)
             if i < len(run_ends):
                 cut = max(cut, run_ends[i] - len(texts[i]))
-        if cut <= 1 or not _SIMPLE_RUN.fullmatch(masked, 0, cut):
+        if cut <= 1:
+            return None
+        # The copy was matched up to ``fail``, so up to a line start before it, it matches whole
+        # (only plain text runs on through a line break): matched again only if cut elsewhere.
+        if (cut > fail or masked[cut - 1] != "\n") and not _SIMPLE_RUN.fullmatch(masked, 0, cut):
             return None
         masked = masked[:cut]
+    else:
+        blocks.clear()  # (read whole: their strings are freed, for what follows to reuse)
     parts = _MASKED_LOCAL.split(masked)
-    # [text, image, alt, path, text, ...]: the offsets from the lengths, summed in C
-    lengths: list[int] = [0] * (2 * (len(parts) // 4) + 1)
-    lengths[0::2] = map(len, parts[0::4])
+    del masked
+    # [text, image, alt, path, text, ...]: the images kept as their lengths only (likewise)
+    alts, paths, between = parts[2::4], parts[3::4], parts[0::4]
+    lengths: list[int] = [0] * (2 * len(paths) + 1)
     lengths[1::2] = map(len, parts[1::4])
-    ends = list(accumulate(lengths))
-    alts, paths = parts[2::4], parts[3::4]
+    del parts
     if escapes:  # unescaped at once: the marks dropped, the stand-ins put back (in C)
         alts = _translated(alts, _UNESCAPE, _UNESCAPE_PAIRS, text)
         paths = _translated(paths, _UNESCAPE, _UNESCAPE_PAIRS, text)
     elif ticks:  # as written: the spans' backticks put back
         alts = _translated(alts, _UNMASK, _UNMASK_PAIRS, text)
-    return alts, paths, ends[0:-1:2], ends[1::2], not escapes, cut
+    # (the removals as indices: no tuple per image, so nothing for the collector to count)
+    n = len(paths)
+    kept = _finish(_separator(text), alts, paths, range(n), 0, not escapes)
+    if not kept:
+        return alts, paths, [], 0, cut
+    if len(kept) == n and cut <= 128 * n:
+        # None dropped, and images close together: the text between them is the copy's, its
+        # marks put back (a few scans in C over all of it; images far apart are cut cheaper).
+        marks = _RESTORE_ESCAPE_PAIRS if escapes else _UNMASK_PAIRS if ticks else ()
+        restored = _restored(between, text, marks if no_code else _RESTORE_CODE_PAIRS + marks)
+        if restored is not None:
+            return alts, paths, restored[:-1], cut - len(restored[-1]), cut
+    # Else cut from the reply: the offsets from the lengths, summed in C.
+    lengths[0::2] = map(len, between)
+    ends = list(accumulate(lengths))
+    starts, stops = ends[0:-1:2], ends[1::2]
+    if len(kept) < len(starts):  # some were dropped (remote, or empty once unescaped)
+        starts, stops = [starts[i] for i in kept], [stops[i] for i in kept]
+    pieces = [text[: starts[0]]]
+    pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
+    return alts, paths, pieces, stops[-1], cut
+
+
+def _restored(pieces: list[str], text: str, marks: tuple[tuple[str, str], ...]) -> list[str] | None:
+    """``pieces`` of the masked copy as ``text`` has them, the ``marks`` put back: joined by a
+    separator, a replacement per mark, split again (a few scans in C, not an offset and a slice
+    of the reply per piece). None if the reply holds a mark itself (it could not be told from
+    one) or every separator."""
+    sep = _separator(text)
+    if (sep is None or any(mark in text for mark in _ASCII_MARKS)
+            or not text.isascii() and _OWN_MARKS.search(text) is not None):
+        return None
+    joined = sep.join(pieces)
+    for key, value in marks:
+        joined = joined.replace(key, value)
+    return joined.split(sep)
 
 
 def _translated(
@@ -1316,10 +1444,10 @@ def _translated(
     sep = _separator(text)
     if sep is None or len(strings) < 2:
         return list(map(str.translate, strings, repeat(table)))
-    joined = sep.join(strings)
+    joined = undone = sep.join(strings)
     for key, value in pairs:
-        joined = joined.replace(key, value)
-    return joined.split(sep)
+        undone = undone.replace(key, value)
+    return strings if undone is joined else undone.split(sep)  # (replace returns what it did not change)
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -1351,15 +1479,7 @@ def extract_markdown_media(text: str) -> tuple[str, list[MarkdownMediaRef]]:
     blocks: _Blocks = []
     whole = _lift_masked(text, blocks)
     if whole is not None:
-        alts, paths, starts, stops, escaped, cut = whole
-        # (the removals as indices: no tuple per image, so nothing for the collector to count)
-        kept = _finish(_separator(text), alts, paths, range(len(starts)), 0, escaped)
-        if not isinstance(kept, range):  # some were dropped (remote or empty once unescaped)
-            starts, stops = [starts[i] for i in kept], [stops[i] for i in kept]
-        if starts:
-            pieces.append(text[: starts[0]])
-            pieces += map(text.__getitem__, map(slice, stops[:-1], starts[1:]))
-            pos = stops[-1]
+        alts, paths, pieces, pos, cut = whole
         if cut < len(text):  # the rest, from a boundary of blocks, the run-by-run way
             lifter.alts, lifter.paths = alts, paths
             after = _runs_from_blocks(blocks, cut) if blocks else _text_runs(text)
