@@ -200,6 +200,10 @@ async def test_git_server_with_workspace_sees_its_own_chat_only_and_stops_when_i
 
 
 # --- streamable HTTP ------------------------------------------------------------------------
+def listening(port: int) -> bool:
+    """Whether something accepts connections on the loopback ``port`` (the test's MCP server)."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 async def test_streamable_http_server_started_by_the_test(tg: FakeTelegram, llm: FakeOpenAI,
@@ -208,11 +212,7 @@ async def test_streamable_http_server_started_by_the_test(tg: FakeTelegram, llm:
     server = subprocess.Popen([sys.executable, TEST_SERVER, "http", str(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        def listening() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        await until(listening, 30, "the HTTP MCP server to listen")
+        await until(lambda: listening(port), 30, "the HTTP MCP server to listen")
         settings = mcp_settings(tmp_path, tg, llm, {"remote": {"url": f"http://127.0.0.1:{port}/mcp",
                                                                "allowTools": ["echo", "who*"]}})
         llm.queue(FakeOpenAI.tool_call("mcp__remote__echo", {"text": "over http"}),
@@ -237,11 +237,7 @@ async def test_an_http_server_that_goes_away_is_reconnected_when_it_is_back(tmp_
         process = subprocess.Popen([sys.executable, TEST_SERVER, "http", str(port)], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
 
-        def listening() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        await until(listening, 30, "the HTTP MCP server to listen")
+        await until(lambda: listening(port), 30, "the HTTP MCP server to listen")
         return process
 
     first = await serve()

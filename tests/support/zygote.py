@@ -260,14 +260,12 @@ _helper: _Helper | None = None
 TalonProcess = Forked | subprocess.Popen  # what start_talon_process gives
 
 
-def start_talon_process(args: list[str], *, cwd: Path, env: dict[str, str], out: Path,
-                        append: bool = False) -> TalonProcess:
+def start_talon_process(args: list[str], *, cwd: Path, env: dict[str, str], out: Path) -> TalonProcess:
     """``python -m talon.cli ARGS`` in ``cwd`` with exactly ``env``, stdout and stderr to ``out``
     (stdin empty): forked from the helper, or a real start with ``TALON_TESTS_NO_FORK=1``. The
-    log is made (or emptied, unless ``append``) before this returns, as with Popen; the child
-    appends to it."""
+    log is made (or emptied) before this returns, as with Popen; the child appends to it."""
     global _helper
-    with open(out, "ab" if append else "wb") as log:
+    with open(out, "wb") as log:
         if os.environ.get(NO_FORK_ENV) == "1":
             return subprocess.Popen([sys.executable, "-m", "talon.cli", *args], cwd=cwd, env=env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
