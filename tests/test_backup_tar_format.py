@@ -4,6 +4,7 @@ archives read back with tarfile and with GNU tar."""
 from __future__ import annotations
 
 import io
+import random
 import shutil
 import subprocess
 import tarfile
@@ -73,41 +74,144 @@ def test_plain_member_names_pass(name: str) -> None:
     assert _safe_member_name(name) == name
 
 
-@pytest.mark.slow  # a few MB shuffled through many reads
-def test_the_forward_reader_gives_the_stream_byte_for_byte_whatever_the_reads() -> None:
-    """tarfile's reads of a decompressed stream (512-byte headers, 1 MB blocks, forward seeks past
-    padding, read-all) come out exactly as the stream, however the decompressor cuts its output."""
-    import random
+class Ragged:
+    """A decompressor's ``read(n)``: at most n bytes, often fewer (a random share), b"" at the end."""
 
-    from talon.storage.backup import _Forward
+    def __init__(self, data: bytes, rng: random.Random) -> None:
+        self.data, self.pos, self.rng = data, 0, rng
 
+    def read(self, n: int = -1) -> bytes:
+        n = len(self.data) if n < 0 else n
+        out = self.data[self.pos:self.pos + min(n, self.rng.randint(1, 300_000))]
+        self.pos += len(out)
+        return out
+
+
+def read_all(data: bytes, rng: random.Random) -> list[tuple[str, bytes]]:
+    from talon.storage.backup import _TarReader
+
+    reader = _TarReader(Ragged(data, rng))
+    return [(name, b"".join(reader.data(size))) for name, size in reader.members()]
+
+
+def a_tar(members: list[tuple[str, bytes]], fmt: int = tarfile.PAX_FORMAT, *, end: bool = True) -> bytes:
+    """A tar of ``members``; with ``end=False`` without the blocks of zeros that end it."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:", format=fmt) as tar:
+        for name, body in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+        last = tar.offset
+    return out.getvalue() if end else out.getvalue()[:last]
+
+
+@pytest.mark.slow  # a few MB through many ragged reads
+def test_the_reader_gives_what_tarfile_reads_whatever_the_reads() -> None:
+    """Archives tarfile writes (PAX and ustar, long names through a PAX header or the ustar prefix,
+    names not in ASCII, sizes around the block size) read back member for member as tarfile reads
+    them, however the decompressor cuts its output."""
     rng = random.Random(30)
+    for round_ in range(40):
+        fmt = tarfile.PAX_FORMAT if round_ % 2 else tarfile.USTAR_FORMAT
+        stems = (["a", "x" * rng.randint(90, 140), "Zürich é", "d/" * 30 + "deep"] if fmt == tarfile.PAX_FORMAT
+                 else ["a", "Zurich", "d/" * 30 + "deep", "q" * 60 + "/" + "r" * 90])  # ustar: the prefix
+        members = []
+        for i in range(rng.randint(0, 12)):
+            size = rng.choice([0, 1, 511, 512, 513, 1 << 20, (1 << 20) + 1, rng.randint(0, 3_000_000)])
+            members.append((f"data/{i}/{rng.choice(stems)}", rng.randbytes(size)))
+        data = a_tar(members, fmt)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            theirs = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+        assert read_all(data, rng) == theirs == members
 
-    class Ragged:  # returns at most a random share of what is asked, as a decompressor may
-        def __init__(self, data: bytes) -> None:
-            self.data, self.pos = data, 0
 
-        def read(self, n: int = -1) -> bytes:
-            n = len(self.data) if n < 0 else n
-            out = self.data[self.pos:self.pos + min(n, rng.randint(1, 300_000))]
-            self.pos += len(out)
-            return out
+def test_an_archive_cut_anywhere_ends_cleanly_at_a_header_or_is_refused() -> None:
+    from talon.errors import BackupError
 
-    for _ in range(25):
-        data = rng.randbytes(rng.randint(0, 3_000_000))
-        reader, pos = _Forward(Ragged(data)), 0
-        while pos < len(data):
-            op = rng.random()
-            if op < 0.1:
-                skip = rng.randint(0, 2_000_000)
-                reader.seek(skip, 1)
-                pos = min(len(data), pos + skip)
-            elif op < 0.12:
-                assert reader.read() == data[pos:]
-                pos = len(data)
-            else:
-                n = rng.choice([512, 1, 1 << 20, 10240, rng.randint(0, 2_500_000)])
-                assert reader.read(n) == data[pos:pos + n]
-                pos = min(len(data), pos + n)
-            assert reader.tell() == pos
-        assert reader.read(512) == b""
+    rng = random.Random(31)
+    members = [("data/a", b"x" * 700), ("data/" + "y" * 150, b"long"), ("data/empty", b""), ("data/b", b"z" * 1024)]
+    data = a_tar(members, end=False)
+    boundaries, pos = {0}, 0
+    for name, body in members:  # where each member's header starts (a PAX header first for the long name)
+        pos += 512 * (3 if len(name) > 100 else 1) + -(-len(body) // 512) * 512
+        boundaries.add(pos)
+    after_pax = 1536 + 1024  # the long name's PAX header and its records read, not the header they are for
+    for cut in sorted({*range(0, len(data) + 1, 97), *boundaries, *(b + 1 for b in boundaries), after_pax}
+                      - {len(data) + 1}):
+        try:
+            got = read_all(data[:cut], rng)
+        except BackupError as exc:
+            assert cut not in boundaries and "truncated" in str(exc), (cut, exc)
+        else:
+            assert cut in boundaries, cut
+            assert got == members[:len(got)]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "directory", "fifo", "gnu long name", "global pax",
+                                  "sparse", "bad checksum", "bad size", "bad pax", "two pax"])
+def test_what_is_not_a_plain_regular_file_is_refused(kind: str) -> None:
+    from talon.errors import BackupError
+
+    info = tarfile.TarInfo("data/evil")
+    fmt = tarfile.PAX_FORMAT
+    if kind in ("symlink", "hardlink"):
+        info.type, info.linkname = (tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE), "/etc/passwd"
+    elif kind == "directory":
+        info.type = tarfile.DIRTYPE
+    elif kind == "fifo":
+        info.type = tarfile.FIFOTYPE
+    elif kind == "gnu long name":
+        info.name, fmt = "data/" + "z" * 120, tarfile.GNU_FORMAT
+    elif kind == "sparse":
+        info.pax_headers = {"GNU.sparse.map": "0,0"}
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:", format=fmt) as tar:
+        if kind == "global pax":
+            tar.pax_headers = {"comment": "x"}
+            tar.format = tarfile.PAX_FORMAT
+        tar.addfile(info, io.BytesIO(b""))
+    data = bytearray(out.getvalue())
+    if kind == "global pax":
+        data = bytearray(info.create_pax_global_header({"comment": "x"}) + bytes(data))
+    if kind == "bad checksum":
+        data[0] ^= 1
+    if kind == "bad size":
+        data[124:136] = b"0000000009x\0"
+        data[148:156] = b"%06o\0 " % (sum(data[:148]) + 256 + sum(data[156:512]))
+    if kind in ("bad pax", "two pax"):
+        pax = tarfile.TarInfo("data/" + "p" * 120).tobuf(tarfile.PAX_FORMAT)  # a PAX header, then the file's
+        pax_data = bytearray(pax[:1024])
+        if kind == "bad pax":
+            pax_data[512:515] = b"999"  # the first record's length, now past the end
+            data = pax_data + data
+        else:
+            data = pax_data + pax_data + data
+    with pytest.raises(BackupError, match="refused"):
+        read_all(bytes(data), random.Random(32))
+
+
+def test_a_size_in_base_256_is_read() -> None:
+    from talon.storage.backup import _parse_header
+
+    info = tarfile.TarInfo("data/big")
+    info.size = 8 ** 11 + 5  # past ustar's 11 octal digits: GNU writes it base-256
+    head = info.tobuf(tarfile.GNU_FORMAT)
+    assert _parse_header(head[:512]) == ("data/big", 8 ** 11 + 5, b"0")
+
+
+def test_damaged_headers_are_refused_never_crash() -> None:
+    """Random bytes changed in the headers of a small archive: whatever is read is refused with a
+    BackupError or read as members (then the manifest's sums catch changed data), never anything else."""
+    from talon.errors import BackupError
+
+    rng = random.Random(33)
+    good = a_tar([("data/a", b"hello"), ("data/" + "é" * 70, b"x" * 600), ("media/t/1/m.md", b"")])
+    for _ in range(3000):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.choice([0, 512, 1024, 1536, 2048, 2560]) + rng.randrange(512)] = rng.randrange(256)
+        try:
+            read_all(bytes(data), rng)
+        except BackupError:
+            pass
