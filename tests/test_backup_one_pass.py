@@ -126,6 +126,34 @@ def test_an_interrupted_restore_leaves_nothing_half_written(tmp_path: Path) -> N
     assert restore(archive, tmp_path / "r" / "data", empty_media).indexed == 15
 
 
+def test_a_restore_is_on_the_disk_before_it_reports_success(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restore syncs both places' file systems after everything is written and indexed, and a
+    write error that sync reports fails the restore and leaves nothing."""
+    import talon.storage.backup as backup_module
+
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, data, media)
+    real, calls = backup_module._sync, []
+
+    def spy(*places: Path) -> None:
+        calls.append((places, (places[0] / INDEX_FILE).is_file(), sorted(p.name for p in places[1].rglob("*.md"))))
+        real(*places)  # the real syncfs(2) of the file system under tmp_path
+
+    monkeypatch.setattr(backup_module, "_sync", spy)
+    new_data, new_media = tmp_path / "r" / "data", tmp_path / "r" / "media_root"
+    restore(archive, new_data)
+    assert calls == [((new_data, new_media), True, ["AGENTS.md"] * 3)]
+
+    def broken(*places: Path) -> None:
+        raise BackupError(f"could not write {places[0]} to the disk: Input/output error")
+
+    monkeypatch.setattr(backup_module, "_sync", broken)
+    with pytest.raises(BackupError, match="to the disk"):
+        restore(archive, tmp_path / "r2" / "data")
+    nothing_left(tmp_path / "r2")
+
+
 def test_a_truncated_zstd_archive_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
     data, media = tree(tmp_path / "src")
     archive = tmp_path / "a.tar.zst"

@@ -1112,7 +1112,8 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
     the media root: safe relative names, regular files only, each created anew); the archive counts
     as restored only once the whole of it matched its manifest. Until then nothing else happens
     (no search index, no database), and any failure (a tampered or truncated archive, a full disk,
-    Ctrl-C) removes everything the restore wrote, directories it made included."""
+    Ctrl-C) removes everything the restore wrote, directories it made included. It returns once
+    what it wrote is on the disk (``_sync``)."""
     from talon.workspaces import check_dirs_apart
     from talon.errors import ConfigError
 
@@ -1145,6 +1146,7 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
             _into_database(data_dir, database_url)
         else:
             indexed = _restored_index(data_dir)
+        _sync(data_dir, media_root)
         return RestoreResult(manifest, data_dir, media_root, database_url, indexed)
     except BaseException:
         # Nothing half-restored: the places were empty or absent, so all of it goes.
@@ -1159,6 +1161,31 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
         if database_url:
             _empty_database(database_url)
         raise
+
+
+def _sync(*places: Path) -> None:
+    """What a restore wrote, on the disk before it reports success (a power cut just after must
+    not leave empty files behind a "restored"): syncfs(2) of each file system holding one of
+    ``places`` where the C library has it (Linux), else sync(2). A write error the kernel held
+    back (EIO) fails the restore, which then removes what it wrote."""
+    import ctypes
+
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        os.sync()
+        return
+    synced: set[int] = set()
+    for place in places:
+        fd = os.open(place, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            device = os.fstat(fd).st_dev
+            if device not in synced:
+                synced.add(device)
+                if syncfs(fd) != 0:
+                    raise BackupError(f"could not write {place} to the disk: {os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)
 
 
 def _restored_index(data_dir: Path) -> int:
