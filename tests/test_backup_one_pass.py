@@ -154,6 +154,35 @@ def test_a_restore_is_on_the_disk_before_it_reports_success(tmp_path: Path, monk
     nothing_left(tmp_path / "r2")
 
 
+def test_the_archive_goes_to_the_disk_as_it_grows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writeback of the archive is started stretch by stretch while it is written (so the fsync at
+    the end waits for the last one only), every byte once, and the archive is whole; a restore
+    starts it for each large file once written (so its sync at the end has less left)."""
+    import talon.storage.backup as backup_module
+
+    data, media = tree(tmp_path / "src")
+    (data / "attachments" / "cd").mkdir()
+    (data / "attachments" / "cd" / ("cd" + "0" * 62)).write_bytes(os.urandom(5 << 20))  # a video
+    real, ranges = os.posix_fadvise, []
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        ranges.append((offset, length, advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(backup_module, "_WRITTEN_BACK", 64 << 10)
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, data, media)
+    size = archive.stat().st_size
+    assert len(ranges) >= 4 and all(a == os.POSIX_FADV_DONTNEED for _, _, a in ranges)
+    assert [o for o, _, _ in ranges] == [0, *(o + n for o, n, _ in ranges[:-1])]  # back to back, from 0
+    assert size - (ranges[-1][0] + ranges[-1][1]) <= 1 << 20  # only the last write left to the fsync
+    # A restore sends each large file (the video) to the disk as soon as it is written.
+    ranges.clear()
+    assert restore(archive, tmp_path / "r" / "data").indexed == 15
+    assert ranges == [(0, 0, os.POSIX_FADV_DONTNEED)]
+
+
 def test_a_truncated_zstd_archive_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
     data, media = tree(tmp_path / "src")
     archive = tmp_path / "a.tar.zst"
