@@ -26,8 +26,9 @@ relative names, each exactly once, each matching the manifest, nothing missing, 
 (never over live data): each member is checked as ``verify`` checks it before it is written, and
 hashed as it is written; only when the whole archive matched its manifest does it bring the
 search index up to the restored logs, or, with a database URL, copy the stores into that (empty) database with
-``talon.storage.migrate`` and its checks. Anything that fails, a tampered archive or Ctrl-C
-included, removes what the restore wrote.
+``talon.storage.migrate`` and its checks, and sync what it wrote to the disk before it returns.
+Anything that fails, a tampered archive or Ctrl-C included, removes what the restore wrote. The
+tar stream is read by ``_TarReader`` (regular files only, every header checked), not tarfile.
 """
 
 from __future__ import annotations
@@ -539,7 +540,8 @@ class _Placer:
     thread's bounded queue: memory stays flat (at most ``_QUEUED`` batches of about ``_CHUNK``
     per thread in flight). A failure in a thread is raised in the main thread at its next batch;
     the threads keep draining their queues until ``finish`` or ``abort``, which always wait for
-    them, so nothing is written after either returns."""
+    them, so nothing is written after either returns. A file of ``_CHUNK`` or more is sent to
+    the disk once written (``_start_writeback``), so the restore's closing sync has less left."""
 
     def __init__(self, place: Callable[[str], Path] | None, threads: int | None = None) -> None:
         self.place = place
