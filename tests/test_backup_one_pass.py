@@ -183,6 +183,22 @@ def test_the_archive_goes_to_the_disk_as_it_grows(tmp_path: Path, monkeypatch: p
     assert ranges == [(0, 0, os.POSIX_FADV_DONTNEED)]
 
 
+def test_an_archive_recompressed_as_several_zstd_frames_restores(tmp_path: Path) -> None:
+    """zstd allows a stream of several frames (what `pzstd` or a concatenation makes); the archive
+    reads through all of them, wherever they are cut, not to the end of the first."""
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, data, media)
+    with open(archive, "rb") as raw:
+        tar = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
+    for cuts in ([1], [512, 513, 100_000], [len(tar) // 3, len(tar) // 2]):
+        framed = tmp_path / f"framed-{len(cuts)}-{cuts[0]}.tar.zst"
+        edges = [0, *cuts, len(tar)]
+        framed.write_bytes(b"".join(zstandard.ZstdCompressor(level=1).compress(tar[a:b]) for a, b in zip(edges, edges[1:])))
+        assert verify(framed).files == verify(archive).files
+    assert restore(framed, tmp_path / "r" / "data").indexed == 15
+
+
 def test_a_truncated_zstd_archive_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
     data, media = tree(tmp_path / "src")
     archive = tmp_path / "a.tar.zst"

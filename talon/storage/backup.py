@@ -482,7 +482,9 @@ def _open_stream(path: Path) -> tuple[Any, list[Any]]:
     if kind == "zst":
         import zstandard
 
-        stream: Any = zstandard.ZstdDecompressor().stream_reader(raw, read_size=_CHUNK, closefd=False)
+        # Every frame, not the first only: zstd allows several in one stream (pzstd, concatenation).
+        stream: Any = zstandard.ZstdDecompressor().stream_reader(raw, read_size=_CHUNK, closefd=False,
+                                                                 read_across_frames=True)
     else:
         import gzip
 
