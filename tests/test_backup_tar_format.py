@@ -1,5 +1,6 @@
 """The tar headers a backup writes itself are the ones tarfile writes, byte for byte, and its
-archives read back with tarfile and with GNU tar."""
+archives read back with tarfile and with GNU tar; the restore's own tar reader reads what tarfile
+reads from tarfile's archives, however they are cut, and refuses anything but plain regular files."""
 
 from __future__ import annotations
 
@@ -167,9 +168,6 @@ def test_what_is_not_a_plain_regular_file_is_refused(kind: str) -> None:
         info.pax_headers = {"GNU.sparse.map": "0,0"}
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:", format=fmt) as tar:
-        if kind == "global pax":
-            tar.pax_headers = {"comment": "x"}
-            tar.format = tarfile.PAX_FORMAT
         tar.addfile(info, io.BytesIO(b""))
     data = bytearray(out.getvalue())
     if kind == "global pax":
@@ -187,7 +185,9 @@ def test_what_is_not_a_plain_regular_file_is_refused(kind: str) -> None:
             data = pax_data + data
         else:
             data = pax_data + pax_data + data
-    with pytest.raises(BackupError, match="refused"):
+    why = {"sparse": "a sparse file", "bad checksum": "bad checksum", "bad size": "its size",
+           "bad pax": "damaged PAX header", "two pax": "two PAX headers"}.get(kind, "not a regular file")
+    with pytest.raises(BackupError, match=f"{why}.*refused"):
         read_all(bytes(data), random.Random(32))
 
 

@@ -505,7 +505,8 @@ def _safe_member_name(name: str) -> str:
 
 
 class _damaged:
-    """Turns what a broken stream raises (tar, gzip, zstandard, a short file) into BackupError."""
+    """Turns what a broken stream raises (gzip, zstandard, a short file) into BackupError (the tar
+    reader raises BackupError itself)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
