@@ -104,6 +104,28 @@ def test_a_member_tampered_after_others_were_written_leaves_nothing(tmp_path: Pa
         nothing_left(tmp_path / label)
 
 
+def test_a_long_name_that_climbs_out_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A name too long for a ustar header comes in a PAX header: it passes the same name checks,
+    so a long name with ``..`` in it (or an absolute one) is refused and nothing is written."""
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "good.tar.zst"
+    backup(archive, data, media)
+    entries = members(archive)
+    for label, name in (("climbs", "data/" + "a/" * 60 + "../" * 70 + "escaped.txt"),
+                        ("absolute", "/" + "x" * 120 + "/escaped.txt")):
+        evil = tarfile.TarInfo(name)
+        evil.size = 3
+        hostile = tmp_path / f"{label}.tar.zst"
+        write_as_before(hostile, [*entries[:2], (evil, b"bad"), *entries[2:]])
+        with tarfile.open(fileobj=io.BytesIO(zstandard.ZstdDecompressor().stream_reader(
+                hostile.read_bytes()).read()), mode="r:") as tar:
+            assert tar.getmembers()[2].pax_headers.get("path") == name  # it did come as a PAX header
+        with pytest.raises(BackupError, match="unsafe or unexpected name"):
+            restore(hostile, tmp_path / label / "data")
+        nothing_left(tmp_path / label)
+        assert not (tmp_path / "escaped.txt").exists()
+
+
 def test_an_interrupted_restore_leaves_nothing_half_written(tmp_path: Path) -> None:
     data, media = tree(tmp_path / "src")
     archive = tmp_path / "a.tar.zst"
