@@ -76,6 +76,28 @@ def test_an_archive_of_the_earlier_writer_verifies_and_restores(tmp_path: Path) 
         assert oct(restored.stat().st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o577])
+def test_every_restored_directory_is_private_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    """Directories are made 0700 in one mkdir each; a umask that takes the owner's bits (0o577
+    leaves mkdir 0200) is seen and the mode set outright."""
+    import talon.storage.backup as backup_module
+
+    data, media = tree(tmp_path / "src")
+    (data / "sessions" / "telegram" / "100" / "context" / "deep").mkdir(parents=True)
+    (data / "sessions" / "telegram" / "100" / "context" / "deep" / "1.md").write_text("summary")
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, data, media)
+    old = os.umask(umask)
+    try:
+        assert backup_module._umask_spares_owner() is (umask & 0o700 == 0)
+        result = restore(archive, tmp_path / "r" / "data")
+    finally:
+        os.umask(old)
+    dirs = [p for root in (result.data_dir, result.media_root) for p in root.rglob("*") if p.is_dir()]
+    assert len(dirs) >= 12 and result.data_dir / "sessions" / "telegram" / "100" / "context" / "deep" in dirs
+    assert {oct(p.stat().st_mode & 0o777) for p in dirs} == {"0o700"}
+
+
 def test_a_member_tampered_after_others_were_written_leaves_nothing(tmp_path: Path) -> None:
     data, media = tree(tmp_path / "src")
     archive = tmp_path / "good.tar.zst"

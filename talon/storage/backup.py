@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from talon.errors import BackupError
-from talon.permissions import open_private, private_dir
+from talon.permissions import DIR_MODE, open_private, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -554,6 +554,7 @@ class _Placer:
         # lookup: 10,900 of them in a restore of 18,400 files).
         # The two places themselves exist already (and keep the mode they have).
         self.made: set[Path] = {place(f"{top}/-").parent for top in ("data", "media")} if place else set()
+        self.exact_modes = _umask_spares_owner()
         self.error: BaseException | None = None
         self.cancel = False
         n = threads or _placers()
@@ -603,6 +604,24 @@ class _Placer:
         for thread in self._threads:
             thread.join()
 
+    def _make(self, directory: Path) -> None:
+        """``directory`` and its missing parents, 0700 as ``private_dir`` makes them, in one
+        ``mkdir`` each where it can (``private_dir`` looks before it leaps: three or four calls a
+        directory, for 10,700 directories in a restore of 18,400 files)."""
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:  # made by the other thread a moment ago, or a file: open says so
+            pass
+        except FileNotFoundError:
+            self._make(directory.parent)
+            try:
+                os.mkdir(directory, DIR_MODE)
+            except FileExistsError:
+                pass
+        if not self.exact_modes:  # a umask that takes owner bits: set the mode itself
+            os.chmod(directory, DIR_MODE)
+        self.made.add(directory)
+
     def _run(self, batches: "queue.Queue[list[tuple[str, bytes | memoryview, bool, bool]] | None]") -> None:
         out, target, sha, size = -1, Path(), hashlib.sha256(), 0
         try:
@@ -616,10 +635,8 @@ class _Placer:
                             if self.place is not None:
                                 target = self.place(name)
                                 try:
-                                    parent = target.parent
-                                    if parent not in self.made:  # one directory of many files: made once
-                                        private_dir(parent)
-                                        self.made.add(parent)
+                                    if target.parent not in self.made:  # one directory of many files: made once
+                                        self._make(target.parent)
                                     out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                                 except OSError as exc:
                                     raise BackupError(f"could not write {target}: {exc}") from None
@@ -643,6 +660,20 @@ class _Placer:
         finally:
             if out >= 0:
                 os.close(out)
+
+
+def _umask_spares_owner() -> bool:
+    """Whether this process's umask leaves the owner's bits alone (so ``mkdir(path, 0o700)`` makes
+    exactly 0700), read where Linux shows it without changing it; False (then each directory
+    is chmodded) where that cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8) & 0o700 == 0
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], Path] | None) -> Manifest:
