@@ -148,6 +148,24 @@ def test_a_long_name_that_climbs_out_is_refused_before_anything_is_written(tmp_p
         assert not (tmp_path / "escaped.txt").exists()
 
 
+@pytest.mark.slow  # 1,500 directories made and removed
+def test_a_member_thousands_of_directories_deep_is_handled_like_any_other(tmp_path: Path) -> None:
+    """A safe name 1,500 directories deep (3 KB, under PATH_MAX): its directories are made (no
+    recursion to run out of), then the archive is refused for carrying it outside its manifest,
+    and nothing is left."""
+    data, media = tree(tmp_path / "src")
+    archive = tmp_path / "good.tar.zst"
+    backup(archive, data, media)
+    entries = members(archive)
+    deep = tarfile.TarInfo("data/" + "a/" * 1500 + "f")
+    deep.size = 1
+    hostile = tmp_path / "deep.tar.zst"
+    write_as_before(hostile, [*entries[:-1], (deep, b"x"), entries[-1]])
+    with pytest.raises(BackupError, match="not in its manifest"):
+        restore(hostile, tmp_path / "r" / "data")
+    nothing_left(tmp_path / "r")
+
+
 def test_an_interrupted_restore_leaves_nothing_half_written(tmp_path: Path) -> None:
     data, media = tree(tmp_path / "src")
     archive = tmp_path / "a.tar.zst"

@@ -607,20 +607,24 @@ class _Placer:
     def _make(self, directory: Path) -> None:
         """``directory`` and its missing parents, 0700 as ``private_dir`` makes them, in one
         ``mkdir`` each where it can (``private_dir`` looks before it leaps: three or four calls a
-        directory, for 10,700 directories in a restore of 18,400 files)."""
-        try:
-            os.mkdir(directory, DIR_MODE)
-        except FileExistsError:  # made by the other thread a moment ago, or a file: open says so
-            pass
-        except FileNotFoundError:
-            self._make(directory.parent)
+        directory, for 10,700 directories in a restore of 18,400 files). A loop, not recursion:
+        an archive's names may be a few thousand levels deep."""
+        todo = [directory]
+        while todo:
+            here = todo[-1]
             try:
-                os.mkdir(directory, DIR_MODE)
-            except FileExistsError:
+                os.mkdir(here, DIR_MODE)
+            except FileExistsError:  # made by the other thread a moment ago, or a file: open says so
                 pass
-        if not self.exact_modes:  # a umask that takes owner bits: set the mode itself
-            os.chmod(directory, DIR_MODE)
-        self.made.add(directory)
+            except FileNotFoundError:
+                if here.parent == here or here.parent in todo:
+                    raise
+                todo.append(here.parent)  # its parent first, then it again
+                continue
+            todo.pop()
+            if not self.exact_modes:  # a umask that takes owner bits: set the mode itself
+                os.chmod(here, DIR_MODE)
+            self.made.add(here)
 
     def _run(self, batches: "queue.Queue[list[tuple[str, bytes | memoryview, bool, bool]] | None]") -> None:
         out, target, sha, size = -1, Path(), hashlib.sha256(), 0
@@ -1222,15 +1226,45 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
         # Nothing half-restored: the places were empty or absent, so all of it goes.
         for directory, created in ((data_dir, create_data), (media_root, create_media)):
             if created:
-                shutil.rmtree(directory, ignore_errors=True)
+                _remove_tree(directory)
             elif directory.is_dir():
                 for child in directory.iterdir():
-                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+                    _remove_tree(child)
         for top in made:  # and the directories above them the restore made
-            shutil.rmtree(top, ignore_errors=True)
+            _remove_tree(top)
         if database_url:
             _empty_database(database_url)
         raise
+
+
+def _remove_tree(top: Path) -> None:
+    """Remove ``top`` and all under it, never following a link, leaving what cannot be removed
+    (as ``shutil.rmtree(ignore_errors=True)``), with a loop instead of recursion: a hostile
+    archive's names can be thousands of directories deep, and Python 3.11's rmtree recurses once a
+    level (it raised RecursionError and left the tree behind)."""
+    if top.is_symlink() or not top.is_dir():
+        top.unlink(missing_ok=True)
+        return
+    dirs, todo = [str(top)], [str(top)]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        dirs.append(entry.path)
+                        todo.append(entry.path)
+                    else:
+                        try:
+                            os.unlink(entry.path)
+                        except OSError:
+                            pass
+        except OSError:
+            pass
+    for directory in reversed(dirs):  # every directory after all that are under it
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
 
 
 def _sync(*places: Path) -> None:
