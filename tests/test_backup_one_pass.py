@@ -166,6 +166,75 @@ def test_a_member_thousands_of_directories_deep_is_handled_like_any_other(tmp_pa
     nothing_left(tmp_path / "r")
 
 
+def deep_dirs(top: Path, names: list[str]) -> str:
+    """Directories ``names`` one inside the next under ``top``, made relative to each other (so
+    the whole path may be longer than the system lets one call name); the deepest, as a string."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in names:
+            os.mkdir(name, dir_fd=fd)
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return str(top) + "".join("/" + n for n in names)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.slow  # 1,200 directories made, archived, restored and removed
+def test_a_workspace_thousands_of_levels_deep_is_archived_and_restored(tmp_path: Path) -> None:
+    """An agent can make a tree deeper than Python's recursion limit in its workspace: the backup
+    walks it (it raised RecursionError) and the restore makes it again."""
+    import talon.storage.backup as backup_module
+
+    data, media = tree(tmp_path / "src")
+    workspace = media / "telegram" / "100"
+    deepest = deep_dirs(workspace, ["d"] * 1200)
+    Path(deepest, "note.md").write_text("at the bottom")
+    restored = tmp_path / "r" / "data"
+    try:
+        manifest = backup(tmp_path / "a.tar.zst", data, media)
+        name = "media/telegram/100/" + "d/" * 1200 + "note.md"
+        assert name in manifest.files and manifest.left_out == []
+        result = restore(tmp_path / "a.tar.zst", restored)
+        assert Path(str(result.media_root / "telegram" / "100") + "/d" * 1200, "note.md").read_text() == "at the bottom"
+    finally:  # pytest's own cleanup would recurse through them
+        backup_module._remove_tree(workspace / "d")
+        backup_module._remove_tree(tmp_path / "r")
+
+
+def test_what_a_workspace_holds_that_cannot_be_read_is_named_not_fatal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Paths longer than the system lets one call name (an agent can make them, one directory at a
+    time): the backup leaves them out and names them (in the manifest, and on stderr), and archives
+    everything else."""
+    from talon.cli import main
+
+    data, media = tree(tmp_path / "src")
+    plain = backup(tmp_path / "plain.tar.zst", data, media)
+    workspace = media / "telegram" / "100"
+    near = deep_dirs(workspace, ["n" * 200] * 19)  # about 3,900 bytes: listable
+    assert len(near) < 4096
+    fd = os.open(near, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # a file whose own path is past 4,096 bytes, made relative to its directory
+        out = os.open("x" * 250, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(out, b"too far to open")
+        os.close(out)
+    finally:
+        os.close(fd)
+    beyond = deep_dirs(Path(near), ["b" * 200] * 2)  # its own path is past 4,096 bytes: not listable
+    assert len(beyond) > 4096
+    archive = tmp_path / "a.tar.zst"
+    manifest = backup(archive, data, media)
+    rel = "media/telegram/100/" + ("n" * 200 + "/") * 19
+    assert manifest.left_out == sorted([f"{rel}{'b' * 200}/ (File name too long)",
+                                        f"{rel}{'x' * 250} (File name too long)"])
+    assert set(manifest.files) == set(plain.files)  # everything else, as without them
+    assert main(["backup", "--verify", str(archive)]) == 0
+    err = capsys.readouterr().err
+    assert "2 path(s) in the workspaces could not be read" in err and "x" * 250 in err
+
+
 def test_an_interrupted_restore_leaves_nothing_half_written(tmp_path: Path) -> None:
     data, media = tree(tmp_path / "src")
     archive = tmp_path / "a.tar.zst"

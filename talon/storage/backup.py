@@ -90,12 +90,14 @@ class Manifest:
     created: float
     files: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (size, sha256)
     format: int = FORMAT
+    # What a workspace held that could not be read, with why ("media/t/1/x (Permission denied)")
+    left_out: list[str] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         """One file a line (json's C encoder per entry: no list of dicts as large as the archive's
         file count, and no pure-Python indenting encoder)."""
         head = json.dumps({"format": self.format, "source": self.source, "schema_version": self.schema_version,
-                           "created": self.created})
+                           "created": self.created, **({"left_out": self.left_out} if self.left_out else {})})
         lines = [json.dumps({"path": k, "size": s, "sha256": h}) for k, (s, h) in sorted(self.files.items())]
         return (head[:-1] + ', "files": [\n' + ",\n".join(lines) + "\n]}\n").encode("utf-8")
 
@@ -105,7 +107,8 @@ class Manifest:
             raw = json.loads(data)
             files = {str(f["path"]): (int(f["size"]), str(f["sha256"])) for f in raw["files"]}
             return cls(source=str(raw["source"]), schema_version=int(raw["schema_version"]),
-                       created=float(raw["created"]), files=files, format=int(raw["format"]))
+                       created=float(raw["created"]), files=files, format=int(raw["format"]),
+                       left_out=[str(x) for x in raw.get("left_out", [])])
         except (ValueError, KeyError, TypeError) as exc:
             raise BackupError(f"the archive's manifest is unreadable ({exc})") from None
 
@@ -764,18 +767,36 @@ def _dir_size(root: Path) -> int:
     return total
 
 
-def _scan(top: str, prefix: str) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+def _scan(top: str, prefix: str, left_out: list[str] | None = None) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
     """(path, relative name, entry) of the regular files under ``top``, sorted by name, without
-    following or yielding symbolic links (one ``scandir`` per directory, no ``stat`` per file)."""
-    try:
-        with os.scandir(top) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for entry in entries:
-        rel = prefix + entry.name
+    following or yielding symbolic links (one ``scandir`` per directory, no ``stat`` per file).
+    A loop over a stack, not recursion: a workspace's tree can be thousands of levels deep (an
+    agent can make one). With ``left_out``, a directory under ``top`` that cannot be listed (its
+    path longer than the system allows, no permission) is named there and passed over; without
+    it, that is an error."""
+    def listed(directory: str, rel: str) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(directory) as it:
+                return sorted(it, key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            if left_out is None or not rel:
+                raise
+            left_out.append(f"{rel} ({exc.strerror})")
+            log.warning("left out of the backup: %s (%s)", rel, exc.strerror)
+            return []
+
+    stack = [(iter(listed(top, "")), prefix)]
+    while stack:
+        entries, under = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        rel = under + entry.name
         if entry.is_dir(follow_symlinks=False):
-            yield from _scan(entry.path, rel + "/")
+            stack.append((iter(listed(entry.path, rel + "/")), rel + "/"))
         elif entry.is_file(follow_symlinks=False):
             yield entry.path, rel, entry
 
@@ -949,13 +970,15 @@ def _snapshot_jobs(data_dir: Path, postgres: bool, scratch: Path) -> list[tuple[
     return jobs
 
 
-def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path,
-             snapshots: _Snapshots) -> Iterator[tuple[str, str, int | None, bool] | tuple[str]]:
+def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, snapshots: _Snapshots,
+             left_out: list[str]) -> Iterator[tuple[str, str, int | None, bool] | tuple[str]]:
     """What a backup archives, in order: (member name, file to read, bytes to read or None for
     all, remove the file once read), and ``_PG_TURN``. Run in the ``_Source`` thread. The search
     index and the stores before the logs come from ``snapshots``, all taken before the first log
     is read (the logs only grow, so every line the index covers is then in the archive); the
-    stores after them are snapshotted here, each just before it is read."""
+    stores after them are snapshotted here, each just before it is read. What a workspace holds
+    that cannot be read (a path longer than the system allows, no permission: an agent can make
+    either) is named in ``left_out`` and passed over; in the data dir that is an error."""
     logs = False
     for file, rel, _ in _scan(str(data_dir), ""):
         if _skip_data_file(rel, postgres=postgres):
@@ -982,8 +1005,8 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path,
     if postgres:
         yield _PG_TURN
     if media_root.is_dir():
-        for file, rel, _ in _scan(str(media_root), ""):
-            yield f"media/{rel}", file, None, False
+        for file, rel, _ in _scan(str(media_root), "media/", left_out):
+            yield rel, file, None, False
 
 
 @dataclass
@@ -1005,8 +1028,8 @@ class _Source:
     file's ``_Read`` then its chunks then its (bytes read, sha256). A failure there is raised
     here; ``close`` stops the thread and waits for it."""
 
-    def __init__(self, items: Iterator[Any]) -> None:
-        self._items = items
+    def __init__(self, items: Iterator[Any], left_out: list[str]) -> None:
+        self._items, self.left_out = items, left_out
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUED)
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="talon-backup", daemon=True)
@@ -1036,7 +1059,17 @@ class _Source:
                         return
                     continue
                 name, file, limit, remove = item
-                with open(file, "rb", buffering=0) as fh:
+                try:
+                    fh = open(file, "rb", buffering=0)
+                except FileNotFoundError:
+                    continue  # removed since the scan (a message, a file the agent deleted): not there to keep
+                except OSError as exc:
+                    if not name.startswith("media/"):
+                        raise
+                    self.left_out.append(f"{name} ({exc.strerror})")
+                    log.warning("left out of the backup: %s (%s)", name, exc.strerror)
+                    continue
+                with fh:
                     st = os.fstat(fh.fileno())
                     size = st.st_size if limit is None else limit
                     if size <= _CHUNK:
@@ -1124,8 +1157,10 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
     try:
         with tempfile.TemporaryDirectory(prefix=".talon-backup-", dir=path.parent) as scratch:
             snapshots = _Snapshots(_snapshot_jobs(data_dir, postgres, Path(scratch)))
+            left_out: list[str] = []
             try:
-                source = _Source(_sources(data_dir, media_root, postgres, Path(scratch), snapshots))
+                source = _Source(_sources(data_dir, media_root, postgres, Path(scratch), snapshots, left_out),
+                                 left_out)
                 try:
                     for item in source:
                         if item is _PG_TURN:
@@ -1139,7 +1174,7 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
             finally:
                 snapshots.close()
         manifest = Manifest(source="postgres" if postgres else "embedded", schema_version=SCHEMA_VERSION,
-                            created=time.time())
+                            created=time.time(), left_out=sorted(left_out))
         writer.finish(manifest)
         return manifest
     except BaseException:
