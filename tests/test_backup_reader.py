@@ -60,3 +60,38 @@ def test_a_failure_in_the_reading_thread_is_raised_and_leaves_nothing(tmp_path: 
     manifest = backup(tmp_path / "a.tar.zst", data, media)  # and it works once the cause is gone
     assert verify(tmp_path / "a.tar.zst").files == manifest.files
     assert manifest.files["data/attachments/ab/ab" + "0" * 62][0] == 3 << 20
+
+
+def test_a_file_removed_after_the_scan_is_passed_over_and_a_data_dir_error_still_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the scan and the read a file can go (an attachment retired, a file the agent
+    deleted): it is not in the archive, and nothing fails. A data dir file that cannot be read
+    for any other reason still fails the backup (that would be a store lost)."""
+    data, media = tree(tmp_path, 10_000)
+    real = backup_module._scan
+    gone = media / "telegram" / "100" / "gone.md"
+
+    def scan_then_remove(top: str, prefix: str, left_out: list[str] | None = None):  # type: ignore[no-untyped-def]
+        for path, rel, entry in real(top, prefix, left_out):
+            yield path, rel, entry
+            if rel == "media/telegram/100/AGENTS.md":  # scanned, read later by the reading thread
+                yield str(gone), "media/telegram/100/gone.md", entry
+
+    monkeypatch.setattr(backup_module, "_scan", scan_then_remove)
+    manifest = backup(tmp_path / "a.tar.zst", data, media)
+    assert "media/telegram/100/gone.md" not in manifest.files and manifest.left_out == []
+    assert "media/telegram/100/AGENTS.md" in manifest.files
+    monkeypatch.undo()
+    locked = data / "sessions" / "telegram" / "100" / "CHAT"
+    locked.mkdir()  # a directory where a file is opened: IsADirectoryError, in the data dir
+    real_scan = backup_module._scan
+
+    def scan_dir_as_file(top: str, prefix: str, left_out: list[str] | None = None):  # type: ignore[no-untyped-def]
+        yield from real_scan(top, prefix, left_out)
+        if prefix == "":
+            yield str(locked), "sessions/telegram/100/CHAT", None
+
+    monkeypatch.setattr(backup_module, "_scan", scan_dir_as_file)
+    with pytest.raises(IsADirectoryError):
+        backup(tmp_path / "b.tar.zst", data, media)
+    assert not (tmp_path / "b.tar.zst").exists()
