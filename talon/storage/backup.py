@@ -758,8 +758,10 @@ def _write_all(fd: int, chunk: memoryview, target: Path) -> None:
 
 # --- backup ---------------------------------------------------------------------------------
 def _dir_size(root: Path) -> int:
+    """The bytes under ``root``, for the progress lines only (what cannot be read is passed over
+    quietly here: the backup names it)."""
     total = 0
-    for _, _, entry in _scan(str(root), ""):
+    for _, _, entry in _scan(str(root), "", lambda rel, exc: None):
         try:
             total += entry.stat(follow_symlinks=False).st_size
         except OSError:
@@ -767,13 +769,14 @@ def _dir_size(root: Path) -> int:
     return total
 
 
-def _scan(top: str, prefix: str, left_out: list[str] | None = None) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
+def _scan(top: str, prefix: str, unreadable: Callable[[str, OSError], None] | None = None,
+          ) -> Iterator[tuple[str, str, os.DirEntry[str]]]:
     """(path, relative name, entry) of the regular files under ``top``, sorted by name, without
     following or yielding symbolic links (one ``scandir`` per directory, no ``stat`` per file).
     A loop over a stack, not recursion: a workspace's tree can be thousands of levels deep (an
-    agent can make one). With ``left_out``, a directory under ``top`` that cannot be listed (its
-    path longer than the system allows, no permission) is named there and passed over; without
-    it, that is an error."""
+    agent can make one). With ``unreadable``, a directory under ``top`` that cannot be listed (its
+    path longer than the system allows, no permission) is passed to it (relative name, error) and
+    passed over; without it, that is an error."""
     def listed(directory: str, rel: str) -> list[os.DirEntry[str]]:
         try:
             with os.scandir(directory) as it:
@@ -781,10 +784,9 @@ def _scan(top: str, prefix: str, left_out: list[str] | None = None) -> Iterator[
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            if left_out is None or not rel:
+            if unreadable is None or not rel:
                 raise
-            left_out.append(f"{rel} ({exc.strerror})")
-            log.warning("left out of the backup: %s (%s)", rel, exc.strerror)
+            unreadable(rel, exc)
             return []
 
     stack = [(iter(listed(top, "")), prefix)]
@@ -1005,8 +1007,14 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, sn
     if postgres:
         yield _PG_TURN
     if media_root.is_dir():
-        for file, rel, _ in _scan(str(media_root), "media/", left_out):
+        for file, rel, _ in _scan(str(media_root), "media/", lambda rel, exc: _leave_out(left_out, rel, exc)):
             yield rel, file, None, False
+
+
+def _leave_out(left_out: list[str], name: str, exc: OSError) -> None:
+    """Name what a workspace holds that cannot be read, and why, for the manifest and the log."""
+    left_out.append(f"{name} ({exc.strerror})")
+    log.warning("left out of the backup: %s (%s)", name, exc.strerror)
 
 
 @dataclass
@@ -1066,8 +1074,7 @@ class _Source:
                 except OSError as exc:
                     if not name.startswith("media/"):
                         raise
-                    self.left_out.append(f"{name} ({exc.strerror})")
-                    log.warning("left out of the backup: %s (%s)", name, exc.strerror)
+                    _leave_out(self.left_out, name, exc)
                     continue
                 with fh:
                     st = os.fstat(fh.fileno())
