@@ -83,7 +83,7 @@ def test_a_file_removed_after_the_scan_is_passed_over_and_a_data_dir_error_still
     assert "media/telegram/100/AGENTS.md" in manifest.files
     monkeypatch.undo()
     locked = data / "sessions" / "telegram" / "100" / "CHAT"
-    locked.mkdir()  # a directory where a file is opened: IsADirectoryError, in the data dir
+    locked.mkdir()  # a directory where a file is read: not a regular file, in the data dir
     real_scan = backup_module._scan
 
     def scan_dir_as_file(top: str, prefix: str, left_out: list[str] | None = None):  # type: ignore[no-untyped-def]
@@ -92,6 +92,46 @@ def test_a_file_removed_after_the_scan_is_passed_over_and_a_data_dir_error_still
             yield str(locked), "sessions/telegram/100/CHAT", None
 
     monkeypatch.setattr(backup_module, "_scan", scan_dir_as_file)
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(OSError, match="no longer a regular file"):
         backup(tmp_path / "b.tar.zst", data, media)
     assert not (tmp_path / "b.tar.zst").exists()
+
+
+def test_a_workspace_file_swapped_for_a_link_or_a_pipe_after_the_scan_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between the scan and the read an agent can replace a file of its workspace with a link to a
+    host file (which the archive, and a restore, would then hand back to it) or with a pipe (whose
+    open waits for a writer: the backup would hang). Neither is followed or waited on: both are
+    left out and named, and the rest is archived."""
+    import threading
+
+    import zstandard
+
+    data, media = tree(tmp_path, 10_000)
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("TOP SECRET of the host")
+    workspace = media / "telegram" / "100"
+    (workspace / "link.md").symlink_to(secret)
+    os.mkfifo(workspace / "pipe.md")
+    real = backup_module._scan
+
+    def scan_then_swap(top: str, prefix: str, unreadable=None):  # type: ignore[no-untyped-def]
+        for path, rel, entry in real(top, prefix, unreadable):
+            yield path, rel, entry
+            if rel == "media/telegram/100/AGENTS.md":  # as if they had been regular files at the scan
+                for name in ("link.md", "pipe.md"):
+                    yield str(workspace / name), f"media/telegram/100/{name}", entry
+
+    monkeypatch.setattr(backup_module, "_scan", scan_then_swap)
+    done: dict[str, backup_module.Manifest] = {}
+    worker = threading.Thread(target=lambda: done.setdefault("manifest", backup(tmp_path / "a.tar.zst", data, media)),
+                              daemon=True)
+    worker.start()
+    worker.join(60)  # the bound of a wait for the backup to end, not a guess at its time
+    assert not worker.is_alive(), "the backup is waiting on the pipe"
+    manifest = done["manifest"]
+    assert manifest.left_out == ["media/telegram/100/link.md (Too many levels of symbolic links)",
+                                 "media/telegram/100/pipe.md (no longer a regular file)"]
+    assert "media/telegram/100/AGENTS.md" in manifest.files and not any("link" in n or "pipe" in n for n in manifest.files)
+    with open(tmp_path / "a.tar.zst", "rb") as raw:
+        assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw).read()

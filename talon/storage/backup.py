@@ -33,6 +33,7 @@ tar stream is read by ``_TarReader`` (regular files only, every header checked),
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -41,6 +42,7 @@ import os
 import queue
 import shutil
 import sqlite3
+import stat
 import tarfile
 import tempfile
 import threading
@@ -1011,6 +1013,22 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, sn
             yield rel, file, None, False
 
 
+def _open_regular(file: str) -> IO[bytes]:
+    """``file`` opened for reading if it is still the regular file the scan saw: never through a
+    symbolic link, and never waiting on a FIFO (either can replace a workspace file between the
+    scan and the read: an agent could swap in a link to a host file, or a pipe that stalls the
+    backup forever); else OSError."""
+    fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "no longer a regular file")
+        os.set_blocking(fd, True)
+        return open(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _leave_out(left_out: list[str], name: str, exc: OSError) -> None:
     """Name what a workspace holds that cannot be read, and why, for the manifest and the log."""
     left_out.append(f"{name} ({exc.strerror})")
@@ -1068,7 +1086,7 @@ class _Source:
                     continue
                 name, file, limit, remove = item
                 try:
-                    fh = open(file, "rb", buffering=0)
+                    fh = _open_regular(file)
                 except FileNotFoundError:
                     continue  # removed since the scan (a message, a file the agent deleted): not there to keep
                 except OSError as exc:
