@@ -135,3 +135,28 @@ def test_a_workspace_file_swapped_for_a_link_or_a_pipe_after_the_scan_is_left_ou
     assert "media/telegram/100/AGENTS.md" in manifest.files and not any("link" in n or "pipe" in n for n in manifest.files)
     with open(tmp_path / "a.tar.zst", "rb") as raw:
         assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw).read()
+
+
+def test_a_small_workspace_file_that_shrinks_while_read_is_archived_as_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace file cut short between the reader's look at its size and its read (an agent
+    rewriting it) is archived as it was read, not a failed backup; the same in the data dir still
+    fails it (a store or a log cut short is a fault to report)."""
+    data, media = tree(tmp_path, 10_000)
+    notes = media / "telegram" / "100" / "notes.md"
+    notes.write_text("a long note that the agent is about to cut")
+    real_fstat = os.fstat
+
+    def fstat_before_the_cut(fd: int) -> os.stat_result:  # the size it had a moment before
+        result = real_fstat(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") in (str(notes), str(data / "sessions" / "telegram" / "100" / "CHAT")):
+            return os.stat_result((result.st_mode, *tuple(result)[1:6], result.st_size + 100, *tuple(result)[7:]))
+        return result
+
+    monkeypatch.setattr(os, "fstat", fstat_before_the_cut)
+    manifest = backup(tmp_path / "a.tar.zst", data, media)
+    assert manifest.files["media/telegram/100/notes.md"][0] == len("a long note that the agent is about to cut")
+    assert verify(tmp_path / "a.tar.zst").files == manifest.files
+    (data / "sessions" / "telegram" / "100" / "CHAT").write_text("telegram:100")
+    with pytest.raises(BackupError, match="CHAT changed while it was archived"):
+        backup(tmp_path / "b.tar.zst", data, media)

@@ -1099,8 +1099,11 @@ class _Source:
                     size = st.st_size if limit is None else limit
                     if size <= _CHUNK:
                         data = fh.read(size)
-                        if len(data) != size:  # shrank: the main thread says so
+                        if len(data) != size:
                             data += fh.read(size - len(data))
+                        if len(data) != size and name.startswith("media/"):
+                            size = len(data)  # a workspace file that shrank meanwhile: as it was read
+                        # (in the data dir the main thread says it changed: a store, or a log cut short)
                         batch.append(_Read(name, size, st.st_mtime, data, hashlib.sha256(data).hexdigest()))
                         held += size + 512
                         if held >= _CHUNK or len(batch) >= 256:
