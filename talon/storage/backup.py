@@ -1013,17 +1013,18 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, sn
             yield rel, file, None, False
 
 
-def _open_regular(file: str) -> IO[bytes]:
-    """``file`` opened for reading if it is still the regular file the scan saw: never through a
-    symbolic link, and never waiting on a FIFO (either can replace a workspace file between the
-    scan and the read: an agent could swap in a link to a host file, or a pipe that stalls the
-    backup forever); else OSError."""
+def _open_regular(file: str) -> tuple[IO[bytes], os.stat_result]:
+    """``file`` opened for reading, and its stat, if it is still the regular file the scan saw:
+    never through a symbolic link, and never waiting on a FIFO (either can replace a workspace
+    file between the scan and the read: an agent could swap in a link to a host file, or a pipe
+    that stalls the backup forever); else OSError."""
     fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "no longer a regular file")
         os.set_blocking(fd, True)
-        return open(fd, "rb", buffering=0)
+        return open(fd, "rb", buffering=0), st
     except BaseException:
         os.close(fd)
         raise
@@ -1086,7 +1087,7 @@ class _Source:
                     continue
                 name, file, limit, remove = item
                 try:
-                    fh = _open_regular(file)
+                    fh, st = _open_regular(file)
                 except FileNotFoundError:
                     continue  # removed since the scan (a message, a file the agent deleted): not there to keep
                 except OSError as exc:
@@ -1095,7 +1096,6 @@ class _Source:
                     _leave_out(self.left_out, name, exc)
                     continue
                 with fh:
-                    st = os.fstat(fh.fileno())
                     size = st.st_size if limit is None else limit
                     if size <= _CHUNK:
                         data = fh.read(size)
