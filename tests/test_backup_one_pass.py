@@ -76,10 +76,10 @@ def test_an_archive_of_the_earlier_writer_verifies_and_restores(tmp_path: Path) 
         assert oct(restored.stat().st_mode & 0o777) == "0o600"
 
 
-@pytest.mark.parametrize("umask", [0o022, 0o077, 0o577])
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o177])
 def test_every_restored_directory_is_private_whatever_the_umask(tmp_path: Path, umask: int) -> None:
-    """Directories are made 0700 in one mkdir each; a umask that takes the owner's bits (0o577
-    leaves mkdir 0200) is seen and the mode set outright."""
+    """Directories are made 0700 in one mkdir each; a umask that takes an owner's bit (0o177
+    leaves mkdir 0600: no way in) is seen and the mode set outright."""
     import talon.storage.backup as backup_module
 
     data, media = tree(tmp_path / "src")
