@@ -160,3 +160,60 @@ def test_a_small_workspace_file_that_shrinks_while_read_is_archived_as_read(
     (data / "sessions" / "telegram" / "100" / "CHAT").write_text("telegram:100")
     with pytest.raises(BackupError, match="CHAT changed while it was archived"):
         backup(tmp_path / "b.tar.zst", data, media)
+
+
+def test_a_workspace_directory_swapped_for_a_link_after_the_scan_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's own name is opened without following a link; a directory above it swapped for a
+    link to a host directory after the scan would still lead elsewhere, so the file opened must be
+    the one the scan saw (its inode): the host file is left out, never archived."""
+    import zstandard
+
+    data, media = tree(tmp_path, 10_000)
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "notes.md").write_text("TOP SECRET of the host")
+    workspace = media / "telegram" / "100"
+    (workspace / "docs").mkdir()
+    (workspace / "docs" / "notes.md").write_text("the agent's notes")
+    real = backup_module._scan
+
+    def scan_then_swap(top: str, prefix: str, unreadable=None):  # type: ignore[no-untyped-def]
+        for path, rel, entry in real(top, prefix, unreadable):
+            if rel == "media/telegram/100/docs/notes.md":  # scanned; then the directory becomes a link
+                (workspace / "docs").rename(tmp_path / "docs-moved")
+                (workspace / "docs").symlink_to(host, target_is_directory=True)
+            yield path, rel, entry
+
+    monkeypatch.setattr(backup_module, "_scan", scan_then_swap)
+    manifest = backup(tmp_path / "a.tar.zst", data, media)
+    assert manifest.left_out == ["media/telegram/100/docs/notes.md (no longer the file the scan saw)"]
+    assert "media/telegram/100/docs/notes.md" not in manifest.files
+    with open(tmp_path / "a.tar.zst", "rb") as raw:
+        assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw).read()
+
+
+def test_a_restore_never_loops_on_a_parent_that_is_a_dangling_link(tmp_path: Path) -> None:
+    """A directory to make whose parent exists as a link to nowhere (planted in the target by
+    someone else): the mkdir fails, and so does the restore's file, instead of trying forever."""
+    import threading
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "media").mkdir()
+    (tmp_path / "data" / "link").symlink_to(tmp_path / "nowhere")
+    placer = backup_module._Placer(lambda name: tmp_path / name, threads=1)
+    outcome: list[BaseException | None] = []
+
+    def make() -> None:
+        try:
+            placer._make(tmp_path / "data" / "link" / "child")
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=make, daemon=True)
+    worker.start()
+    worker.join(30)  # the bound of a wait for the call to end, not a guess at its time
+    placer.abort()
+    assert not worker.is_alive(), "making the directory loops"
+    assert isinstance(outcome[0], FileNotFoundError)

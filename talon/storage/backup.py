@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import queue
-import shutil
 import sqlite3
 import stat
 import tarfile
@@ -391,12 +390,13 @@ class _TarReader:
 
     def data(self, size: int) -> Iterator[memoryview]:
         """The member's ``size`` bytes (in views of at most ``_CHUNK``), then past its padding."""
-        left = size + (-size % _BLOCK)
+        padding = -size % _BLOCK
+        left = size + padding
         while left:
             if self.at >= len(self.block) and not self._fill():
                 raise BackupError("the archive is damaged: it ends inside a member's data (truncated): refused")
             n = min(left, len(self.block) - self.at)
-            part = min(n, max(0, left - (-size % _BLOCK)))  # the member's own bytes in this step
+            part = min(n, max(0, left - padding))  # the member's own bytes in this step
             if part:
                 yield self.view[self.at:self.at + part]
             self.at += n
@@ -622,8 +622,8 @@ class _Placer:
             except FileExistsError:  # made by the other thread a moment ago, or a file: open says so
                 pass
             except FileNotFoundError:
-                if here.parent == here or here.parent in todo:
-                    raise
+                if here.parent == here or here.parent in self.made:
+                    raise  # its parent is there, yet not (a dangling link, or removed): never loop on it
                 todo.append(here.parent)  # its parent first, then it again
                 continue
             todo.pop()
@@ -975,9 +975,10 @@ def _snapshot_jobs(data_dir: Path, postgres: bool, scratch: Path) -> list[tuple[
 
 
 def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, snapshots: _Snapshots,
-             left_out: list[str]) -> Iterator[tuple[str, str, int | None, bool] | tuple[str]]:
+             left_out: list[str]) -> Iterator[tuple[str, str, int | None, bool, int | None] | tuple[str]]:
     """What a backup archives, in order: (member name, file to read, bytes to read or None for
-    all, remove the file once read), and ``_PG_TURN``. Run in the ``_Source`` thread. The search
+    all, remove the file once read, the inode the scan saw for a workspace file, else None), and
+    ``_PG_TURN``. Run in the ``_Source`` thread. The search
     index and the stores before the logs come from ``snapshots``, all taken before the first log
     is read (the logs only grow, so every line the index covers is then in the archive); the
     stores after them are snapshotted here, each just before it is read. What a workspace holds
@@ -994,35 +995,38 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, sn
         if name in snapshots:
             snap = snapshots.get(name)
             if snap is not None:  # None: an unreadable search index, left out
-                yield name, str(snap), None, True
+                yield name, str(snap), None, True, None
         elif rel == _INDEX:
             continue  # with PostgreSQL: the database keeps its own
         elif rel.endswith(".sqlite3"):
             snap = scratch / "snapshot.sqlite3"
             _sqlite_snapshot(Path(file), snap)
-            yield name, str(snap), None, True
+            yield name, str(snap), None, True, None
         elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
-            yield name, file, _complete_lines_size(Path(file)), False
+            yield name, file, _complete_lines_size(Path(file)), False, None
         else:
-            yield name, file, None, False
+            yield name, file, None, False, None
     snapshots.wait_all()
     if postgres:
         yield _PG_TURN
     if media_root.is_dir():
-        for file, rel, _ in _scan(str(media_root), "media/", lambda rel, exc: _leave_out(left_out, rel, exc)):
-            yield rel, file, None, False
+        for file, rel, entry in _scan(str(media_root), "media/", lambda rel, exc: _leave_out(left_out, rel, exc)):
+            yield rel, file, None, False, entry.inode()
 
 
-def _open_regular(file: str) -> tuple[IO[bytes], os.stat_result]:
-    """``file`` opened for reading, and its stat, if it is still the regular file the scan saw:
-    never through a symbolic link, and never waiting on a FIFO (either can replace a workspace
-    file between the scan and the read: an agent could swap in a link to a host file, or a pipe
-    that stalls the backup forever); else OSError."""
+def _open_regular(file: str, inode: int | None) -> tuple[IO[bytes], os.stat_result]:
+    """``file`` opened for reading, and its stat, if it is still the regular file the scan saw
+    (its inode, when given): never a symbolic link, never waiting on a FIFO, and never another
+    file reached through a directory swapped for a link since the scan (any of these can replace
+    a workspace file between the scan and the read: an agent could swap in a link to a host file,
+    or a pipe that stalls the backup forever); else OSError."""
     fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "no longer a regular file")
+        if inode is not None and st.st_ino != inode:
+            raise OSError(errno.EINVAL, "no longer the file the scan saw")
         os.set_blocking(fd, True)
         return open(fd, "rb", buffering=0), st
     except BaseException:
@@ -1085,9 +1089,9 @@ class _Source:
                     if not self._put(("turn",)):
                         return
                     continue
-                name, file, limit, remove = item
+                name, file, limit, remove, inode = item
                 try:
-                    fh, st = _open_regular(file)
+                    fh, st = _open_regular(file, inode)
                 except FileNotFoundError:
                     continue  # removed since the scan (a message, a file the agent deleted): not there to keep
                 except OSError as exc:
