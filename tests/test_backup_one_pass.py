@@ -40,7 +40,7 @@ def tree(root: Path, chats: int = 3, lines: int = 5) -> tuple[Path, Path]:
 
 
 def members(archive: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
-    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as z, \
+    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as z, \
             tarfile.open(fileobj=z, mode="r|") as tar:
         return [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
 

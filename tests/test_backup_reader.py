@@ -3,11 +3,15 @@ fails the backup in the caller's thread and leaves no archive (nor its scratch f
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
+import zstandard
 
 import talon.storage.backup as backup_module
 from talon.errors import BackupError
@@ -33,10 +37,22 @@ def left_over(where: Path) -> list[str]:
     return sorted(p.name for p in where.iterdir() if p.name not in ("data", "media_root"))
 
 
+# Who hashes a large file and compresses its chunks (_Source._run): the reading thread, or the
+# writing thread, as the other one falls behind; here forced one way or the other.
+SHARES = {"reader-does-all": (0, 0), "writer-does-all": (99, 99)}
+
+
+def share_work(monkeypatch: pytest.MonkeyPatch, share: tuple[int, int]) -> None:
+    monkeypatch.setattr(backup_module, "_HASH_HERE", share[0])
+    monkeypatch.setattr(backup_module, "_COMPRESS_HERE", share[1])
+
+
+@pytest.mark.parametrize("share", SHARES.values(), ids=SHARES.keys())
 @pytest.mark.parametrize("log_bytes", [10_000, 3 << 20])  # read whole, and chunk by chunk
 def test_a_file_shorter_than_announced_fails_the_backup_and_leaves_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_bytes: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_bytes: int, share: tuple[int, int]) -> None:
     data, media = tree(tmp_path, log_bytes)
+    share_work(monkeypatch, share)
     real = backup_module._complete_lines_size
     monkeypatch.setattr(backup_module, "_complete_lines_size", lambda path: real(path) + 100)
     with pytest.raises(BackupError, match="main.jsonl changed while it was archived"):
@@ -134,7 +150,7 @@ def test_a_workspace_file_swapped_for_a_link_or_a_pipe_after_the_scan_is_left_ou
                                  "media/telegram/100/pipe.md (no longer a regular file)"]
     assert "media/telegram/100/AGENTS.md" in manifest.files and not any("link" in n or "pipe" in n for n in manifest.files)
     with open(tmp_path / "a.tar.zst", "rb") as raw:
-        assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw).read()
+        assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
 
 
 def test_a_small_workspace_file_that_shrinks_while_read_is_archived_as_read(
@@ -190,7 +206,7 @@ def test_a_workspace_directory_swapped_for_a_link_after_the_scan_is_not_followed
     assert manifest.left_out == ["media/telegram/100/docs/notes.md (no longer the file the scan saw)"]
     assert "media/telegram/100/docs/notes.md" not in manifest.files
     with open(tmp_path / "a.tar.zst", "rb") as raw:
-        assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw).read()
+        assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
 
 
 def test_a_restore_never_loops_on_a_parent_that_is_a_dangling_link(tmp_path: Path) -> None:
@@ -217,3 +233,34 @@ def test_a_restore_never_loops_on_a_parent_that_is_a_dangling_link(tmp_path: Pat
     placer.abort()
     assert not worker.is_alive(), "making the directory loops"
     assert isinstance(outcome[0], FileNotFoundError)
+
+
+@pytest.mark.parametrize("share", SHARES.values(), ids=SHARES.keys())
+def test_whichever_thread_hashes_and_compresses_the_archive_holds_every_byte(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: tuple[int, int]) -> None:
+    """Large files are hashed, and their chunks compressed (a zstd frame each), by the reading
+    thread or the writing one, whichever has time: the manifest's sums are the files' own either
+    way, and the archive is a series of frames that zstd reads as one tar stream."""
+    data, media = tree(tmp_path, 5 << 20)
+    share_work(monkeypatch, share)
+    archive = tmp_path / "a.tar.zst"
+    manifest = backup(archive, data, media)
+    sources = {"data": data, "media": media}
+    for name, (size, digest) in manifest.files.items():
+        top, rel = name.split("/", 1)
+        body = (sources[top] / rel).read_bytes()
+        assert (size, digest) == (len(body), hashlib.sha256(body).hexdigest()), name
+    assert verify(archive).files == manifest.files
+    rest, frames = archive.read_bytes(), []
+    while rest:  # frame by frame: a decompressobj stops at the end of its frame
+        one = zstandard.ZstdDecompressor().decompressobj()
+        frames.append(one.decompress(rest))
+        rest = one.unused_data
+    assert len(frames) > 5  # a frame per chunk of the large files at least
+    whole = b"".join(frames)
+    with open(archive, "rb") as raw:
+        assert zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read() == whole
+    with tarfile.open(fileobj=io.BytesIO(whole), mode="r:") as tar:
+        got = {m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest()  # type: ignore[union-attr]
+               for m in tar if m.name != "manifest.json"}
+    assert got == {name: digest for name, (_, digest) in manifest.files.items()}
