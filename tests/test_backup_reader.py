@@ -3,11 +3,13 @@ fails the backup in the caller's thread and leaves no archive (nor its scratch f
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
 import os
 import tarfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -39,11 +41,11 @@ def left_over(where: Path) -> list[str]:
 
 # Who hashes a large file and compresses its chunks (_Source._run): the reading thread, or the
 # writing thread, as the other one falls behind; here forced one way or the other.
-SHARES = {"reader-does-all": (0, 0), "writer-does-all": (99, 99)}
+SHARES = {"reader-does-all": (0, 0), "writer-does-all": (99, 99)}  # (_HAND_OVER, _COMPRESS_HERE)
 
 
 def share_work(monkeypatch: pytest.MonkeyPatch, share: tuple[int, int]) -> None:
-    monkeypatch.setattr(backup_module, "_HASH_HERE", share[0])
+    monkeypatch.setattr(backup_module, "_HAND_OVER", share[0])
     monkeypatch.setattr(backup_module, "_COMPRESS_HERE", share[1])
 
 
@@ -264,3 +266,27 @@ def test_whichever_thread_hashes_and_compresses_the_archive_holds_every_byte(
         got = {m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest()  # type: ignore[union-attr]
                for m in tar if m.name != "manifest.json"}
     assert got == {name: digest for name, (_, digest) in manifest.files.items()}
+
+
+def test_files_handed_over_but_never_written_are_closed_when_a_backup_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large files handed to the writing thread wait in the queue open; a backup that fails
+    meanwhile closes every one of them (no descriptor left behind in a long-running process)."""
+    data, media = tree(tmp_path, 10_000)
+    for n in range(6):
+        (data / "attachments" / "ab" / (f"ab{n}" + "1" * 61)).write_bytes(os.urandom(2 << 20))
+    share_work(monkeypatch, SHARES["writer-does-all"])
+
+    def full_disk(self: object, *args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(backup_module._Writer, "add", full_disk)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(OSError, match="No space left"):
+            backup(tmp_path / "a.tar.zst", data, media)
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []  # closed, not collected
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert left_over(tmp_path) == []

@@ -60,12 +60,14 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 _QUEUED = 8  # batches of about _CHUNK between a restore's reading and writing threads
-# How a backup's two threads share the work (``_Source._run``): the reading thread hashes a large
-# file itself when at least _HASH_HERE items wait in the queue (else the writing thread, idle,
-# hashes it), and compresses a chunk itself when at least _COMPRESS_HERE wait (the writing thread
-# is behind).
-_HASH_HERE = 2
-_COMPRESS_HERE = 4
+# A backup's two threads (``_Source``): at most _BACKUP_QUEUED items of about _CHUNK between them
+# (16 MB: a thread busy with a large file does not stall the other, as 8 did: 4% of the wall
+# time); the reading thread hands a large file over whole to the writing thread when fewer than
+# _HAND_OVER items wait (that thread is idle), and compresses a chunk itself when at least
+# _COMPRESS_HERE wait (that thread is behind).
+_BACKUP_QUEUED = 16
+_HAND_OVER = 4
+_COMPRESS_HERE = 12
 # zstd level 1 on every core: faster than the disk here, and within a few % of level 3 on what
 # Talon keeps (photos and voice notes are compressed already); see docs/backup.md, Figures.
 ZSTD_LEVEL = 1
@@ -266,7 +268,12 @@ class _Writer:
         self.manifest_files[name] = (size, reader.sha.hexdigest())
 
     def add_read(self, read: _Read, source: _Source) -> None:
-        """A file the ``_Source`` thread read (and hashed): whole, or chunk by chunk from it."""
+        """A file the ``_Source`` thread read (and hashed): whole, or chunk by chunk from it; or
+        handed over, to be read (hashed, compressed) here."""
+        if read.file is not None:
+            with read.file:
+                self.add(read.name, read.file, read.size, read.mtime)
+            return
         self._member(read.name, read.size, read.mtime)
         if read.data is not None:
             got, digest = len(read.data), read.sha256
@@ -274,19 +281,14 @@ class _Writer:
                 self._sink.write(read.data)
                 self._advance(got)
         else:
-            sha = None if read.sha256 else hashlib.sha256()  # the _Source thread left the hashing here
             while (item := source.chunk())[0] == "chunk":
                 _, data, frame = item
-                if sha is not None:
-                    sha.update(data)
                 if frame is None:
                     self._sink.write(data)
                 else:
                     self._sink.write_frame(frame, len(data))
                 self._advance(len(data))
             _, got, digest = item
-            if sha is not None:
-                digest = sha.hexdigest()
         if got != read.size:
             raise BackupError(f"{read.name} changed while it was archived (read {got} of {read.size} bytes)")
         self._pad(read.size)
@@ -1049,12 +1051,12 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, sn
             yield rel, file, None, False, entry.inode()
 
 
-def _open_regular(file: str, inode: int | None) -> tuple[IO[bytes], os.stat_result]:
-    """``file`` opened for reading, and its stat, if it is still the regular file the scan saw
-    (its inode, when given): never a symbolic link, never waiting on a FIFO, and never another
-    file reached through a directory swapped for a link since the scan (any of these can replace
-    a workspace file between the scan and the read: an agent could swap in a link to a host file,
-    or a pipe that stalls the backup forever); else OSError."""
+def _open_regular(file: str, inode: int | None) -> tuple[int, os.stat_result]:
+    """``file`` opened for reading (a descriptor), and its stat, if it is still the regular file
+    the scan saw (its inode, when given): never a symbolic link, never waiting on a FIFO, and
+    never another file reached through a directory swapped for a link since the scan (any of
+    these can replace a workspace file between the scan and the read: an agent could swap in a
+    link to a host file, or a pipe that stalls the backup forever); else OSError."""
     fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -1063,7 +1065,7 @@ def _open_regular(file: str, inode: int | None) -> tuple[IO[bytes], os.stat_resu
         if inode is not None and st.st_ino != inode:
             raise OSError(errno.EINVAL, "no longer the file the scan saw")
         os.set_blocking(fd, True)
-        return open(fd, "rb", buffering=0), st
+        return fd, st
     except BaseException:
         os.close(fd)
         raise
@@ -1077,31 +1079,33 @@ def _leave_out(left_out: list[str], name: str, exc: OSError) -> None:
 
 @dataclass
 class _Read:
-    """A file the ``_Source`` thread read: whole (``data``, ``sha256``) when small, else its
-    chunks follow through ``_Source.chunk`` (``sha256`` then "hashed", or "" when the hashing is
-    left to the writing thread)."""
+    """A file the ``_Source`` thread read: whole (``data``, ``sha256``) when small; else its
+    chunks follow through ``_Source.chunk``; or, handed over, opened only (``file``: the writing
+    thread reads it, and closes it)."""
     name: str
     size: int
     mtime: float
     data: bytes | None = None
     sha256: str = ""
+    file: IO[bytes] | None = None
 
 
 class _Source:
     """The reading half of a backup, in a thread of its own: it takes the snapshots, opens, reads
     and hashes the files (hashlib, zstandard and the reads let go of the GIL) while the main
-    thread writes the tar stream and compresses it. Sharing the work: a large file is hashed
-    there instead when that thread waits for this one, and its chunks compressed here (a zstd
-    frame each) when that thread is behind (``_HASH_HERE``, ``_COMPRESS_HERE``). Through a
-    bounded queue (memory flat: at most ``_QUEUED`` items of about ``_CHUNK``): batches of small
-    files read whole, or one large file's ``_Read`` then its chunks (each with its frame or None)
-    then its (bytes read, sha256 or ""). A failure there is raised here; ``close`` stops the
-    thread and waits for it."""
+    thread writes the tar stream and compresses it. Sharing the work: a large file is handed
+    over whole (opened, to be read, hashed and compressed there, each byte while it is in that
+    core's cache) when that thread waits for this one, and a chunk is compressed here (a zstd
+    frame) when that thread is behind (``_HAND_OVER``, ``_COMPRESS_HERE``). Through a bounded
+    queue (memory flat: at most ``_BACKUP_QUEUED`` items of about ``_CHUNK``): batches of small files
+    read whole, a large file handed over, or one large file's ``_Read`` then its chunks (each with
+    its frame or None) then its (bytes read, sha256). A failure there is raised here; ``close``
+    stops the thread and waits for it."""
 
     def __init__(self, items: Iterator[Any], left_out: list[str], zstd: bool) -> None:
         self._items, self.left_out = items, left_out
         self._compress = _zstd_compress() if zstd else None
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=_QUEUED)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=_BACKUP_QUEUED)
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="talon-backup", daemon=True)
         self._thread.start()
@@ -1131,7 +1135,7 @@ class _Source:
                     continue
                 name, file, limit, remove, inode = item
                 try:
-                    fh, st = _open_regular(file, inode)
+                    fd, st = _open_regular(file, inode)
                 except FileNotFoundError:
                     continue  # removed since the scan (a message, a file the agent deleted): not there to keep
                 except OSError as exc:
@@ -1139,42 +1143,50 @@ class _Source:
                         raise
                     _leave_out(self.left_out, name, exc)
                     continue
-                with fh:
-                    size = st.st_size if limit is None else limit
-                    if size <= _CHUNK:
-                        data = fh.read(size)
+                size = st.st_size if limit is None else limit
+                if size <= _CHUNK:
+                    try:  # os.read on the descriptor: no file object for the many small files
+                        data = os.read(fd, size)
                         if len(data) != size:
-                            data += fh.read(size - len(data))
-                        if len(data) != size and name.startswith("media/"):
-                            size = len(data)  # a workspace file that shrank meanwhile: as it was read
-                        # (in the data dir the main thread says it changed: a store, or a log cut short)
-                        batch.append(_Read(name, size, st.st_mtime, data, hashlib.sha256(data).hexdigest()))
-                        held += size + 512
-                        if held >= _CHUNK or len(batch) >= 256:
-                            if not self._put(("batch", batch)):
-                                return
-                            batch, held = [], 0
-                    else:
+                            data += os.read(fd, size - len(data))
+                    finally:
+                        os.close(fd)
+                    if len(data) != size and name.startswith("media/"):
+                        size = len(data)  # a workspace file that shrank meanwhile: as it was read
+                    # (in the data dir the main thread says it changed: a store, or a log cut short)
+                    batch.append(_Read(name, size, st.st_mtime, data, hashlib.sha256(data).hexdigest()))
+                    held += size + 512
+                    if held >= _CHUNK or len(batch) >= 256:
+                        if not self._put(("batch", batch)):
+                            return
+                        batch, held = [], 0
+                else:
+                    fh = open(fd, "rb", buffering=0, closefd=True)
+                    if not remove and self._queue.qsize() < _HAND_OVER:
+                        # The writing thread waits for this one: it reads this large file itself
+                        # (hashing and compressing what it has just read, in its own cache) while
+                        # this thread goes on with the next ones.
+                        if not ((not batch or self._put(("batch", batch))) and self._put(("file", fh, name, size, st))):
+                            fh.close()
+                            return
+                        batch, held = [], 0
+                        continue
+                    with fh:
                         if batch and not self._put(("batch", batch)):
                             return
                         batch, held = [], 0
-                        # Who hashes this file: here, unless the writing thread is waiting for this one
-                        # (the queue nearly empty); who compresses each chunk: there, unless that
-                        # thread is behind (the queue nearly full). See _HASH_HERE.
-                        sha = hashlib.sha256() if self._queue.qsize() >= _HASH_HERE else None
-                        if not self._put(("large", _Read(name, size, st.st_mtime, None, "" if sha is None else "hashed"))):
+                        if not self._put(("large", _Read(name, size, st.st_mtime))):
                             return
-                        left = size
+                        sha, left = hashlib.sha256(), size
                         while left > 0 and (data := fh.read(min(_CHUNK, left))):
-                            if sha is not None:
-                                sha.update(data)
+                            sha.update(data)
                             left -= len(data)
                             frame = None
                             if self._compress is not None and self._queue.qsize() >= _COMPRESS_HERE:
                                 frame = self._compress(data)
                             if not self._put(("chunk", data, frame)):
                                 return
-                        if not self._put(("end", size - left, "" if sha is None else sha.hexdigest())):
+                        if not self._put(("end", size - left, sha.hexdigest())):
                             return
                 if remove:
                     os.unlink(file)
@@ -1192,6 +1204,9 @@ class _Source:
                 yield from item[1]
             elif kind == "large":
                 yield item[1]
+            elif kind == "file":
+                _, fh, name, size, st = item
+                yield _Read(name, size, st.st_mtime, file=fh)
             elif kind == "turn":
                 yield _PG_TURN
             elif kind == "done":
@@ -1209,12 +1224,18 @@ class _Source:
         return item
 
     def close(self) -> None:
+        """Stop the thread and wait for it; a file handed over but not taken is closed."""
         self._stop = True
-        while self._thread.is_alive():
+        while True:
+            alive = self._thread.is_alive()
             try:
-                self._queue.get(timeout=0.2)
+                item = self._queue.get(timeout=0.2) if alive else self._queue.get_nowait()
             except queue.Empty:
-                pass
+                if alive:
+                    continue
+                break
+            if item[0] == "file":
+                item[1].close()
         self._thread.join()
 
 
