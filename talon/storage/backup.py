@@ -282,12 +282,13 @@ class _Writer:
                 self._advance(got)
         else:
             while (item := source.chunk())[0] == "chunk":
-                _, data, frame = item
-                if frame is None:
-                    self._sink.write(data)
-                else:
-                    self._sink.write_frame(frame, len(data))
-                self._advance(len(data))
+                _, piece, n = item
+                if n is None:
+                    self._sink.write(piece)
+                    n = len(piece)
+                else:  # compressed there: a zstd frame of the next n bytes
+                    self._sink.write_frame(piece, n)
+                self._advance(n)
             _, got, digest = item
         if got != read.size:
             raise BackupError(f"{read.name} changed while it was archived (read {got} of {read.size} bytes)")
@@ -1098,8 +1099,8 @@ class _Source:
     core's cache) when that thread waits for this one, and a chunk is compressed here (a zstd
     frame) when that thread is behind (``_HAND_OVER``, ``_COMPRESS_HERE``). Through a bounded
     queue (memory flat: at most ``_BACKUP_QUEUED`` items of about ``_CHUNK``): batches of small files
-    read whole, a large file handed over, or one large file's ``_Read`` then its chunks (each with
-    its frame or None) then its (bytes read, sha256). A failure there is raised here; ``close``
+    read whole, a large file handed over, or one large file's ``_Read`` then its chunks (or their
+    frames) then its (bytes read, sha256). A failure there is raised here; ``close``
     stops the thread and waits for it."""
 
     def __init__(self, items: Iterator[Any], left_out: list[str], zstd: bool) -> None:
@@ -1181,10 +1182,10 @@ class _Source:
                         while left > 0 and (data := fh.read(min(_CHUNK, left))):
                             sha.update(data)
                             left -= len(data)
-                            frame = None
+                            piece: tuple[str, bytes, int | None] = ("chunk", data, None)
                             if self._compress is not None and self._queue.qsize() >= _COMPRESS_HERE:
-                                frame = self._compress(data)
-                            if not self._put(("chunk", data, frame)):
+                                piece = ("chunk", self._compress(data), len(data))  # the frame only
+                            if not self._put(piece):
                                 return
                         if not self._put(("end", size - left, sha.hexdigest())):
                             return
@@ -1217,7 +1218,8 @@ class _Source:
                 raise RuntimeError(f"backup reader out of step ({kind})")
 
     def chunk(self) -> tuple[Any, ...]:
-        """The next piece of the large file being read: ("chunk", bytes) or ("end", read, sha256)."""
+        """The next piece of the large file being read: ("chunk", bytes, None), ("chunk", a zstd
+        frame, the bytes it holds) or ("end", bytes read, sha256)."""
         item = self._queue.get()
         if item[0] == "error":
             raise item[1]
