@@ -3,14 +3,12 @@ fails the backup in the caller's thread and leaves no archive (nor its scratch f
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import io
 import json
 import os
 import tarfile
 import threading
-import warnings
 from pathlib import Path
 
 import pytest
@@ -40,8 +38,10 @@ def left_over(where: Path) -> list[str]:
     return sorted(p.name for p in where.iterdir() if p.name not in ("data", "media_root"))
 
 
-# Who hashes a large file and compresses its chunks (_Source._run): the reading thread, or the
-# writing thread, as the other one falls behind; here forced one way or the other.
+# Who reads a large file and compresses (_Source._run): the reading thread (compressing large
+# files' chunks and packing small files into compressed tar itself), or the writing thread (large
+# files handed over to it, everything compressed there), as the other one falls behind; here
+# forced one way or the other.
 SHARES = {"reader-does-all": (0, 0), "writer-does-all": (99, 99)}  # (_HAND_OVER, _COMPRESS_HERE)
 
 
@@ -156,12 +156,15 @@ def test_a_workspace_file_swapped_for_a_link_or_a_pipe_after_the_scan_is_left_ou
         assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
 
 
+@pytest.mark.parametrize("share", SHARES.values(), ids=SHARES.keys())
 def test_a_small_workspace_file_that_shrinks_while_read_is_archived_as_read(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: tuple[int, int]) -> None:
     """A workspace file cut short between the reader's look at its size and its read (an agent
     rewriting it) is archived as it was read, not a failed backup; the same in the data dir still
-    fails it (a store or a log cut short is a fault to report)."""
+    fails it (a store or a log cut short is a fault to report). Also when the reading thread packs
+    and compresses the small files itself."""
     data, media = tree(tmp_path, 10_000)
+    share_work(monkeypatch, share)
     notes = media / "telegram" / "100" / "notes.md"
     notes.write_text("a long note that the agent is about to cut")
     real_fstat = os.fstat
@@ -241,9 +244,10 @@ def test_a_restore_never_loops_on_a_parent_that_is_a_dangling_link(tmp_path: Pat
 @pytest.mark.parametrize("share", SHARES.values(), ids=SHARES.keys())
 def test_whichever_thread_hashes_and_compresses_the_archive_holds_every_byte(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: tuple[int, int]) -> None:
-    """Large files are hashed, and their chunks compressed (a zstd frame each), by the reading
-    thread or the writing one, whichever has time: the manifest's sums are the files' own either
-    way, and the archive is a series of frames that zstd reads as one tar stream."""
+    """Large files are read and hashed by the reading thread or the writing one, and the tar
+    stream compressed in either (a large file's chunks, small files packed: a zstd frame each),
+    whichever has time: the manifest's sums are the files' own either way, and the archive is a
+    series of frames that zstd reads as one tar stream."""
     data, media = tree(tmp_path, 5 << 20)
     share_work(monkeypatch, share)
     archive = tmp_path / "a.tar.zst"
@@ -283,12 +287,8 @@ def test_files_handed_over_but_never_written_are_closed_when_a_backup_fails(
 
     monkeypatch.setattr(backup_module._Writer, "add", full_disk)
     before = sorted(os.listdir("/proc/self/fd"))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(OSError, match="No space left"):
-            backup(tmp_path / "a.tar.zst", data, media)
-        gc.collect()
-    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []  # closed, not collected
+    with pytest.raises(OSError, match="No space left"):
+        backup(tmp_path / "a.tar.zst", data, media)
     assert sorted(os.listdir("/proc/self/fd")) == before
     assert left_over(tmp_path) == []
 
@@ -322,3 +322,27 @@ def test_the_progress_total_is_summed_only_for_a_backup_long_enough_to_show_a_li
     backup(tmp_path / "b.tar.zst", data, media, progress=lambda done, total: None)
     assert both.wait(30)
     assert summed == [data, media]
+
+
+def test_a_file_handed_over_behind_one_that_fails_is_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large file handed to the writing thread can wait in the same batch behind a small one
+    that fails there (a store cut short while it is archived): it is closed all the same."""
+    data, media = tree(tmp_path, 10_000)
+    small = data / "attachments" / "ab" / ("aa" + "2" * 62)
+    small.write_bytes(b"cut short")
+    (data / "attachments" / "ab" / ("ab" + "3" * 62)).write_bytes(os.urandom(2 << 20))
+    share_work(monkeypatch, SHARES["writer-does-all"])
+    real_fstat = os.fstat
+
+    def fstat_before_the_cut(fd: int) -> os.stat_result:
+        result = real_fstat(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") == str(small):
+            return os.stat_result((result.st_mode, *tuple(result)[1:6], result.st_size + 100, *tuple(result)[7:]))
+        return result
+
+    monkeypatch.setattr(os, "fstat", fstat_before_the_cut)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(BackupError, match="changed while it was archived"):
+        backup(tmp_path / "a.tar.zst", data, media)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert left_over(tmp_path) == []

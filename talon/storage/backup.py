@@ -63,11 +63,12 @@ _QUEUED = 8  # batches of about _CHUNK between a restore's reading and writing t
 # A backup's two threads (``_Source``): at most _BACKUP_QUEUED items of about _CHUNK between them
 # (16 MB: a thread busy with a large file does not stall the other, as 8 did: 4% of the wall
 # time); the reading thread hands a large file over whole to the writing thread when fewer than
-# _HAND_OVER items wait (that thread is idle), and compresses a chunk itself when at least
-# _COMPRESS_HERE wait (that thread is behind).
+# _HAND_OVER items wait (that thread is idle), and compresses a large file's chunk, or packs a
+# batch of small files into compressed tar, itself when at least _COMPRESS_HERE wait (that thread
+# is behind). Other values nearby measured the same, within the noise.
 _BACKUP_QUEUED = 16
 _HAND_OVER = 4
-_COMPRESS_HERE = 12
+_COMPRESS_HERE = 8
 # A backup's progress total is summed (a second walk of the whole tree: 0.2 s of CPU for 18,000
 # files, a tenth of a 1 GB backup) only once it has run this long: the CLI's first progress line
 # comes at 2 s (with the bytes done; the total joins the lines after it), so a shorter backup
@@ -275,9 +276,10 @@ class _Writer:
     def add_read(self, read: _Read, source: _Source) -> None:
         """A file the ``_Source`` thread read (and hashed): whole, or chunk by chunk from it; or
         handed over, to be read (hashed, compressed) here."""
-        if read.file is not None:
-            with read.file:
-                self.add(read.name, read.file, read.size, read.mtime)
+        if read.fd is not None:
+            fd, read.fd = read.fd, None
+            with open(fd, "rb", buffering=0) as fh:
+                self.add(read.name, fh, read.size, read.mtime)
             return
         self._member(read.name, read.size, read.mtime)
         if read.data is not None:
@@ -299,6 +301,13 @@ class _Writer:
             raise BackupError(f"{read.name} changed while it was archived (read {got} of {read.size} bytes)")
         self._pad(read.size)
         self.manifest_files[read.name] = (read.size, digest)
+
+    def add_packed(self, packed: _Packed) -> None:
+        """Small files the ``_Source`` thread packed and compressed (their sizes checked there)."""
+        self._sink.write_frame(packed.frame, packed.size)
+        for read in packed.reads:
+            self.manifest_files[read.name] = (read.size, read.sha256)
+            self._advance(read.size)
 
     def add_file(self, name: str, path: Path | str, size: int | None = None) -> None:
         with open(path, "rb", buffering=0) as fh:
@@ -1086,27 +1095,68 @@ def _leave_out(left_out: list[str], name: str, exc: OSError) -> None:
 @dataclass
 class _Read:
     """A file the ``_Source`` thread read: whole (``data``, ``sha256``) when small; else its
-    chunks follow through ``_Source.chunk``; or, handed over, opened only (``file``: the writing
-    thread reads it, and closes it)."""
+    chunks follow through ``_Source.chunk``; or, a large one handed over, opened only (``fd``:
+    the writing thread reads it, and closes it)."""
     name: str
     size: int
     mtime: float
     data: bytes | None = None
     sha256: str = ""
-    file: IO[bytes] | None = None
+    fd: int | None = None
+
+
+@dataclass
+class _Packed:
+    """Small files the ``_Source`` thread read, hashed, wrote as tar (headers, bytes, padding) and
+    compressed itself while the writing thread was behind: one zstd frame of ``size`` bytes of
+    the tar stream (``reads`` keep their names, sizes and sums; their bytes are in the frame)."""
+    reads: list[_Read]
+    frame: bytes
+    size: int
+
+
+def _read_small(fd: int, size: int, name: str) -> tuple[bytes, int]:
+    """A small file's bytes (at most ``size``) from its descriptor, which is closed, and the size
+    to archive: a workspace file that shrank since its stat is archived as read; in the data dir
+    the size stays, and the writing thread says the file changed (a store, or a log cut short)."""
+    try:
+        data = os.read(fd, size)  # on the descriptor: no file object for each of many small files
+        if len(data) != size:
+            data += os.read(fd, size - len(data))
+    finally:
+        os.close(fd)
+    if len(data) != size and name.startswith("media/"):
+        size = len(data)
+    return data, size
+
+
+def _close_handed(reads: list[_Read]) -> None:
+    """Close the descriptors of files handed over that will not be read."""
+    for read in reads:
+        if read.fd is not None:
+            os.close(read.fd)
+            read.fd = None
 
 
 class _Source:
     """The reading half of a backup, in a thread of its own: it takes the snapshots, opens, reads
     and hashes the files (hashlib, zstandard and the reads let go of the GIL) while the main
-    thread writes the tar stream and compresses it. Sharing the work: a large file is handed
-    over whole (opened, to be read, hashed and compressed there, each byte while it is in that
-    core's cache) when that thread waits for this one, and a chunk is compressed here (a zstd
-    frame) when that thread is behind (``_HAND_OVER``, ``_COMPRESS_HERE``). Through a bounded
-    queue (memory flat: at most ``_BACKUP_QUEUED`` items of about ``_CHUNK``): batches of small files
-    read whole, a large file handed over, or one large file's ``_Read`` then its chunks (or their
-    frames) then its (bytes read, sha256). A failure there is raised here; ``close``
-    stops the thread and waits for it."""
+    thread writes the tar stream and compresses it. Each takes on the other's work when that one
+    falls behind, so that both cores stay busy whatever the mix of files:
+
+    - the main thread waiting for this one (fewer than ``_HAND_OVER`` items queued): a large file
+      is handed over opened but unread, to be read, hashed and compressed there (each byte while
+      it is in that core's cache), while this thread goes on with the next ones (small files are
+      not: two threads doing the per-file Python work at once wait on each other for the GIL,
+      +0.3 s of CPU and wall for 18,000 files);
+    - the main thread behind (at least ``_COMPRESS_HERE`` queued): this thread compresses a large
+      file's chunks itself, and packs a batch of small files it read into tar and compresses it
+      (``_Packed``).
+
+    Through a bounded queue (memory flat: at most ``_BACKUP_QUEUED`` items of about ``_CHUNK``):
+    batches of files (read, or handed over), packed batches, or one large file's ``_Read`` then
+    its chunks (or their frames) then its (bytes read, sha256). A failure there is raised here;
+    ``close`` stops the thread and waits for it, closing what was handed over and not read."""
 
     def __init__(self, items: Iterator[Any], left_out: list[str], zstd: bool) -> None:
         self._items, self.left_out = items, left_out
@@ -1125,15 +1175,30 @@ class _Source:
                 continue
         return False
 
+    def _send(self, batch: list[_Read]) -> bool:
+        """Queue a batch: packed and compressed here when the main thread is behind and every
+        file of it was read here, whole."""
+        if self._compress is not None and self._queue.qsize() >= _COMPRESS_HERE:
+            whole = [r.data for r in batch if r.data is not None and len(r.data) == r.size]
+            if len(whole) == len(batch):
+                tar = bytearray()
+                for r, data in zip(batch, whole):
+                    tar += _header(r.name, r.size, int(r.mtime))
+                    tar += data
+                    tar += bytes(-r.size % _BLOCK)
+                    r.data = None
+                return self._put(("packed", _Packed(batch, self._compress(tar), len(tar))))
+        return self._put(("batch", batch))
+
     def _run(self) -> None:
-        batch: list[_Read] = []
+        batch: list[_Read] = []  # not yet queued: closed here if it never is
         held = 0
         try:
             for item in self._items:
                 if self._stop:
                     return
                 if item is _PG_TURN:
-                    if batch and not self._put(("batch", batch)):
+                    if batch and not self._send(batch):
                         return
                     batch, held = [], 0
                     if not self._put(("turn",)):
@@ -1150,35 +1215,16 @@ class _Source:
                     _leave_out(self.left_out, name, exc)
                     continue
                 size = st.st_size if limit is None else limit
-                if size <= _CHUNK:
-                    try:  # os.read on the descriptor: no file object for the many small files
-                        data = os.read(fd, size)
-                        if len(data) != size:
-                            data += os.read(fd, size - len(data))
-                    finally:
-                        os.close(fd)
-                    if len(data) != size and name.startswith("media/"):
-                        size = len(data)  # a workspace file that shrank meanwhile: as it was read
-                    # (in the data dir the main thread says it changed: a store, or a log cut short)
+                if size > _CHUNK and not remove and self._queue.qsize() < _HAND_OVER:
+                    batch.append(_Read(name, size, st.st_mtime, fd=fd))  # the main thread reads it
+                    held += size
+                elif size <= _CHUNK:
+                    data, size = _read_small(fd, size, name)
                     batch.append(_Read(name, size, st.st_mtime, data, hashlib.sha256(data).hexdigest()))
                     held += size + 512
-                    if held >= _CHUNK or len(batch) >= 256:
-                        if not self._put(("batch", batch)):
-                            return
-                        batch, held = [], 0
                 else:
-                    fh = open(fd, "rb", buffering=0, closefd=True)
-                    if not remove and self._queue.qsize() < _HAND_OVER:
-                        # The writing thread waits for this one: it reads this large file itself
-                        # (hashing and compressing what it has just read, in its own cache) while
-                        # this thread goes on with the next ones.
-                        if not ((not batch or self._put(("batch", batch))) and self._put(("file", fh, name, size, st))):
-                            fh.close()
-                            return
-                        batch, held = [], 0
-                        continue
-                    with fh:
-                        if batch and not self._put(("batch", batch)):
+                    with open(fd, "rb", buffering=0) as fh:
+                        if batch and not self._send(batch):
                             return
                         batch, held = [], 0
                         if not self._put(("large", _Read(name, size, st.st_mtime))):
@@ -1194,25 +1240,35 @@ class _Source:
                                 return
                         if not self._put(("end", size - left, sha.hexdigest())):
                             return
+                if held >= _CHUNK or len(batch) >= 256:
+                    if not self._send(batch):
+                        return
+                    batch, held = [], 0
                 if remove:
                     os.unlink(file)
-            if batch and not self._put(("batch", batch)):
+            if batch and not self._send(batch):
                 return
+            batch = []
             self._put(("done",))
         except BaseException as exc:
             self._put(("error", exc))
+        finally:
+            _close_handed(batch)
 
     def __iter__(self) -> Iterator[Any]:
         while True:
             item = self._queue.get()
             kind = item[0]
             if kind == "batch":
-                yield from item[1]
-            elif kind == "large":
+                reads, taken = item[1], 0
+                try:
+                    for read in reads:
+                        yield read  # a file handed over is the taker's to close from here
+                        taken += 1
+                finally:
+                    _close_handed(reads[taken + 1:])
+            elif kind in ("packed", "large"):
                 yield item[1]
-            elif kind == "file":
-                _, fh, name, size, st = item
-                yield _Read(name, size, st.st_mtime, file=fh)
             elif kind == "turn":
                 yield _PG_TURN
             elif kind == "done":
@@ -1231,7 +1287,7 @@ class _Source:
         return item
 
     def close(self) -> None:
-        """Stop the thread and wait for it; a file handed over but not taken is closed."""
+        """Stop the thread and wait for it; files handed over but not taken are closed."""
         self._stop = True
         while True:
             alive = self._thread.is_alive()
@@ -1241,8 +1297,8 @@ class _Source:
                 if alive:
                     continue
                 break
-            if item[0] == "file":
-                item[1].close()
+            if item[0] == "batch":
+                _close_handed(item[1])
         self._thread.join()
 
 
@@ -1279,6 +1335,8 @@ def backup(path: Path, data_dir: Path, media_root: Path, *, database_url: str = 
                             from talon.storage.pg_export import export_postgres
 
                             export_postgres(database_url, writer, Path(scratch))
+                        elif isinstance(item, _Packed):
+                            writer.add_packed(item)
                         else:
                             writer.add_read(item, source)
                 finally:
