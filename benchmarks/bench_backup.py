@@ -24,7 +24,8 @@ the same data and the same disk (the archive and the restored tree beside the so
 Each is run ``--rounds`` times interleaved (reference and talon, the one first in one round, the
 other in the next), with the dirty pages written out (``sync -f``) between runs, untimed, and
 the restored trees kept until the size is done (see ``one_size``). Reported: the median wall time of
-each, talon over the reference (the bar: about 1.2x or less), and CPU seconds (user + system of
+each and every run's (a shared machine's noise shows there), talon over the reference (the bar:
+about 1.2x or less; also round by round, each pair run back to back), and CPU seconds (user + system of
 the process and its children, from ``wait4``), which the other work on a shared machine moves
 less than the wall time. Peak RSS is ``ru_maxrss`` of the process; flat memory is the peak at
 ``--size-mb`` over the peak at a tenth of it (run first, the same way), near 1 whatever the size.
@@ -196,7 +197,8 @@ def one_size(size_mb: int, work: Path, rounds: int, with_zstd_tar: bool) -> dict
             made.unlink(missing_ok=True)
         settle(root)
     shutil.rmtree(root)
-    med = {label: {k: statistics.median(x[k] for x in xs) for k in ("wall", "cpu")} | {"rss": max(x["rss"] for x in xs)}
+    med = {label: {k: statistics.median(x[k] for x in xs) for k in ("wall", "cpu")}
+           | {"rss": max(x["rss"] for x in xs), "walls": [x["wall"] for x in xs]}
            for label, xs in runs.items()}
     return {"bytes": total, "counts": counts, "median": med, "sizes": sizes}
 
@@ -219,10 +221,12 @@ def main() -> None:
           f"median of {args.rounds} rounds:")
     for label, t in m.items():  # type: ignore[attr-defined]
         print(f"  {label:17s} {t['wall']:6.2f} s wall ({mb / t['wall']:5.0f} MB/s), {t['cpu']:6.2f} s CPU, "
-              f"peak RSS {t['rss']:.0f} MB")
+              f"peak RSS {t['rss']:.0f} MB; each run: {' '.join(f'{w:.2f}' for w in t['walls'])}")
     for what in ("backup", "restore"):
         ref, ours = m[f"ref {what}"], m[f"talon {what}"]  # type: ignore[index]
-        print(f"{what}: talon / tar = {ours['wall'] / ref['wall']:.2f}x wall, {ours['cpu'] / ref['cpu']:.2f}x CPU")
+        rounds = " ".join(f"{a / b:.2f}x" for a, b in zip(ours["walls"], ref["walls"]))
+        print(f"{what}: talon / tar = {ours['wall'] / ref['wall']:.2f}x wall, {ours['cpu'] / ref['cpu']:.2f}x CPU "
+              f"(round by round: {rounds})")
     sm = small["median"]
     print(f"memory: peak RSS at {args.size_mb} MB over at {tenth} MB: backup "
           f"{m['talon backup']['rss'] / sm['talon backup']['rss']:.2f}x, restore "  # type: ignore[index]
