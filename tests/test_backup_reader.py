@@ -346,3 +346,15 @@ def test_a_file_handed_over_behind_one_that_fails_is_closed(tmp_path: Path, monk
         backup(tmp_path / "a.tar.zst", data, media)
     assert sorted(os.listdir("/proc/self/fd")) == before
     assert left_over(tmp_path) == []
+
+
+def test_large_files_handed_over_go_into_a_gzip_archive_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With gzip nothing is compressed by the reading thread, but large files are still handed to
+    the writing thread when it waits: the archive holds them whole, with their own sums."""
+    data, media = tree(tmp_path, 5 << 20)
+    share_work(monkeypatch, SHARES["writer-does-all"])
+    archive = tmp_path / "a.tar.gz"
+    manifest = backup(archive, data, media)
+    assert manifest.files["data/attachments/ab/ab" + "0" * 62][1] == hashlib.sha256(
+        (data / "attachments" / "ab" / ("ab" + "0" * 62)).read_bytes()).hexdigest()
+    assert verify(archive).files == manifest.files

@@ -182,7 +182,7 @@ class _Frames:
     """zstd's side of a ``_Sink``: each block of the tar stream becomes a zstd frame of its own
     (``ZstdCompressor.compress``, the GIL let go). One streaming frame copied every byte into its
     window and matched across calls; one-shot frames of about 1 MB took 10% less CPU for the whole
-    backup and a quarter less wall time, at the same size on what Talon keeps (docs/backup.md).
+    backup and a fifth less wall time, at the same size on what Talon keeps (docs/backup.md).
     And a frame can be made in either thread: ``_Source`` compresses chunks itself when this one
     falls behind. Any zstd reads a series of frames as one stream (``zstd -d``, ``tar --zstd``,
     and ``_open_stream`` here)."""
