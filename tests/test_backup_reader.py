@@ -56,8 +56,20 @@ def test_a_file_shorter_than_announced_fails_the_backup_and_leaves_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_bytes: int, share: tuple[int, int]) -> None:
     data, media = tree(tmp_path, log_bytes)
     share_work(monkeypatch, share)
-    real = backup_module._complete_lines_size
-    monkeypatch.setattr(backup_module, "_complete_lines_size", lambda path: real(path) + 100)
+    log = data / "sessions" / "telegram" / "100" / "main.jsonl"
+    if log_bytes > 1 << 20:  # its last complete line looked for from the end, then read to there
+        real = backup_module._complete_lines_size
+        monkeypatch.setattr(backup_module, "_complete_lines_size", lambda fd, size: real(fd, size) + 100)
+    else:  # read whole, as long as its stat said
+        real_fstat = os.fstat
+
+        def fstat_longer(fd: int) -> os.stat_result:
+            result = real_fstat(fd)
+            if os.readlink(f"/proc/self/fd/{fd}") == str(log):
+                return os.stat_result((result.st_mode, *tuple(result)[1:6], result.st_size + 100, *tuple(result)[7:]))
+            return result
+
+        monkeypatch.setattr(os, "fstat", fstat_longer)
     with pytest.raises(BackupError, match="main.jsonl changed while it was archived"):
         backup(tmp_path / "a.tar.zst", data, media)
     assert left_over(tmp_path) == []
@@ -358,3 +370,19 @@ def test_large_files_handed_over_go_into_a_gzip_archive_too(tmp_path: Path, monk
     assert manifest.files["data/attachments/ab/ab" + "0" * 62][1] == hashlib.sha256(
         (data / "attachments" / "ab" / ("ab" + "0" * 62)).read_bytes()).hexdigest()
     assert verify(archive).files == manifest.files
+
+
+@pytest.mark.parametrize("share", SHARES.values(), ids=SHARES.keys())
+@pytest.mark.parametrize("log_bytes", [10_000, 3 << 20])  # cut in the bytes read, and found from the end first
+def test_a_line_being_written_is_left_out_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 log_bytes: int, share: tuple[int, int]) -> None:
+    data, media = tree(tmp_path, log_bytes)
+    share_work(monkeypatch, share)
+    log = data / "sessions" / "telegram" / "100" / "main.jsonl"
+    whole = log.read_bytes()
+    with open(log, "ab") as fh:
+        fh.write(b'{"role": "user", "content": [{"type": "te')  # a message half written
+    manifest = backup(tmp_path / "a.tar.zst", data, media)
+    name = "data/sessions/telegram/100/main.jsonl"
+    assert manifest.files[name] == (len(whole), hashlib.sha256(whole).hexdigest())
+    assert verify(tmp_path / "a.tar.zst").files == manifest.files

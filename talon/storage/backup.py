@@ -880,19 +880,17 @@ def _skip_data_file(rel: str, *, postgres: bool) -> bool:
     return False
 
 
-def _complete_lines_size(path: Path) -> int:
-    """Bytes up to and including the last newline (a line being written is left out whole)."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        end = size
-        while end > 0:
-            start = max(0, end - 65536)
-            fh.seek(start)
-            block = fh.read(end - start)
-            cut = block.rfind(b"\n")
-            if cut >= 0:
-                return start + cut + 1
-            end = start
+def _complete_lines_size(fd: int, size: int) -> int:
+    """Of the first ``size`` bytes of the open file ``fd``, those up to and including the last
+    newline (a line being written is left out whole); read backwards with ``pread``, so the file's
+    offset stays where it was."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1
+        end = start
     return 0
 
 
@@ -1027,9 +1025,10 @@ def _snapshot_jobs(data_dir: Path, postgres: bool, scratch: Path) -> list[tuple[
 
 
 def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, snapshots: _Snapshots,
-             left_out: list[str]) -> Iterator[tuple[str, str, int | None, bool, int | None] | tuple[str]]:
-    """What a backup archives, in order: (member name, file to read, bytes to read or None for
-    all, remove the file once read, the inode the scan saw for a workspace file, else None), and
+             left_out: list[str]) -> Iterator[tuple[str, str, bool, bool, int | None] | tuple[str]]:
+    """What a backup archives, in order: (member name, file to read, whether to read it only up
+    to its last complete line (a conversation log), remove the file once read, the inode the scan
+    saw for a workspace file, else None), and
     ``_PG_TURN``. Run in the ``_Source`` thread. The search
     index and the stores before the logs come from ``snapshots``, all taken before the first log
     is read (the logs only grow, so every line the index covers is then in the archive); the
@@ -1047,23 +1046,23 @@ def _sources(data_dir: Path, media_root: Path, postgres: bool, scratch: Path, sn
         if name in snapshots:
             snap = snapshots.get(name)
             if snap is not None:  # None: an unreadable search index, left out
-                yield name, str(snap), None, True, None
+                yield name, str(snap), False, True, None
         elif rel == _INDEX:
             continue  # with PostgreSQL: the database keeps its own
         elif rel.endswith(".sqlite3"):
             snap = scratch / "snapshot.sqlite3"
             _sqlite_snapshot(Path(file), snap)
-            yield name, str(snap), None, True, None
+            yield name, str(snap), False, True, None
         elif rel.startswith("sessions/") and rel.endswith(".jsonl"):
-            yield name, file, _complete_lines_size(Path(file)), False, None
+            yield name, file, True, False, None
         else:
-            yield name, file, None, False, None
+            yield name, file, False, False, None
     snapshots.wait_all()
     if postgres:
         yield _PG_TURN
     if media_root.is_dir():
         for file, rel, entry in _scan(str(media_root), "media/", lambda rel, exc: _leave_out(left_out, rel, exc)):
-            yield rel, file, None, False, entry.inode()
+            yield rel, file, False, False, entry.inode()
 
 
 def _open_regular(file: str, inode: int | None) -> tuple[int, os.stat_result]:
@@ -1204,7 +1203,7 @@ class _Source:
                     if not self._put(("turn",)):
                         return
                     continue
-                name, file, limit, remove, inode = item
+                name, file, lines, remove, inode = item
                 try:
                     fd, st = _open_regular(file, inode)
                 except FileNotFoundError:
@@ -1214,12 +1213,18 @@ class _Source:
                         raise
                     _leave_out(self.left_out, name, exc)
                     continue
-                size = st.st_size if limit is None else limit
+                size = st.st_size
+                if lines and size > _CHUNK:  # a conversation log: up to its last complete line
+                    size = _complete_lines_size(fd, size)
                 if size > _CHUNK and not remove and self._queue.qsize() < _HAND_OVER:
                     batch.append(_Read(name, size, st.st_mtime, fd=fd))  # the main thread reads it
                     held += size
                 elif size <= _CHUNK:
-                    data, size = _read_small(fd, size, name)
+                    data, got = _read_small(fd, size, name)
+                    if lines and len(data) == size:  # read whole: cut after its last complete line
+                        got = data.rfind(b"\n") + 1
+                        data = data[:got]
+                    size = got
                     batch.append(_Read(name, size, st.st_mtime, data, hashlib.sha256(data).hexdigest()))
                     held += size + 512
                 else:
