@@ -386,3 +386,20 @@ def test_a_line_being_written_is_left_out_whole(tmp_path: Path, monkeypatch: pyt
     name = "data/sessions/telegram/100/main.jsonl"
     assert manifest.files[name] == (len(whole), hashlib.sha256(whole).hexdigest())
     assert verify(tmp_path / "a.tar.zst").files == manifest.files
+
+
+def test_a_large_log_that_cannot_be_read_back_fails_without_a_descriptor_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looking for a large log's last complete line reads it from the end; a disk error there
+    fails the backup (a store of the data dir) and leaves its descriptor closed."""
+    data, media = tree(tmp_path, 3 << 20)
+
+    def broken_pread(fd: int, n: int, offset: int) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", broken_pread)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="Input/output error"):
+        backup(tmp_path / "a.tar.zst", data, media)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert left_over(tmp_path) == []

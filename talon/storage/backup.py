@@ -1215,7 +1215,11 @@ class _Source:
                     continue
                 size = st.st_size
                 if lines and size > _CHUNK:  # a conversation log: up to its last complete line
-                    size = _complete_lines_size(fd, size)
+                    try:
+                        size = _complete_lines_size(fd, size)
+                    except BaseException:
+                        os.close(fd)
+                        raise
                 if size > _CHUNK and not remove and self._queue.qsize() < _HAND_OVER:
                     batch.append(_Read(name, size, st.st_mtime, fd=fd))  # the main thread reads it
                     held += size
