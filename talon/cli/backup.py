@@ -43,7 +43,7 @@ def _keep_freed_memory() -> None:
     """For this process's bulk copying: glibc's allocator keeps up to 32 MB of freed memory per
     arena instead of handing it back to the system at once, and serves the 1 MB buffers from its
     arenas rather than from fresh mappings. By default each buffer a backup frees went back to
-    the system and the next one was faulted in anew: 72,000 to 84,000 page faults in a backup of
+    the system and the next one was faulted in anew: 50,000 to 84,000 page faults in a backup of
     1 GB, against 19,000 (and 0.1 s less system CPU) with these settings. What is kept is bounded
     (a few tens of MB; the work's own live memory is bounded too). Elsewhere (musl, macOS)
     nothing is changed."""
