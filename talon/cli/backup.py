@@ -45,8 +45,8 @@ def _keep_freed_memory() -> None:
     arenas rather than from fresh mappings. By default each buffer a backup frees went back to
     the system and the next one was faulted in anew: 50,000 to 84,000 page faults in a backup of
     1 GB, against 19,000 (and 0.1 s less system CPU) with these settings. What is kept is bounded
-    (a few tens of MB; the work's own live memory is bounded too). Elsewhere (musl, macOS)
-    nothing is changed."""
+    (a few tens of MB, as the work's queues and buffers are). Elsewhere (musl, macOS) nothing is
+    changed."""
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):
             return
