@@ -261,9 +261,12 @@ def test_whichever_thread_hashes_and_compresses_the_archive_holds_every_byte(
     whichever has time: the manifest's sums are the files' own either way, and the archive is a
     series of frames that zstd reads as one tar stream."""
     data, media = tree(tmp_path, 5 << 20)
+    # Names a plain tar header cannot hold (a PAX header first), packed or not.
+    (media / "telegram" / "100" / ("notes-ünïcødé-" + "n" * 120 + ".md")).write_text("long and not ASCII")
     share_work(monkeypatch, share)
     archive = tmp_path / "a.tar.zst"
     manifest = backup(archive, data, media)
+    assert any(len(name) > 100 and not name.isascii() for name in manifest.files)
     sources = {"data": data, "media": media}
     for name, (size, digest) in manifest.files.items():
         top, rel = name.split("/", 1)
