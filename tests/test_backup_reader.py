@@ -38,6 +38,20 @@ def left_over(where: Path) -> list[str]:
     return sorted(p.name for p in where.iterdir() if p.name not in ("data", "media_root"))
 
 
+def open_under(root: Path) -> list[str]:
+    """The files under ``root`` this process holds open (other tests' threads may open and close
+    their own files meanwhile: only these count)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith(str(root) + "/"):
+            held.append(target)
+    return held
+
+
 # Who reads a large file and compresses (_Source._run): the reading thread (compressing large
 # files' chunks and packing small files into compressed tar itself), or the writing thread (large
 # files handed over to it, everything compressed there), as the other one falls behind; here
@@ -301,10 +315,9 @@ def test_files_handed_over_but_never_written_are_closed_when_a_backup_fails(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(backup_module._Writer, "add", full_disk)
-    before = sorted(os.listdir("/proc/self/fd"))
     with pytest.raises(OSError, match="No space left"):
         backup(tmp_path / "a.tar.zst", data, media)
-    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert open_under(tmp_path) == []
     assert left_over(tmp_path) == []
 
 
@@ -356,10 +369,9 @@ def test_a_file_handed_over_behind_one_that_fails_is_closed(tmp_path: Path, monk
         return result
 
     monkeypatch.setattr(os, "fstat", fstat_before_the_cut)
-    before = sorted(os.listdir("/proc/self/fd"))
     with pytest.raises(BackupError, match="changed while it was archived"):
         backup(tmp_path / "a.tar.zst", data, media)
-    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert open_under(tmp_path) == []
     assert left_over(tmp_path) == []
 
 
@@ -401,8 +413,7 @@ def test_a_large_log_that_cannot_be_read_back_fails_without_a_descriptor_left(
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "pread", broken_pread)
-    before = sorted(os.listdir("/proc/self/fd"))
     with pytest.raises(OSError, match="Input/output error"):
         backup(tmp_path / "a.tar.zst", data, media)
-    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert open_under(tmp_path) == []
     assert left_over(tmp_path) == []
