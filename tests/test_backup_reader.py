@@ -16,7 +16,7 @@ import zstandard
 
 import talon.storage.backup as backup_module
 from talon.errors import BackupError
-from talon.storage.backup import backup, verify
+from talon.storage.backup import backup, restore, verify
 
 pytestmark = pytest.mark.slow  # real archives written
 
@@ -417,3 +417,71 @@ def test_a_large_log_that_cannot_be_read_back_fails_without_a_descriptor_left(
         backup(tmp_path / "a.tar.zst", data, media)
     assert open_under(tmp_path) == []
     assert left_over(tmp_path) == []
+
+
+@pytest.mark.parametrize("share", SHARES.values(), ids=SHARES.keys())
+def test_a_large_workspace_file_cut_short_while_read_is_archived_as_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        share: tuple[int, int]) -> None:
+    """An agent rewriting a large file in its workspace while the backup reads it (here: cut to
+    half between the backup's stat and its read) does not fail the operator's backup. The member
+    (its size already in its header) is filled up with zeros and named in the manifest; a restore
+    gives back the bytes that were read. (In the data dir it still fails the backup:
+    test_a_file_shorter_than_announced_fails_the_backup_and_leaves_nothing.)"""
+    from talon.cli import main
+
+    data, media = tree(tmp_path, 10_000)
+    big = media / "telegram" / "100" / "video.mp4"
+    original = os.urandom(3 << 20)
+    big.write_bytes(original)
+    share_work(monkeypatch, share)
+    real_fstat = os.fstat
+
+    def fstat_then_cut(fd: int) -> os.stat_result:
+        result = real_fstat(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") == str(big) and result.st_size == len(original):
+            os.truncate(big, len(original) // 2)  # the agent rewrites it right after the look
+        return result
+
+    monkeypatch.setattr(os, "fstat", fstat_then_cut)
+    archive = tmp_path / "a.tar.zst"
+    manifest = backup(archive, data, media)
+    name = "media/telegram/100/video.mp4"
+    assert manifest.cut == {name: len(original) // 2}
+    assert manifest.files[name][0] == len(original)
+    monkeypatch.undo()
+    assert verify(archive).cut == manifest.cut
+    assert main(["backup", "--verify", str(archive)]) == 0
+    assert f"{name} (1.5 MB)" in capsys.readouterr().err
+    result = restore(archive, tmp_path / "r" / "data")
+    assert (result.media_root / "telegram" / "100" / "video.mp4").read_bytes() == original[:len(original) // 2]
+    assert (result.media_root / "telegram" / "100" / "AGENTS.md").read_text() == "memory"
+
+
+def test_a_manifest_that_cuts_what_it_may_not_is_refused(tmp_path: Path) -> None:
+    """``cut`` comes from the archive, so it is checked like the rest: only workspace files the
+    manifest lists, never longer than they are."""
+    data, media = tree(tmp_path, 10_000)
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, data, media)
+    with open(archive, "rb") as raw:
+        whole = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
+    with tarfile.open(fileobj=io.BytesIO(whole), mode="r:") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    for label, cut in (("data", {"data/sessions/telegram/100/CHAT": 0}),
+                       ("longer", {"media/telegram/100/AGENTS.md": 10_000}),
+                       ("unlisted", {"media/telegram/100/other.md": 0})):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w:", format=tarfile.PAX_FORMAT) as tar:
+            for info, body in members:
+                if info.name == "manifest.json":
+                    body = json.dumps({**json.loads(body), "cut": cut}).encode()
+                    info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+        hostile = tmp_path / f"{label}.tar.zst"
+        hostile.write_bytes(zstandard.ZstdCompressor().compress(out.getvalue()))
+        with pytest.raises(BackupError, match="cuts .* which it may not"):
+            verify(hostile)
+        with pytest.raises(BackupError, match="cuts .* which it may not"):
+            restore(hostile, tmp_path / "r" / label / "data")
+        assert not (tmp_path / "r").exists()

@@ -72,7 +72,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
             print(f"ok: {path} is a complete Talon archive: {len(manifest.files)} files, "
                   f"{_size(manifest.total_bytes)}, from a {manifest.source} Talon (schema version "
                   f"{manifest.schema_version}), made {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(manifest.created))}")
-            _say_left_out(manifest.left_out)
+            _say_left_out(manifest.left_out, manifest.cut)
             return 0
         settings = _load_settings()
         manifest = backup(path, settings.data_dir, settings.media_root, database_url=settings.database_url,
@@ -83,20 +83,28 @@ def cmd_backup(args: argparse.Namespace) -> int:
     print(f"ok: {path}: {len(manifest.files)} files, {_size(manifest.total_bytes)} "
           f"({'PostgreSQL' if manifest.source == 'postgres' else 'embedded'} stores, media root); "
           f"check it with `talon backup --verify {path}`")
-    _say_left_out(manifest.left_out)
+    _say_left_out(manifest.left_out, manifest.cut)
     return 0
 
 
-def _say_left_out(left_out: list[str]) -> None:
-    """What the workspaces held that could not be read (and so is not in the archive), on stderr."""
-    if not left_out:
-        return
-    print(f"talon: warning: {len(left_out)} path(s) in the workspaces could not be read and are not in "
-          "the archive:", file=sys.stderr)
-    for line in left_out[:20]:
+def _say_left_out(left_out: list[str], cut: dict[str, int]) -> None:
+    """What the workspaces held that could not be read (and so is not in the archive), and the
+    workspace files cut short while they were read (in it as far as they were read), on stderr."""
+    if left_out:
+        print(f"talon: warning: {len(left_out)} path(s) in the workspaces could not be read and are not in "
+              "the archive:", file=sys.stderr)
+        _say_some(left_out)
+    if cut:
+        print(f"talon: warning: {len(cut)} workspace file(s) were cut short while they were read (being "
+              "rewritten?) and are in the archive as far as they were read:", file=sys.stderr)
+        _say_some([f"{name} ({_size(read)})" for name, read in sorted(cut.items())])
+
+
+def _say_some(lines: list[str]) -> None:
+    for line in lines[:20]:
         print(f"  {line}", file=sys.stderr)
-    if len(left_out) > 20:
-        print(f"  ... and {len(left_out) - 20} more (all are listed in the archive's manifest.json)", file=sys.stderr)
+    if len(lines) > 20:
+        print(f"  ... and {len(lines) - 20} more (all are listed in the archive's manifest.json)", file=sys.stderr)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

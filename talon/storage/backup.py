@@ -107,12 +107,17 @@ class Manifest:
     format: int = FORMAT
     # What a workspace held that could not be read, with why ("media/t/1/x (Permission denied)")
     left_out: list[str] = field(default_factory=list)
+    # Workspace files cut short while they were read (an agent rewriting one): name -> the bytes
+    # read. Each member holds those bytes then zeros to the size its header had already given; a
+    # restore cuts the file back to the bytes read. (An optional key: older Talons ignore it.)
+    cut: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         """One file a line (json's C encoder per entry: no list of dicts as large as the archive's
         file count, and no pure-Python indenting encoder)."""
         head = json.dumps({"format": self.format, "source": self.source, "schema_version": self.schema_version,
-                           "created": self.created, **({"left_out": self.left_out} if self.left_out else {})})
+                           "created": self.created, **({"left_out": self.left_out} if self.left_out else {}),
+                           **({"cut": dict(sorted(self.cut.items()))} if self.cut else {})})
         lines = [json.dumps({"path": k, "size": s, "sha256": h}) for k, (s, h) in sorted(self.files.items())]
         return (head[:-1] + ', "files": [\n' + ",\n".join(lines) + "\n]}\n").encode("utf-8")
 
@@ -123,7 +128,8 @@ class Manifest:
             files = {str(f["path"]): (int(f["size"]), str(f["sha256"])) for f in raw["files"]}
             return cls(source=str(raw["source"]), schema_version=int(raw["schema_version"]),
                        created=float(raw["created"]), files=files, format=int(raw["format"]),
-                       left_out=[str(x) for x in raw.get("left_out", [])])
+                       left_out=[str(x) for x in raw.get("left_out", [])],
+                       cut={str(k): int(v) for k, v in raw.get("cut", {}).items()})
         except (ValueError, KeyError, TypeError) as exc:
             raise BackupError(f"the archive's manifest is unreadable ({exc})") from None
 
@@ -254,6 +260,7 @@ class _Writer:
             self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=GZIP_LEVEL)
         self._sink = _Sink(self._zst)
         self.manifest_files: dict[str, tuple[int, str]] = {}
+        self.cut: dict[str, int] = {}  # Manifest.cut
         self.progress, self.expected, self.done = progress, expected, 0
 
     def _member(self, name: str, size: int, mtime: float | None) -> None:
@@ -269,7 +276,12 @@ class _Writer:
         while data := reader.read(_CHUNK):
             self._sink.write(data)
         if reader.read_bytes != size:
-            raise BackupError(f"{name} changed while it was archived (read {reader.read_bytes} of {size} bytes)")
+            if not _cut_short_allowed(name, reader.read_bytes, size):
+                raise BackupError(f"{name} changed while it was archived (read {reader.read_bytes} of {size} bytes)")
+            for zeros in _zeros(size - reader.read_bytes):
+                reader.sha.update(zeros)
+                self._sink.write(zeros)
+            self.cut[name] = reader.read_bytes
         self._pad(size)
         self.manifest_files[name] = (size, reader.sha.hexdigest())
 
@@ -296,7 +308,9 @@ class _Writer:
                 else:  # compressed there: a zstd frame of the next n bytes
                     self._sink.write_frame(piece, n)
                 self._advance(n)
-            _, got, digest = item
+            _, got, digest, cut = item
+            if cut is not None:
+                self.cut[read.name] = cut
         if got != read.size:
             raise BackupError(f"{read.name} changed while it was archived (read {got} of {read.size} bytes)")
         self._pad(read.size)
@@ -324,7 +338,7 @@ class _Writer:
             self.progress(self.done, self.expected)
 
     def finish(self, manifest: Manifest) -> None:
-        manifest.files = self.manifest_files
+        manifest.files, manifest.cut = self.manifest_files, self.cut
         data = manifest.to_json()
         self._member(MANIFEST, len(data), None)
         self._sink.write(data)
@@ -799,6 +813,9 @@ def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], 
     extra = sorted(set(seen) - set(manifest.files))
     if extra:
         raise BackupError(f"{extra[0]} is in the archive but not in its manifest: refused")
+    for name, read in manifest.cut.items():
+        if not name.startswith("media/") or name not in manifest.files or not 0 <= read <= manifest.files[name][0]:
+            raise BackupError(f"the archive's manifest cuts {name!r} to {read} bytes, which it may not: refused")
     return manifest
 
 
@@ -1129,6 +1146,25 @@ def _read_small(fd: int, size: int, name: str) -> tuple[bytes, int]:
     return data, size
 
 
+def _cut_short_allowed(name: str, read: int, size: int) -> bool:
+    """Whether a file that gave ``read`` of its ``size`` bytes is archived all the same: a large
+    workspace file cut short while it was read (its header, with the size, is written already),
+    its member filled up with zeros and named in ``Manifest.cut``. An agent rewriting a file in
+    its workspace must not make the operator's backups fail. In the data dir, Talon's own
+    stores, that is a fault to report."""
+    if read >= size or not name.startswith("media/"):
+        return False
+    log.warning("%s was cut short while it was archived (read %d of %d bytes): archived as read", name, read, size)
+    return True
+
+
+def _zeros(n: int) -> Iterator[bytes]:
+    """``n`` zero bytes, in pieces of at most ``_CHUNK``."""
+    while n > 0:
+        yield bytes(min(n, _CHUNK))
+        n -= _CHUNK
+
+
 def _close_handed(reads: list[_Read]) -> None:
     """Close the descriptors of files handed over that will not be read."""
     for read in reads:
@@ -1238,7 +1274,7 @@ class _Source:
                         batch, held = [], 0
                         if not self._put(("large", _Read(name, size, st.st_mtime))):
                             return
-                        sha, left = hashlib.sha256(), size
+                        sha, left, cut = hashlib.sha256(), size, None
                         while left > 0 and (data := fh.read(min(_CHUNK, left))):
                             sha.update(data)
                             left -= len(data)
@@ -1247,7 +1283,14 @@ class _Source:
                                 piece = ("chunk", self._compress(data), len(data))  # the frame only
                             if not self._put(piece):
                                 return
-                        if not self._put(("end", size - left, sha.hexdigest())):
+                        if left and _cut_short_allowed(name, size - left, size):
+                            cut = size - left
+                            for zeros in _zeros(left):
+                                sha.update(zeros)
+                                if not self._put(("chunk", zeros, None)):
+                                    return
+                            left = 0
+                        if not self._put(("end", size - left, sha.hexdigest(), cut)):
                             return
                 if held >= _CHUNK or len(batch) >= 256:
                     if not self._send(batch):
@@ -1289,7 +1332,8 @@ class _Source:
 
     def chunk(self) -> tuple[Any, ...]:
         """The next piece of the large file being read: ("chunk", bytes, None), ("chunk", a zstd
-        frame, the bytes it holds) or ("end", bytes read, sha256)."""
+        frame, the bytes it holds) or ("end", bytes archived, sha256, the bytes read when a
+        workspace file was cut short while read, else None)."""
         item = self._queue.get()
         if item[0] == "error":
             raise item[1]
@@ -1432,6 +1476,8 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
         private_dir(data_dir)
         media_root.mkdir(parents=True, exist_ok=True)
         manifest = _read_checked(path, progress, place)
+        for name, read in manifest.cut.items():  # back to the bytes that were read (checked above)
+            os.truncate(place(name), read)
         indexed = 0
         if database_url:
             _into_database(data_dir, database_url)
