@@ -470,7 +470,8 @@ def test_a_manifest_that_cuts_what_it_may_not_is_refused(tmp_path: Path) -> None
         members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
     for label, cut in (("data", {"data/sessions/telegram/100/CHAT": 0}),
                        ("longer", {"media/telegram/100/AGENTS.md": 10_000}),
-                       ("unlisted", {"media/telegram/100/other.md": 0})):
+                       ("unlisted", {"media/telegram/100/other.md": 0}),
+                       ("not-a-mapping", ["media/telegram/100/AGENTS.md"])):
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w:", format=tarfile.PAX_FORMAT) as tar:
             for info, body in members:
@@ -480,8 +481,9 @@ def test_a_manifest_that_cuts_what_it_may_not_is_refused(tmp_path: Path) -> None
                 tar.addfile(info, io.BytesIO(body))
         hostile = tmp_path / f"{label}.tar.zst"
         hostile.write_bytes(zstandard.ZstdCompressor().compress(out.getvalue()))
-        with pytest.raises(BackupError, match="cuts .* which it may not"):
+        refused = "manifest is unreadable" if label == "not-a-mapping" else "cuts .* which it may not"
+        with pytest.raises(BackupError, match=refused):
             verify(hostile)
-        with pytest.raises(BackupError, match="cuts .* which it may not"):
+        with pytest.raises(BackupError, match=refused):
             restore(hostile, tmp_path / "r" / label / "data")
         assert not (tmp_path / "r").exists()

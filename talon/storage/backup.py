@@ -130,7 +130,7 @@ class Manifest:
                        created=float(raw["created"]), files=files, format=int(raw["format"]),
                        left_out=[str(x) for x in raw.get("left_out", [])],
                        cut={str(k): int(v) for k, v in raw.get("cut", {}).items()})
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BackupError(f"the archive's manifest is unreadable ({exc})") from None
 
     @property
