@@ -487,3 +487,33 @@ def test_a_manifest_that_cuts_what_it_may_not_is_refused(tmp_path: Path) -> None
         with pytest.raises(BackupError, match=refused):
             restore(hostile, tmp_path / "r" / label / "data")
         assert not (tmp_path / "r").exists()
+
+
+def test_two_restore_threads_racing_for_a_parent_directory_both_get_their_file(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writing threads need the same missing directory: one's mkdir of the child fails while
+    the other makes the parent and marks it made. The first must then make the child, not take
+    the parent for a dangling link (a restore failed so, now and then, with "No such file or
+    directory"). The interleaving is played here in one thread, step by step."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "media").mkdir()
+    placer = backup_module._Placer(lambda name: tmp_path / name, threads=1)
+    parent = tmp_path / "data" / "attachments"
+    child = parent / "ab"
+    real_mkdir = os.mkdir
+    raced = []
+
+    def mkdir(path: os.PathLike[str] | str, mode: int = 0o777) -> None:
+        if Path(path) == child and not raced:
+            raced.append(True)
+            real_mkdir(parent, mode)  # the other thread, between this mkdir's failure and its check
+            placer.made.add(parent)
+            raise FileNotFoundError(2, "No such file or directory", str(child))
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    try:
+        placer._make(child)
+    finally:
+        placer.abort()
+    assert raced and child.is_dir() and child in placer.made

@@ -680,7 +680,7 @@ class _Placer:
         ``mkdir`` each where it can (``private_dir`` looks before it leaps: three or four calls a
         directory, for 10,700 directories in a restore of 18,400 files). A loop, not recursion:
         an archive's names may be a few thousand levels deep."""
-        todo = [directory]
+        todo, again = [directory], set()
         while todo:
             here = todo[-1]
             try:
@@ -688,9 +688,14 @@ class _Placer:
             except FileExistsError:  # made by the other thread a moment ago, or a file: open says so
                 pass
             except FileNotFoundError:
-                if here.parent == here or here.parent in self.made:
+                if here.parent == here or here in again:
                     raise  # its parent is there, yet not (a dangling link, or removed): never loop on it
-                todo.append(here.parent)  # its parent first, then it again
+                if here.parent in self.made:
+                    # Made by another thread since this mkdir failed (the two raced for it): once
+                    # more. If it fails again, the parent is there yet not.
+                    again.add(here)
+                else:
+                    todo.append(here.parent)  # its parent first, then it again
                 continue
             todo.pop()
             if not self.exact_modes:  # a umask that takes owner bits: set the mode itself
