@@ -52,6 +52,20 @@ def open_under(root: Path) -> list[str]:
     return held
 
 
+def stat_says_longer(monkeypatch: pytest.MonkeyPatch, *files: Path) -> None:
+    """``os.fstat`` of these files gives 100 bytes more than they hold: the size they had a moment
+    before they were cut short, between the backup's look at their size and its read."""
+    real_fstat, names = os.fstat, {str(f) for f in files}
+
+    def fstat(fd: int) -> os.stat_result:
+        result = real_fstat(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") in names:
+            return os.stat_result((result.st_mode, *tuple(result)[1:6], result.st_size + 100, *tuple(result)[7:]))
+        return result
+
+    monkeypatch.setattr(os, "fstat", fstat)
+
+
 # Who reads a large file and compresses (_Source._run): the reading thread (compressing large
 # files' chunks and packing small files into compressed tar itself), or the writing thread (large
 # files handed over to it, everything compressed there), as the other one falls behind; here
@@ -75,15 +89,7 @@ def test_a_file_shorter_than_announced_fails_the_backup_and_leaves_nothing(
         real = backup_module._complete_lines_size
         monkeypatch.setattr(backup_module, "_complete_lines_size", lambda fd, size: real(fd, size) + 100)
     else:  # read whole, as long as its stat said
-        real_fstat = os.fstat
-
-        def fstat_longer(fd: int) -> os.stat_result:
-            result = real_fstat(fd)
-            if os.readlink(f"/proc/self/fd/{fd}") == str(log):
-                return os.stat_result((result.st_mode, *tuple(result)[1:6], result.st_size + 100, *tuple(result)[7:]))
-            return result
-
-        monkeypatch.setattr(os, "fstat", fstat_longer)
+        stat_says_longer(monkeypatch, log)
     with pytest.raises(BackupError, match="main.jsonl changed while it was archived"):
         backup(tmp_path / "a.tar.zst", data, media)
     assert left_over(tmp_path) == []
@@ -193,15 +199,7 @@ def test_a_small_workspace_file_that_shrinks_while_read_is_archived_as_read(
     share_work(monkeypatch, share)
     notes = media / "telegram" / "100" / "notes.md"
     notes.write_text("a long note that the agent is about to cut")
-    real_fstat = os.fstat
-
-    def fstat_before_the_cut(fd: int) -> os.stat_result:  # the size it had a moment before
-        result = real_fstat(fd)
-        if os.readlink(f"/proc/self/fd/{fd}") in (str(notes), str(data / "sessions" / "telegram" / "100" / "CHAT")):
-            return os.stat_result((result.st_mode, *tuple(result)[1:6], result.st_size + 100, *tuple(result)[7:]))
-        return result
-
-    monkeypatch.setattr(os, "fstat", fstat_before_the_cut)
+    stat_says_longer(monkeypatch, notes, data / "sessions" / "telegram" / "100" / "CHAT")
     manifest = backup(tmp_path / "a.tar.zst", data, media)
     assert manifest.files["media/telegram/100/notes.md"][0] == len("a long note that the agent is about to cut")
     assert verify(tmp_path / "a.tar.zst").files == manifest.files
@@ -360,15 +358,7 @@ def test_a_file_handed_over_behind_one_that_fails_is_closed(tmp_path: Path, monk
     small.write_bytes(b"cut short")
     (data / "attachments" / "ab" / ("ab" + "3" * 62)).write_bytes(os.urandom(2 << 20))
     share_work(monkeypatch, SHARES["writer-does-all"])
-    real_fstat = os.fstat
-
-    def fstat_before_the_cut(fd: int) -> os.stat_result:
-        result = real_fstat(fd)
-        if os.readlink(f"/proc/self/fd/{fd}") == str(small):
-            return os.stat_result((result.st_mode, *tuple(result)[1:6], result.st_size + 100, *tuple(result)[7:]))
-        return result
-
-    monkeypatch.setattr(os, "fstat", fstat_before_the_cut)
+    stat_says_longer(monkeypatch, small)
     with pytest.raises(BackupError, match="changed while it was archived"):
         backup(tmp_path / "a.tar.zst", data, media)
     assert open_under(tmp_path) == []
