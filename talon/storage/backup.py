@@ -231,6 +231,11 @@ def _header(name: str, size: int, mtime: int) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
 
 
+def _padding(size: int) -> bytes:
+    """The zeros after a member of ``size`` bytes, to the next whole tar block."""
+    return bytes(-size % _BLOCK)
+
+
 # After the checksum: type "0" (a regular file), no link, "ustar\0" "00", no user or group names,
 # no device numbers (empty, as tarfile writes them for a regular file), no prefix, padding.
 _TAIL = (b"0" + b"\0" * 100 + b"ustar\x0000").ljust(_BLOCK - 156, b"\0")
@@ -268,7 +273,7 @@ class _Writer:
 
     def _pad(self, size: int) -> None:
         if size % _BLOCK:
-            self._sink.write(bytes(_BLOCK - size % _BLOCK))
+            self._sink.write(_padding(size))
 
     def add(self, name: str, fh: IO[bytes], size: int, mtime: float | None = None) -> None:
         self._member(name, size, mtime)
@@ -1225,7 +1230,7 @@ class _Source:
                 for r, data in zip(batch, whole):
                     tar += _header(r.name, r.size, int(r.mtime))
                     tar += data
-                    tar += bytes(-r.size % _BLOCK)
+                    tar += _padding(r.size)
                     r.data = None
                 return self._put(("packed", _Packed(batch, self._compress(tar), len(tar))))
         return self._put(("batch", batch))
