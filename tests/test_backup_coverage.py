@@ -18,6 +18,7 @@ from talon.config import Settings
 from talon.content import Message
 from talon.storage import pg_export
 from talon.storage.backup import EMBEDDED_DERIVED, EMBEDDED_NOT_ARCHIVED, _filled_tables, backup
+from tests.support.archives import listing
 from talon.storage.factory import open_stores
 from talon.storage.migrate import EMBEDDED_FILES
 from talon.storage.postgres.db import AsyncDatabase
@@ -132,15 +133,16 @@ async def test_every_embedded_store_file_and_table_is_archived_or_named_as_left_
     assert set(EMBEDDED_FILES) == set(pg_export.TABLES), "restore/migrate and the PostgreSQL backup disagree"
     # And the embedded archive holds every file of the data dir but the ones named as left out.
     archive = tmp_path / "a.tar.gz"
-    manifest = await asyncio.to_thread(backup, archive, settings.data_dir, settings.media_root)
+    await asyncio.to_thread(backup, archive, settings.data_dir, settings.media_root)
+    listed = listing(archive)
     for path in sorted(settings.data_dir.rglob("*")):
         rel = path.relative_to(settings.data_dir).as_posix()
         if not path.is_file() or rel.endswith(("-wal", "-shm", "-journal")):
             continue
         if path.name.startswith(tuple(EMBEDDED_NOT_ARCHIVED)):
-            assert f"data/{rel}" not in manifest.files
+            assert f"data/{rel}" not in listed
         else:
-            assert f"data/{rel}" in manifest.files, f"{rel} is not in the archive"
+            assert f"data/{rel}" in listed, f"{rel} is not in the archive"
 
 
 async def test_a_store_file_a_database_restore_cannot_copy_is_refused_not_deleted(tmp_path: Path,
@@ -158,8 +160,8 @@ async def test_a_store_file_a_database_restore_cannot_copy_is_refused_not_delete
     conn.commit()
     conn.close()
     archive = tmp_path / "a.tar.gz"
-    manifest = await asyncio.to_thread(backup, archive, data, tmp_path / "src" / "media_root")
-    assert "data/future.sqlite3" in manifest.files
+    await asyncio.to_thread(backup, archive, data, tmp_path / "src" / "media_root")
+    assert "data/future.sqlite3" in listing(archive)
     target = tmp_path / "pg" / "data"
     with pytest.raises(BackupError, match=r"future\.sqlite3, a store this Talon cannot copy into a database"):
         await asyncio.to_thread(restore, archive, target, database_url=pg_url)

@@ -17,6 +17,7 @@ import zstandard
 import talon.storage.backup as backup_module
 from talon.errors import BackupError
 from talon.storage.backup import backup, restore, verify
+from tests.support.archives import listing
 
 pytestmark = pytest.mark.slow  # real archives written
 
@@ -109,8 +110,8 @@ def test_a_failure_in_the_reading_thread_is_raised_and_leaves_nothing(tmp_path: 
     assert left_over(tmp_path) == []
     monkeypatch.undo()
     manifest = backup(tmp_path / "a.tar.zst", data, media)  # and it works once the cause is gone
-    assert verify(tmp_path / "a.tar.zst").files == manifest.files
-    assert manifest.files["data/attachments/ab/ab" + "0" * 62][0] == 3 << 20
+    assert verify(tmp_path / "a.tar.zst") == manifest
+    assert listing(tmp_path / "a.tar.zst")["data/attachments/ab/ab" + "0" * 62][0] == 3 << 20
 
 
 def test_a_file_removed_after_the_scan_is_passed_over_and_a_data_dir_error_still_fails(
@@ -130,8 +131,8 @@ def test_a_file_removed_after_the_scan_is_passed_over_and_a_data_dir_error_still
 
     monkeypatch.setattr(backup_module, "_scan", scan_then_remove)
     manifest = backup(tmp_path / "a.tar.zst", data, media)
-    assert "media/telegram/100/gone.md" not in manifest.files and manifest.left_out == []
-    assert "media/telegram/100/AGENTS.md" in manifest.files
+    assert "media/telegram/100/gone.md" not in listing(tmp_path / "a.tar.zst") and manifest.left_out == []
+    assert "media/telegram/100/AGENTS.md" in listing(tmp_path / "a.tar.zst")
     monkeypatch.undo()
     locked = data / "sessions" / "telegram" / "100" / "CHAT"
     locked.mkdir()  # a directory where a file is read: not a regular file, in the data dir
@@ -183,7 +184,7 @@ def test_a_workspace_file_swapped_for_a_link_or_a_pipe_after_the_scan_is_left_ou
     manifest = done["manifest"]
     assert manifest.left_out == ["media/telegram/100/link.md (Too many levels of symbolic links)",
                                  "media/telegram/100/pipe.md (no longer a regular file)"]
-    assert "media/telegram/100/AGENTS.md" in manifest.files and not any("link" in n or "pipe" in n for n in manifest.files)
+    assert "media/telegram/100/AGENTS.md" in listing(tmp_path / "a.tar.zst") and not any("link" in n or "pipe" in n for n in listing(tmp_path / "a.tar.zst"))
     with open(tmp_path / "a.tar.zst", "rb") as raw:
         assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
 
@@ -201,8 +202,8 @@ def test_a_small_workspace_file_that_shrinks_while_read_is_archived_as_read(
     notes.write_text("a long note that the agent is about to cut")
     stat_says_longer(monkeypatch, notes, data / "sessions" / "telegram" / "100" / "CHAT")
     manifest = backup(tmp_path / "a.tar.zst", data, media)
-    assert manifest.files["media/telegram/100/notes.md"][0] == len("a long note that the agent is about to cut")
-    assert verify(tmp_path / "a.tar.zst").files == manifest.files
+    assert listing(tmp_path / "a.tar.zst")["media/telegram/100/notes.md"][0] == len("a long note that the agent is about to cut")
+    assert verify(tmp_path / "a.tar.zst") == manifest
     (data / "sessions" / "telegram" / "100" / "CHAT").write_text("telegram:100")
     with pytest.raises(BackupError, match="CHAT changed while it was archived"):
         backup(tmp_path / "b.tar.zst", data, media)
@@ -234,7 +235,7 @@ def test_a_workspace_directory_swapped_for_a_link_after_the_scan_is_not_followed
     monkeypatch.setattr(backup_module, "_scan", scan_then_swap)
     manifest = backup(tmp_path / "a.tar.zst", data, media)
     assert manifest.left_out == ["media/telegram/100/docs/notes.md (no longer the file the scan saw)"]
-    assert "media/telegram/100/docs/notes.md" not in manifest.files
+    assert "media/telegram/100/docs/notes.md" not in listing(tmp_path / "a.tar.zst")
     with open(tmp_path / "a.tar.zst", "rb") as raw:
         assert b"TOP SECRET" not in zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
 
@@ -278,13 +279,13 @@ def test_whichever_thread_hashes_and_compresses_the_archive_holds_every_byte(
     share_work(monkeypatch, share)
     archive = tmp_path / "a.tar.zst"
     manifest = backup(archive, data, media)
-    assert any(len(name) > 100 and not name.isascii() for name in manifest.files)
+    assert any(len(name) > 100 and not name.isascii() for name in listing(archive))
     sources = {"data": data, "media": media}
-    for name, (size, digest) in manifest.files.items():
+    for name, (size, digest) in listing(archive).items():
         top, rel = name.split("/", 1)
         body = (sources[top] / rel).read_bytes()
         assert (size, digest) == (len(body), hashlib.sha256(body).hexdigest()), name
-    assert verify(archive).files == manifest.files
+    assert verify(archive) == manifest
     rest, frames = archive.read_bytes(), []
     while rest:  # frame by frame: a decompressobj stops at the end of its frame
         one = zstandard.ZstdDecompressor().decompressobj()
@@ -297,7 +298,7 @@ def test_whichever_thread_hashes_and_compresses_the_archive_holds_every_byte(
     with tarfile.open(fileobj=io.BytesIO(whole), mode="r:") as tar:
         got = {m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest()  # type: ignore[union-attr]
                for m in tar if m.name != "manifest.json"}
-    assert got == {name: digest for name, (_, digest) in manifest.files.items()}
+    assert got == {name: digest for name, (_, digest) in listing(archive).items()}
 
 
 def test_files_handed_over_but_never_written_are_closed_when_a_backup_fails(
@@ -372,9 +373,9 @@ def test_large_files_handed_over_go_into_a_gzip_archive_too(tmp_path: Path, monk
     share_work(monkeypatch, SHARES["writer-does-all"])
     archive = tmp_path / "a.tar.gz"
     manifest = backup(archive, data, media)
-    assert manifest.files["data/attachments/ab/ab" + "0" * 62][1] == hashlib.sha256(
+    assert listing(archive)["data/attachments/ab/ab" + "0" * 62][1] == hashlib.sha256(
         (data / "attachments" / "ab" / ("ab" + "0" * 62)).read_bytes()).hexdigest()
-    assert verify(archive).files == manifest.files
+    assert verify(archive) == manifest
 
 
 @pytest.mark.parametrize("share", SHARES.values(), ids=SHARES.keys())
@@ -389,8 +390,8 @@ def test_a_line_being_written_is_left_out_whole(tmp_path: Path, monkeypatch: pyt
         fh.write(b'{"role": "user", "content": [{"type": "te')  # a message half written
     manifest = backup(tmp_path / "a.tar.zst", data, media)
     name = "data/sessions/telegram/100/main.jsonl"
-    assert manifest.files[name] == (len(whole), hashlib.sha256(whole).hexdigest())
-    assert verify(tmp_path / "a.tar.zst").files == manifest.files
+    assert listing(tmp_path / "a.tar.zst")[name] == (len(whole), hashlib.sha256(whole).hexdigest())
+    assert verify(tmp_path / "a.tar.zst") == manifest
 
 
 def test_a_large_log_that_cannot_be_read_back_fails_without_a_descriptor_left(
@@ -438,7 +439,7 @@ def test_a_large_workspace_file_cut_short_while_read_is_archived_as_read(
     manifest = backup(archive, data, media)
     name = "media/telegram/100/video.mp4"
     assert manifest.cut == {name: len(original) // 2}
-    assert manifest.files[name][0] == len(original)
+    assert listing(archive)[name][0] == len(original)
     monkeypatch.undo()
     assert verify(archive).cut == manifest.cut
     assert main(["backup", "--verify", str(archive)]) == 0

@@ -69,7 +69,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     try:
         if args.verify:
             manifest = verify(path, _Progress("verified"))
-            print(f"ok: {path} is a complete Talon archive: {len(manifest.files)} files, "
+            print(f"ok: {path} is a complete Talon archive: {manifest.count} files, "
                   f"{_size(manifest.total_bytes)}, from a {manifest.source} Talon (schema version "
                   f"{manifest.schema_version}), made {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(manifest.created))}")
             _say_left_out(manifest.left_out, manifest.cut)
@@ -80,7 +80,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     except BackupError as exc:
         print(f"talon: {exc}", file=sys.stderr)
         return 1
-    print(f"ok: {path}: {len(manifest.files)} files, {_size(manifest.total_bytes)} "
+    print(f"ok: {path}: {manifest.count} files, {_size(manifest.total_bytes)} "
           f"({'PostgreSQL' if manifest.source == 'postgres' else 'embedded'} stores, media root); "
           f"check it with `talon backup --verify {path}`")
     _say_left_out(manifest.left_out, manifest.cut)
@@ -119,7 +119,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         print(f"talon: restore refused: {exc}", file=sys.stderr)
         return 1
     where = "the database" if result.database_url else str(result.data_dir)
-    print(f"ok: restored {len(result.manifest.files)} files into {where} and {result.media_root}"
+    print(f"ok: restored {result.manifest.count} files into {where} and {result.media_root}"
           + (f"; {result.indexed} messages indexed for search" if not result.database_url else ""))
     print("point a Talon at it with these settings (in its .env):")
     print(f"TALON_DATA_DIR={result.data_dir}")

@@ -46,6 +46,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 _QUEUED = 8  # batches of about _CHUNK between a restore's reading and writing threads
+_MADE_KEPT = 4096  # directories a restore remembers having made (``_Placer.made``)
 # A backup's two threads (``_Source``): at most _BACKUP_QUEUED items of about _CHUNK between them
 # (16 MB: a thread busy with a large file does not stall the other, as 8 did: 4% of the wall
 # time); the reading thread hands a large file over whole to the writing thread when fewer than
@@ -100,11 +102,17 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes expected; 0 when unk
 
 @dataclass
 class Manifest:
+    """An archive's manifest without its list of files: that list is as long as the archive has
+    files, so it is never held whole in memory. A backup writes it line by line to a scratch file
+    as it goes (``_Writer``); a restore or verify reads it as a stream (``_read_manifest``) into
+    a table on the disk (``_Tally``)."""
+
     source: str  # "embedded" or "postgres"
     schema_version: int
     created: float
-    files: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (size, sha256)
     format: int = FORMAT
+    count: int = 0  # the files it lists
+    total_bytes: int = 0  # their sizes, summed
     # What a workspace held that could not be read, with why ("media/t/1/x (Permission denied)")
     left_out: list[str] = field(default_factory=list)
     # Workspace files cut short while they were read (an agent rewriting one): name -> the bytes
@@ -112,30 +120,16 @@ class Manifest:
     # restore cuts the file back to the bytes read. (An optional key: older Talons ignore it.)
     cut: dict[str, int] = field(default_factory=dict)
 
-    def to_json(self) -> bytes:
-        """One file a line (json's C encoder per entry: no list of dicts as large as the archive's
-        file count, and no pure-Python indenting encoder)."""
+    def head(self) -> bytes:
+        """The manifest's JSON up to its list of files (which follows, one file a line, then
+        ``_MANIFEST_END``)."""
         head = json.dumps({"format": self.format, "source": self.source, "schema_version": self.schema_version,
                            "created": self.created, **({"left_out": self.left_out} if self.left_out else {}),
                            **({"cut": dict(sorted(self.cut.items()))} if self.cut else {})})
-        lines = [json.dumps({"path": k, "size": s, "sha256": h}) for k, (s, h) in sorted(self.files.items())]
-        return (head[:-1] + ', "files": [\n' + ",\n".join(lines) + "\n]}\n").encode("utf-8")
+        return (head[:-1] + ', "files": [\n').encode("utf-8")
 
-    @classmethod
-    def from_json(cls, data: bytes) -> "Manifest":
-        try:
-            raw = json.loads(data)
-            files = {str(f["path"]): (int(f["size"]), str(f["sha256"])) for f in raw["files"]}
-            return cls(source=str(raw["source"]), schema_version=int(raw["schema_version"]),
-                       created=float(raw["created"]), files=files, format=int(raw["format"]),
-                       left_out=[str(x) for x in raw.get("left_out", [])],
-                       cut={str(k): int(v) for k, v in raw.get("cut", {}).items()})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BackupError(f"the archive's manifest is unreadable ({exc})") from None
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(size for size, _ in self.files.values())
+_MANIFEST_END = b"\n]}\n"
 
 
 # --- archives ---------------------------------------------------------------------------------
@@ -264,7 +258,10 @@ class _Writer:
 
             self._zst = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=GZIP_LEVEL)
         self._sink = _Sink(self._zst)
-        self.manifest_files: dict[str, tuple[int, str]] = {}
+        # The manifest's list of files, a line each as the files are archived: in a scratch file
+        # beside the archive (unnamed where the system can: nothing to clean up), not in memory.
+        self._listing = tempfile.TemporaryFile(dir=self.partial.parent, prefix=".talon-manifest-")
+        self.count = self.total = 0
         self.cut: dict[str, int] = {}  # Manifest.cut
         self.progress, self.expected, self.done = progress, expected, 0
 
@@ -288,7 +285,7 @@ class _Writer:
                 self._sink.write(zeros)
             self.cut[name] = reader.read_bytes
         self._pad(size)
-        self.manifest_files[name] = (size, reader.sha.hexdigest())
+        self._list(name, size, reader.sha.hexdigest())
 
     def add_read(self, read: _Read, source: _Source) -> None:
         """A file the ``_Source`` thread read (and hashed): whole, or chunk by chunk from it; or
@@ -319,14 +316,21 @@ class _Writer:
         if got != read.size:
             raise BackupError(f"{read.name} changed while it was archived (read {got} of {read.size} bytes)")
         self._pad(read.size)
-        self.manifest_files[read.name] = (read.size, digest)
+        self._list(read.name, read.size, digest)
 
     def add_packed(self, packed: _Packed) -> None:
         """Small files the ``_Source`` thread packed and compressed (their sizes checked there)."""
         self._sink.write_frame(packed.frame, packed.size)
         for read in packed.reads:
-            self.manifest_files[read.name] = (read.size, read.sha256)
+            self._list(read.name, read.size, read.sha256)
             self._advance(read.size)
+
+    def _list(self, name: str, size: int, digest: str) -> None:
+        """The file's line in the manifest (in the archive's order)."""
+        line = json.dumps({"path": name, "size": size, "sha256": digest})
+        self._listing.write((",\n" + line if self.count else line).encode("utf-8"))
+        self.count += 1
+        self.total += size
 
     def add_file(self, name: str, path: Path | str, size: int | None = None) -> None:
         with open(path, "rb", buffering=0) as fh:
@@ -343,11 +347,17 @@ class _Writer:
             self.progress(self.done, self.expected)
 
     def finish(self, manifest: Manifest) -> None:
-        manifest.files, manifest.cut = self.manifest_files, self.cut
-        data = manifest.to_json()
-        self._member(MANIFEST, len(data), None)
-        self._sink.write(data)
-        self._pad(len(data))
+        manifest.count, manifest.total_bytes, manifest.cut = self.count, self.total, self.cut
+        head, listed = manifest.head(), self._listing.tell()
+        size = len(head) + listed + len(_MANIFEST_END)
+        self._member(MANIFEST, size, None)
+        self._sink.write(head)
+        self._listing.seek(0)
+        while data := self._listing.read(_CHUNK):
+            self._sink.write(data)
+        self._listing.close()
+        self._sink.write(_MANIFEST_END)
+        self._pad(size)
         # The end of the archive: two zero blocks, then zeros to a whole record (as tarfile and tar).
         self._sink.write(bytes(2 * _BLOCK))
         if self._sink.pos % _RECORD:
@@ -361,7 +371,7 @@ class _Writer:
         os.replace(self.partial, self.path)
 
     def abort(self) -> None:
-        for closer in (*(() if self._zst is None else (self._zst.close,)), self._raw.close):
+        for closer in (*(() if self._zst is None else (self._zst.close,)), self._raw.close, self._listing.close):
             try:
                 closer()
             except Exception:
@@ -624,12 +634,16 @@ class _Placer:
 
     def __init__(self, place: Callable[[str], Path] | None, threads: int | None = None) -> None:
         self.place = place
-        self.seen: dict[str, tuple[int, str]] = {}
+        # (name, size, sha256) of each member written, until the main thread takes them (``take``)
+        self.done: deque[tuple[str, int, str]] = deque()
         # The directories made (or found) so far, for all the threads: a file's directory is made
         # before the file is opened, not after an open failed (a failed open is a whole path
         # lookup: 10,900 of them in a restore of 18,400 files).
-        # The two places themselves exist already (and keep the mode they have).
-        self.made: set[Path] = {place(f"{top}/-").parent for top in ("data", "media")} if place else set()
+        # The two places themselves exist already (and keep the mode they have). At most
+        # ``_MADE_KEPT`` are kept (the archive holds a directory's files together, so the ones made
+        # last are the ones asked for again; forgetting one costs a ``mkdir`` that finds it).
+        self._roots = frozenset({place(f"{top}/-").parent for top in ("data", "media")} if place else ())
+        self.made: set[Path] = set(self._roots)
         self.exact_modes = _umask_spares_owner()
         self.error: BaseException | None = None
         self.cancel = False
@@ -660,14 +674,21 @@ class _Placer:
             self._queues[to].put(self._batches[to])
             self._batches[to], self._bytes[to] = [], 0
 
-    def finish(self) -> dict[str, tuple[int, str]]:
-        """Wait until everything is written; (size, sha256) of every member, or the failure."""
+    def take(self) -> list[tuple[str, int, str]]:
+        """(name, size, sha256) of the members written since the last call."""
+        done, taken = self.done, []
+        while done:
+            taken.append(done.popleft())
+        return taken
+
+    def finish(self) -> list[tuple[str, int, str]]:
+        """Wait until everything is written; what ``take`` had not given yet, or the failure."""
         for to in range(len(self._queues)):
             self._send(to)
         self._stop()
         if self.error is not None:
             raise self.error
-        return self.seen
+        return self.take()
 
     def abort(self) -> None:
         self.cancel = True
@@ -706,6 +727,8 @@ class _Placer:
             if not self.exact_modes:  # a umask that takes owner bits: set the mode itself
                 os.chmod(here, DIR_MODE)
             self.made.add(here)
+        if len(self.made) > _MADE_KEPT:
+            self.made = set(self._roots)
 
     def _run(self, batches: "queue.Queue[list[tuple[str, bytes | memoryview, bool, bool]] | None]") -> None:
         out, target, sha, size = -1, Path(), hashlib.sha256(), 0
@@ -723,6 +746,9 @@ class _Placer:
                                     if target.parent not in self.made:  # one directory of many files: made once
                                         self._make(target.parent)
                                     out = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                                except FileExistsError:  # the places were empty: the archive made it
+                                    raise BackupError(f"the archive holds {name!r} twice (or as a file and as a "
+                                                      "directory): refused") from None
                                 except OSError as exc:
                                     raise BackupError(f"could not write {target}: {exc}") from None
                         if data:
@@ -736,7 +762,7 @@ class _Placer:
                                     _start_writeback(out, 0, 0)
                                 os.close(out)
                                 out = -1
-                            self.seen[name] = (size, sha.hexdigest())
+                            self.done.append((name, size, sha.hexdigest()))
                 except BaseException as exc:
                     if out >= 0:
                         os.close(out)
@@ -761,14 +787,193 @@ def _umask_spares_owner() -> bool:
     return False
 
 
+class _Tally:
+    """What a verify or restore saw in an archive and what its manifest lists, checked against each
+    other in two tables of a temporary SQLite database: SQLite's own, on the disk (in ``TMPDIR``)
+    once its cache of a few MB is full, and gone when closed. So checking an archive of a million
+    files takes no more memory than one of ten. Rows go in batches; only the main thread uses it."""
+
+    _BATCH = 2048
+
+    def __init__(self) -> None:
+        self.db = sqlite3.connect("", isolation_level=None)
+        self.db.execute("PRAGMA cache_size = -4096")  # KB
+        self.db.execute("PRAGMA journal_mode = OFF")
+        for table in ("seen", "listed"):
+            self.db.execute(f"CREATE TABLE {table} (name TEXT PRIMARY KEY, size INTEGER, sha256 TEXT) WITHOUT ROWID")
+        self.db.execute("BEGIN")
+        self._rows = {"seen": 0, "listed": 0}
+        self._listed: list[tuple[str, int, str]] = []
+
+    def saw(self, rows: list[tuple[str, int, str]]) -> None:
+        """Members read whole (name, size, sha256)."""
+        self._insert("seen", rows, "the archive holds {!r} twice: refused")
+
+    def lists(self, name: str, size: int, sha256: str) -> None:
+        self._listed.append((name, size, sha256))
+        if len(self._listed) >= self._BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows, self._listed = self._listed, []
+        self._insert("listed", rows, "the archive's manifest lists {!r} twice: refused")
+
+    def _insert(self, table: str, rows: list[tuple[str, int, str]], twice: str) -> None:
+        try:
+            self.db.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", rows)
+        except sqlite3.IntegrityError:
+            # The rows before the one refused went in (nothing is rolled back without a journal):
+            # their count says which one it was.
+            went_in = self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0] - self._rows[table]
+            raise BackupError(twice.format(rows[went_in][0])) from None
+        self._rows[table] += len(rows)
+
+    def check(self) -> tuple[int, int]:
+        """(files, bytes) the manifest lists, once every one was seen as listed and nothing else;
+        BackupError naming the first that was not."""
+        self._flush()
+        one = self.db.execute
+        missing = one("SELECT l.name FROM listed l LEFT JOIN seen s ON s.name = l.name WHERE s.name IS NULL "
+                      "LIMIT 1").fetchone()
+        if missing:
+            raise BackupError(f"{missing[0]} is in the manifest but not in the archive: refused")
+        changed = one("SELECT l.name FROM listed l JOIN seen s ON s.name = l.name "
+                      "WHERE s.size IS NOT l.size OR s.sha256 IS NOT l.sha256 LIMIT 1").fetchone()
+        if changed:
+            raise BackupError(f"{changed[0]} does not match its sha256 in the manifest (damaged or tampered): refused")
+        extra = one("SELECT s.name FROM seen s LEFT JOIN listed l ON l.name = s.name WHERE l.name IS NULL "
+                    "ORDER BY s.name LIMIT 1").fetchone()
+        if extra:
+            raise BackupError(f"{extra[0]} is in the archive but not in its manifest: refused")
+        count, total = one("SELECT count(*), coalesce(sum(size), 0) FROM listed").fetchone()
+        return int(count), int(total)
+
+    def size_listed(self, name: str) -> int | None:
+        row = self.db.execute("SELECT size FROM listed WHERE name = ?", (name,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class _Chunks:
+    """A member's data (``_TarReader.data``) as a file to read from, for ijson."""
+
+    def __init__(self, chunks: Iterator[memoryview]) -> None:
+        self.chunks = chunks
+
+    def read(self, n: int = -1) -> bytes:
+        return bytes(next(self.chunks, b"")) if n else b""  # (ijson reads 0 bytes first, to see their type)
+
+
+# The manifest's plain values (what each must be), and its lists (what each must start with)
+_HEAD: dict[str, tuple[Any, str]] = {"format": (int, "a whole number"), "schema_version": (int, "a whole number"),
+                                     "source": (str, "text"), "created": ((int, float), "a number")}
+_LISTS = {"left_out": "start_array", "cut": "start_map", "files": "start_array"}
+
+
+def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
+    """The manifest, read as a stream of JSON events (ijson): its list of files goes into
+    ``tally`` entry by entry, never into a list, so a manifest of a million files is read in the
+    memory one takes. Anything but a manifest's shape (a value of the wrong type, a key twice, a
+    missing one, JSON that is not) is refused as unreadable."""
+    import ijson
+
+    def unreadable(why: str) -> BackupError:
+        return BackupError(f"the archive's manifest is unreadable ({why})")
+
+    head: dict[str, Any] = {}  # the top object's keys read so far (a list's: True)
+    left_out: list[str] = []
+    cut: dict[str, int] = {}
+    entry: dict[str, Any] = {}
+    # Where the parser is: depth 1 is the top object, 2 a list or object in it, 3 a file's entry;
+    # ``keys`` the last key at each of them; ``skip`` the depth inside the value of a key no Talon
+    # knows (passed over, as json.loads' reader passed it over).
+    keys: list[str] = ["", "", ""]
+    depth = skip = 0
+    try:
+        for event, value in ijson.basic_parse(_Chunks(data), use_float=True):
+            if depth == 3:  # in a file's entry: most of a manifest, so first
+                if event == "map_key":
+                    keys[2] = value
+                elif event == "end_map":  # the entry, whole
+                    name, size, digest = entry.get("path"), entry.get("size"), entry.get("sha256")
+                    if not isinstance(name, str) or not isinstance(digest, str) or \
+                            not isinstance(size, int) or isinstance(size, bool):
+                        raise unreadable("a file's entry lacks a text 'path' or 'sha256', or a whole 'size'")
+                    tally.lists(name, size, digest)
+                    depth = 2
+                elif event in ("start_map", "start_array"):
+                    raise unreadable(f"a file's {keys[2]!r} is not a plain value")
+                else:
+                    entry[keys[2]] = value
+                continue
+            opens, closes = event in ("start_map", "start_array"), event in ("end_map", "end_array")
+            if skip:
+                skip += opens - closes
+                continue
+            if event == "map_key":
+                if depth == 1 and value in head:
+                    raise unreadable(f"{value!r} twice")
+                keys[depth - 1] = value
+                continue
+            if closes:
+                depth -= 1
+                continue
+            top = keys[0]
+            if depth == 0:
+                if event != "start_map":
+                    raise unreadable("not a JSON object")
+            elif depth == 1:
+                if top in _HEAD:
+                    kind, what = _HEAD[top]
+                    if opens or not isinstance(value, kind) or isinstance(value, bool):
+                        raise unreadable(f"{top!r} is not {what}")
+                    head[top] = value
+                    continue
+                if top in _LISTS:
+                    if event != _LISTS[top]:
+                        raise unreadable(f"{top!r} is not a{'n object' if top == 'cut' else ' list'}")
+                    head[top] = True
+                elif opens:  # a key no Talon knows, with a list or an object
+                    skip = 1
+                    continue
+                else:  # a key no Talon knows, with a plain value
+                    continue
+            elif depth == 2:
+                if top == "files":
+                    if event != "start_map":
+                        raise unreadable("a file's entry is not an object")
+                    entry = {}
+                elif opens:
+                    raise unreadable(f"{top!r} holds more than plain values")
+                elif top == "left_out":
+                    left_out.append(str(value))
+                    continue
+                else:
+                    if not isinstance(value, int) or isinstance(value, bool):
+                        raise unreadable("'cut' holds more than numbers of bytes")
+                    cut[keys[1]] = value
+                    continue
+            depth += 1  # only a list or an object gets here
+    except ijson.JSONError as exc:
+        raise unreadable(f"not JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    for key in ("format", "source", "schema_version", "created", "files"):
+        if key not in head:
+            raise unreadable(f"no {key!r}")
+    return Manifest(source=head["source"], schema_version=head["schema_version"], created=float(head["created"]),
+                    format=head["format"], left_out=left_out, cut=cut)
+
+
 def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], Path] | None) -> Manifest:
     """One pass over the archive checking every member (and, with ``place``, writing each one to
     ``place(name)`` as it is read and hashed, in a ``_Placer``); the manifest once everything
     matched it, else BackupError. What was written is only good when this returns: the caller
-    removes it otherwise."""
-    names: set[str] = set()
+    removes it otherwise. What was seen and what the manifest lists are compared in a ``_Tally``
+    (on the disk), not in memory."""
     manifest: Manifest | None = None
     done = 0
+    tally = _Tally()
     placer = _Placer(place)
     finished = False
     try:
@@ -782,14 +987,11 @@ def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], 
                     if manifest is not None:
                         raise BackupError(f"the archive holds {name!r} after its manifest: refused")
                     if name == MANIFEST:
-                        if size > 64 << 20:
-                            raise BackupError("the archive's manifest is implausibly large: refused")
-                        manifest = Manifest.from_json(b"".join(reader.data(size)))
+                        manifest = _read_manifest(reader.data(size), tally)
                         continue
                     _safe_member_name(name)
-                    if name in names:
-                        raise BackupError(f"the archive holds {name!r} twice: refused")
-                    names.add(name)
+                    if len(placer.done) >= _Tally._BATCH:
+                        tally.saw(placer.take())
                     first = True
                     for data in reader.data(size):
                         placer.put(name, data, first, False)
@@ -801,32 +1003,27 @@ def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], 
             finally:
                 for closer in closers:
                     closer.close()
-            seen = placer.finish()
+            tally.saw(placer.finish())
             finished = True
+        if manifest is None:
+            raise BackupError(f"{path.name} has no manifest (not a complete Talon archive): refused")
+        if manifest.format != FORMAT:
+            raise BackupError(f"archive format {manifest.format} is not one this Talon reads ({FORMAT}): refused")
+        from talon.storage.postgres.schema import SCHEMA_VERSION
+
+        if manifest.schema_version > SCHEMA_VERSION:
+            raise BackupError(f"the archive was made by a newer Talon (schema version {manifest.schema_version}, "
+                              f"this one knows {SCHEMA_VERSION}): upgrade Talon to restore it")
+        manifest.count, manifest.total_bytes = tally.check()
+        for name, read in manifest.cut.items():
+            listed = tally.size_listed(name)
+            if not name.startswith("media/") or listed is None or not 0 <= read <= listed:
+                raise BackupError(f"the archive's manifest cuts {name!r} to {read} bytes, which it may not: refused")
+        return manifest
     finally:
         if not finished:
             placer.abort()
-    if manifest is None:
-        raise BackupError(f"{path.name} has no manifest (not a complete Talon archive): refused")
-    if manifest.format != FORMAT:
-        raise BackupError(f"archive format {manifest.format} is not one this Talon reads ({FORMAT}): refused")
-    from talon.storage.postgres.schema import SCHEMA_VERSION
-
-    if manifest.schema_version > SCHEMA_VERSION:
-        raise BackupError(f"the archive was made by a newer Talon (schema version {manifest.schema_version}, "
-                          f"this one knows {SCHEMA_VERSION}): upgrade Talon to restore it")
-    for name, expected in manifest.files.items():
-        if name not in seen:
-            raise BackupError(f"{name} is in the manifest but not in the archive: refused")
-        if seen[name] != expected:
-            raise BackupError(f"{name} does not match its sha256 in the manifest (damaged or tampered): refused")
-    extra = sorted(set(seen) - set(manifest.files))
-    if extra:
-        raise BackupError(f"{extra[0]} is in the archive but not in its manifest: refused")
-    for name, read in manifest.cut.items():
-        if not name.startswith("media/") or name not in manifest.files or not 0 <= read <= manifest.files[name][0]:
-            raise BackupError(f"the archive's manifest cuts {name!r} to {read} bytes, which it may not: refused")
-    return manifest
+        tally.close()
 
 
 def _write_all(fd: int, chunk: memoryview, target: Path) -> None:
