@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import tarfile
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -55,10 +56,12 @@ def test_a_manifest_in_the_first_writers_layout_verifies_and_restores(tmp_path: 
 
 
 def test_keys_in_any_order_and_keys_no_talon_knows_are_read_as_json_reads_them(tmp_path: Path) -> None:
-    """A newer Talon may add keys; any order is JSON. A key no Talon knows is passed over whole,
-    even one whose value holds a "files" list of its own."""
+    """A newer Talon may add keys, at the top or in a file's entry; any order is JSON. A key no
+    Talon knows is passed over whole, even one whose value holds a "files" list or a "path" of its
+    own."""
     def reordered(manifest: dict[str, Any]) -> bytes:
         head = {k: v for k, v in manifest.items() if k != "files"}
+        manifest["files"][0] = {"later": {"path": [1]}, **manifest["files"][0], "mode": [{"x": "0600"}], "n": 1}
         return json.dumps({"files": manifest["files"], "future": {"files": [{"path": "media/telegram/100/evil.md",
                                                                                "size": 1, "sha256": "0" * 64}]},
                            "note": "from a newer Talon", "later": [[], {}, [{"x": [1]}]], **head}).encode()
@@ -259,3 +262,43 @@ def test_directories_made_are_forgotten_past_a_bound_and_made_again_as_needed(
         assert oct(result.data_dir.stat().st_mode & 0o777) == "0o700"  # the data dir is made private
         assert oct(result.media_root.stat().st_mode & 0o777) == "0o751"
         assert (result.media_root / "zz.md").read_text() == "in the media root itself, after the directories"
+
+
+def test_a_table_that_cannot_grow_fails_the_restore_by_name_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tally's table is on the disk (a restore's in the data dir, a verify's in TMPDIR): a full
+    disk is a clear refusal, not a traceback, and the restore removes what it wrote (the table's
+    file included)."""
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, *tree(tmp_path / "src"))
+
+    def full(self: Any, rows: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(backup_module._Tally, "saw", full)
+    with pytest.raises(BackupError, match=r"table failed \(database or disk is full\).*in the data dir"):
+        restore(archive, tmp_path / "r" / "data")
+    nothing_left(tmp_path / "r")
+    with pytest.raises(BackupError, match=r"table failed \(database or disk is full\).*in TMPDIR"):
+        verify(archive)
+
+
+def test_a_restores_table_is_a_file_in_the_data_dir_and_gone_after(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the disk the restore writes anyway (TMPDIR may be memory: tmpfs), and removed with the
+    restore done; a verify, which has no data dir, uses SQLite's temporary database."""
+    archive = tmp_path / "a.tar.zst"
+    backup(archive, *tree(tmp_path / "src"))
+    files: list[str | None] = []
+    close = backup_module._Tally.close
+
+    def noted(self: Any) -> None:
+        files.append(self.file)
+        assert self.file is None or Path(self.file).stat().st_size > 0
+        close(self)
+
+    monkeypatch.setattr(backup_module._Tally, "close", noted)
+    result = restore(archive, tmp_path / "r" / "data")
+    verify(archive)
+    assert files[0] is not None and Path(files[0]).parent == result.data_dir and files[1] is None
+    assert not Path(files[0]).exists() and not list(result.data_dir.glob(".talon-check-*"))

@@ -18,10 +18,12 @@ declares archived, read with ``COPY ... TO STDOUT`` inside one REPEATABLE READ, 
 transaction (one consistent snapshot of all of them) and written in the embedded layout;
 attachments chunk by chunk. Files go
 through temporary files (the snapshots of the stores before the logs together, taken ahead; any
-other one at a time): memory stays flat whatever the size.
+other one at a time), and so does the manifest's list of files (``_Writer``): memory stays flat
+whatever the size and however many files.
 
 ``verify`` reads the whole archive: only regular files under ``data/`` and ``media/`` with safe
-relative names, each exactly once, each matching the manifest, nothing missing, nothing extra.
+relative names, each exactly once, each matching the manifest, nothing missing, nothing extra;
+the manifest read as a stream (``_read_manifest``) and compared on the disk (``_Tally``).
 ``restore`` reads the archive once, into a data dir and a media root that are empty or absent
 (never over live data): each member is checked as ``verify`` checks it before it is written, and
 hashed as it is written; only when the whole archive matched its manifest does it bring the
@@ -62,6 +64,7 @@ MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 _QUEUED = 8  # batches of about _CHUNK between a restore's reading and writing threads
 _MADE_KEPT = 4096  # directories a restore remembers having made (``_Placer.made``)
+_TALLY_BATCH = 2048  # rows that go into a ``_Tally`` table at once
 # A backup's two threads (``_Source``): at most _BACKUP_QUEUED items of about _CHUNK between them
 # (16 MB: a thread busy with a large file does not stall the other, as 8 did: 4% of the wall
 # time); the reading thread hands a large file over whole to the writing thread when fewer than
@@ -789,14 +792,18 @@ def _umask_spares_owner() -> bool:
 
 class _Tally:
     """What a verify or restore saw in an archive and what its manifest lists, checked against each
-    other in two tables of a temporary SQLite database: SQLite's own, on the disk (in ``TMPDIR``)
-    once its cache of a few MB is full, and gone when closed. So checking an archive of a million
-    files takes no more memory than one of ten. Rows go in batches; only the main thread uses it."""
+    other in two tables of a SQLite database on the disk, of which a few MB are cached: a file in
+    ``directory`` (a restore's data dir, which it writes anyway; removed when closed), else
+    SQLite's own temporary database (in ``TMPDIR``, once the cache is full). So checking an
+    archive of a million files takes no more memory than one of ten. Rows go in batches; only the
+    main thread uses it."""
 
-    _BATCH = 2048
-
-    def __init__(self) -> None:
-        self.db = sqlite3.connect("", isolation_level=None)
+    def __init__(self, directory: Path | None = None) -> None:
+        self.file: str | None = None
+        if directory is not None:
+            fd, self.file = tempfile.mkstemp(prefix=".talon-check-", suffix=".sqlite3", dir=directory)
+            os.close(fd)
+        self.db = sqlite3.connect(self.file or "", isolation_level=None)
         self.db.execute("PRAGMA cache_size = -4096")  # KB
         self.db.execute("PRAGMA journal_mode = OFF")
         for table in ("seen", "listed"):
@@ -811,7 +818,7 @@ class _Tally:
 
     def lists(self, name: str, size: int, sha256: str) -> None:
         self._listed.append((name, size, sha256))
-        if len(self._listed) >= self._BATCH:
+        if len(self._listed) >= _TALLY_BATCH:
             self._flush()
 
     def _flush(self) -> None:
@@ -854,6 +861,8 @@ class _Tally:
 
     def close(self) -> None:
         self.db.close()
+        if self.file is not None:
+            os.unlink(self.file)
 
 
 class _Chunks:
@@ -887,12 +896,15 @@ def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
     cut: dict[str, int] = {}
     entry: dict[str, Any] = {}
     # Where the parser is: depth 1 is the top object, 2 a list or object in it, 3 a file's entry;
-    # ``keys`` the last key at each of them; ``skip`` the depth inside the value of a key no Talon
-    # knows (passed over, as json.loads' reader passed it over).
+    # ``keys`` the last key at each of them; ``skip`` the depth inside the list or object of a key
+    # no Talon knows (passed over, as json.loads' reader passed it over), at the top or in an entry.
     keys: list[str] = ["", "", ""]
     depth = skip = 0
     try:
         for event, value in ijson.basic_parse(_Chunks(data), use_float=True):
+            if skip:
+                skip += (event in ("start_map", "start_array")) - (event in ("end_map", "end_array"))
+                continue
             if depth == 3:  # in a file's entry: most of a manifest, so first
                 if event == "map_key":
                     keys[2] = value
@@ -904,14 +916,13 @@ def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
                     tally.lists(name, size, digest)
                     depth = 2
                 elif event in ("start_map", "start_array"):
-                    raise unreadable(f"a file's {keys[2]!r} is not a plain value")
+                    if keys[2] in ("path", "size", "sha256"):
+                        raise unreadable(f"a file's {keys[2]!r} is not a plain value")
+                    skip = 1  # a key no Talon knows
                 else:
                     entry[keys[2]] = value
                 continue
             opens, closes = event in ("start_map", "start_array"), event in ("end_map", "end_array")
-            if skip:
-                skip += opens - closes
-                continue
             if event == "map_key":
                 if depth == 1 and value in head:
                     raise unreadable(f"{value!r} twice")
@@ -965,7 +976,8 @@ def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
                     format=head["format"], left_out=left_out, cut=cut)
 
 
-def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], Path] | None) -> Manifest:
+def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], Path] | None,
+                  scratch: Path | None = None) -> Manifest:
     """One pass over the archive checking every member (and, with ``place``, writing each one to
     ``place(name)`` as it is read and hashed, in a ``_Placer``); the manifest once everything
     matched it, else BackupError. What was written is only good when this returns: the caller
@@ -973,7 +985,10 @@ def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], 
     (on the disk), not in memory."""
     manifest: Manifest | None = None
     done = 0
-    tally = _Tally()
+    try:
+        tally = _Tally(scratch)
+    except (OSError, sqlite3.Error) as exc:
+        raise BackupError(f"could not make the check's table in {scratch or 'TMPDIR'}: {exc}") from None
     placer = _Placer(place)
     finished = False
     try:
@@ -990,7 +1005,7 @@ def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], 
                         manifest = _read_manifest(reader.data(size), tally)
                         continue
                     _safe_member_name(name)
-                    if len(placer.done) >= _Tally._BATCH:
+                    if len(placer.done) >= _TALLY_BATCH:
                         tally.saw(placer.take())
                     first = True
                     for data in reader.data(size):
@@ -1020,6 +1035,9 @@ def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], 
             if not name.startswith("media/") or listed is None or not 0 <= read <= listed:
                 raise BackupError(f"the archive's manifest cuts {name!r} to {read} bytes, which it may not: refused")
         return manifest
+    except sqlite3.Error as exc:  # the table's temporary file: no room, or no place to make it
+        raise BackupError(f"the check's table failed ({exc}): it needs about 300 bytes a file on the disk, "
+                          f"{'in the data dir' if scratch else 'in TMPDIR'}") from None
     finally:
         if not finished:
             placer.abort()
@@ -1682,7 +1700,7 @@ def restore(path: Path, data_dir: Path, media_root: Path | None = None, *, datab
     try:
         private_dir(data_dir)
         media_root.mkdir(parents=True, exist_ok=True)
-        manifest = _read_checked(path, progress, place)
+        manifest = _read_checked(path, progress, place, data_dir)
         for name, read in manifest.cut.items():  # back to the bytes that were read (checked above)
             os.truncate(place(name), read)
         indexed = 0
