@@ -127,6 +127,19 @@ def test_a_manifest_of_the_wrong_shape_is_refused_by_name_and_a_restore_leaves_n
     nothing_left(tmp_path / "r")
 
 
+def test_a_manifest_of_another_format_is_named_as_such_whatever_its_shape(tmp_path: Path) -> None:
+    """A later format may lay its manifest out otherwise: "not one this Talon reads", not
+    "unreadable", once its format is known."""
+    for label, change in (("same-shape", _set("format", 2)),
+                          ("new-shape", lambda m: json.dumps({"format": 2, "files": {"by": "chunks"}}).encode())):
+        archive = with_manifest(tmp_path, label, change)
+        with pytest.raises(BackupError, match=r"archive format 2 is not one this Talon reads \(1\)"):
+            verify(archive)
+        with pytest.raises(BackupError, match="archive format 2 is not one"):
+            restore(archive, tmp_path / label / "data")
+        nothing_left(tmp_path / label)
+
+
 def test_a_file_listed_twice_is_refused(tmp_path: Path) -> None:
     def doubled(m: dict[str, Any]) -> bytes:
         m["files"].append(dict(m["files"][2]))

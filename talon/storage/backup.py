@@ -862,7 +862,7 @@ class _Tally:
     def close(self) -> None:
         self.db.close()
         if self.file is not None:
-            os.unlink(self.file)
+            Path(self.file).unlink(missing_ok=True)
 
 
 class _Chunks:
@@ -881,6 +881,10 @@ _HEAD: dict[str, tuple[Any, str]] = {"format": (int, "a whole number"), "schema_
 _LISTS = {"left_out": "start_array", "cut": "start_map", "files": "start_array"}
 
 
+def _other_format(format: int) -> BackupError:
+    return BackupError(f"archive format {format} is not one this Talon reads ({FORMAT}): refused")
+
+
 def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
     """The manifest, read as a stream of JSON events (ijson): its list of files goes into
     ``tally`` entry by entry, never into a list, so a manifest of a million files is read in the
@@ -889,6 +893,8 @@ def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
     import ijson
 
     def unreadable(why: str) -> BackupError:
+        if head.get("format", FORMAT) != FORMAT:  # another format may well have another shape
+            return _other_format(head["format"])
         return BackupError(f"the archive's manifest is unreadable ({why})")
 
     head: dict[str, Any] = {}  # the top object's keys read so far (a list's: True)
@@ -1023,7 +1029,7 @@ def _read_checked(path: Path, progress: Progress | None, place: Callable[[str], 
         if manifest is None:
             raise BackupError(f"{path.name} has no manifest (not a complete Talon archive): refused")
         if manifest.format != FORMAT:
-            raise BackupError(f"archive format {manifest.format} is not one this Talon reads ({FORMAT}): refused")
+            raise _other_format(manifest.format)
         from talon.storage.postgres.schema import SCHEMA_VERSION
 
         if manifest.schema_version > SCHEMA_VERSION:
