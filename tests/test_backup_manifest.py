@@ -140,6 +140,25 @@ def test_a_manifest_of_another_format_is_named_as_such_whatever_its_shape(tmp_pa
         nothing_left(tmp_path / label)
 
 
+def test_what_a_manifest_keeps_in_memory_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its list of files goes to the disk; 'left_out' and 'cut' are kept, so they are bounded
+    (64 MB of names, as the whole manifest was before it was streamed; 200 characters here)."""
+    monkeypatch.setattr(backup_module, "_HEAD_MAX", 200)
+    for label, left_out, cut in (("within", ["m" * 100], {}),
+                                 ("left_out", ["m" * 100] * 3, {}),
+                                 ("cut", ["m" * 100], {f"media/telegram/100/{'c' * 100}.md": 1})):
+        archive = with_manifest(tmp_path, label, lambda m: json.dumps({**m, "left_out": left_out,
+                                                                          "cut": cut}).encode())
+        if label == "within":
+            assert verify(archive).left_out == left_out
+            continue
+        with pytest.raises(BackupError, match="implausibly large"):
+            verify(archive)
+        with pytest.raises(BackupError, match="implausibly large"):
+            restore(archive, tmp_path / label / "data")
+        nothing_left(tmp_path / label)
+
+
 def test_a_file_listed_twice_is_refused(tmp_path: Path) -> None:
     def doubled(m: dict[str, Any]) -> bytes:
         m["files"].append(dict(m["files"][2]))

@@ -879,6 +879,11 @@ class _Chunks:
 _HEAD: dict[str, tuple[Any, str]] = {"format": (int, "a whole number"), "schema_version": (int, "a whole number"),
                                      "source": (str, "text"), "created": ((int, float), "a number")}
 _LISTS = {"left_out": "start_array", "cut": "start_map", "files": "start_array"}
+_OPENS, _CLOSES = frozenset({"start_map", "start_array"}), frozenset({"end_map", "end_array"})
+# What the manifest's ``left_out`` and ``cut`` may hold (names and reasons, in characters), as the
+# whole manifest could before it was read as a stream: they are kept in memory, the list of files
+# is not.
+_HEAD_MAX = 64 << 20
 
 
 def _other_format(format: int) -> BackupError:
@@ -905,11 +910,11 @@ def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
     # ``keys`` the last key at each of them; ``skip`` the depth inside the list or object of a key
     # no Talon knows (passed over, as json.loads' reader passed it over), at the top or in an entry.
     keys: list[str] = ["", "", ""]
-    depth = skip = 0
+    depth = skip = held = 0  # held: characters kept of left_out and cut
     try:
         for event, value in ijson.basic_parse(_Chunks(data), use_float=True):
             if skip:
-                skip += (event in ("start_map", "start_array")) - (event in ("end_map", "end_array"))
+                skip += (event in _OPENS) - (event in _CLOSES)
                 continue
             if depth == 3:  # in a file's entry: most of a manifest, so first
                 if event == "map_key":
@@ -921,14 +926,14 @@ def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
                         raise unreadable("a file's entry lacks a text 'path' or 'sha256', or a whole 'size'")
                     tally.lists(name, size, digest)
                     depth = 2
-                elif event in ("start_map", "start_array"):
+                elif event in _OPENS:
                     if keys[2] in ("path", "size", "sha256"):
                         raise unreadable(f"a file's {keys[2]!r} is not a plain value")
                     skip = 1  # a key no Talon knows
                 else:
                     entry[keys[2]] = value
                 continue
-            opens, closes = event in ("start_map", "start_array"), event in ("end_map", "end_array")
+            opens, closes = event in _OPENS, event in _CLOSES
             if event == "map_key":
                 if depth == 1 and value in head:
                     raise unreadable(f"{value!r} twice")
@@ -962,15 +967,20 @@ def _read_manifest(data: Iterator[memoryview], tally: _Tally) -> Manifest:
                     if event != "start_map":
                         raise unreadable("a file's entry is not an object")
                     entry = {}
-                elif opens:
-                    raise unreadable(f"{top!r} holds more than plain values")
-                elif top == "left_out":
-                    left_out.append(str(value))
-                    continue
-                else:
-                    if not isinstance(value, int) or isinstance(value, bool):
-                        raise unreadable("'cut' holds more than numbers of bytes")
-                    cut[keys[1]] = value
+                else:  # a value of left_out or cut
+                    if opens:
+                        raise unreadable(f"{top!r} holds more than plain values")
+                    if top == "left_out":
+                        left_out.append(str(value))
+                        held += len(left_out[-1])
+                    else:
+                        if not isinstance(value, int) or isinstance(value, bool):
+                            raise unreadable("'cut' holds more than numbers of bytes")
+                        cut[keys[1]] = value
+                        held += len(keys[1])
+                    if held > _HEAD_MAX:
+                        raise BackupError("the archive's manifest is implausibly large (its 'left_out' and 'cut'): "
+                                          "refused")
                     continue
             depth += 1  # only a list or an object gets here
     except ijson.JSONError as exc:
